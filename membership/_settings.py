@@ -1,0 +1,74 @@
+"""Defaults of the membership package: the role of Akka's ``reference.conf``.
+
+Every field says its default and meaning. Values are checked when the object is built, so an
+invalid configuration fails at load with the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from ._errors import ConfigurationError
+
+
+def in_range(
+    low: float, high: float, *, integer: bool = False
+) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
+    """An attrs validator: a number within ``[low, high]`` (an integer if ``integer``)."""
+
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        kinds: tuple[type, ...] = (int,) if integer else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
+            what = "an integer" if integer else "a number"
+            raise ConfigurationError(
+                f"{type(instance).__name__}.{attribute.name} = {value!r} is invalid: must be "
+                f"{what} from {low:g} to {high:g}"
+            )
+
+    return check
+
+
+@attrs.frozen(kw_only=True)
+class TransportSettings:
+    """How node-to-node links behave. Defaults suit a LAN or one host."""
+
+    max_frame_size: int = attrs.field(default=1 << 20, validator=in_range(1024, 1 << 30, integer=True))
+    """Largest frame, header included, in bytes (default 1 MiB). A bigger message fails at the
+    sending call with MessageTooLarge; a peer announcing a bigger frame has its link closed."""
+
+    send_queue_capacity: int = attrs.field(default=4096, validator=in_range(1, 1 << 24, integer=True))
+    """Frames queued per peer before the link takes them (default 4096). When full,
+    ``send_nowait`` raises SendQueueFull and ``send`` waits for room: never a silent drop."""
+
+    inbox_capacity: int = attrs.field(default=4096, validator=in_range(1, 1 << 24, integer=True))
+    """Received messages buffered for the application (default 4096). When full, links stop
+    reading, which pushes back on the senders through TCP."""
+
+    max_batch_bytes: int = attrs.field(default=256 << 10, validator=in_range(1, 1 << 30, integer=True))
+    """Write coalescing: queued frames are joined into one write of up to this many bytes
+    (default 256 KiB; a frame larger than this still goes out whole)."""
+
+    connect_timeout: float = attrs.field(default=5.0, validator=in_range(0.001, 3600))
+    """Seconds to open a TCP connection to a peer (default 5)."""
+
+    handshake_timeout: float = attrs.field(default=5.0, validator=in_range(0.001, 3600))
+    """Seconds for the TLS handshake plus the hello exchange, both directions (default 5)."""
+
+    reconnect_backoff_min: float = attrs.field(default=0.1, validator=in_range(0.0, 3600))
+    """First wait before reconnecting a failed link, doubled after each failure (default 0.1 s)."""
+
+    reconnect_backoff_max: float = attrs.field(default=5.0, validator=in_range(0.0, 3600))
+    """Cap of the reconnect wait (default 5 s)."""
+
+    shutdown_flush_timeout: float = attrs.field(default=1.0, validator=in_range(0.0, 3600))
+    """On close, seconds to wait for queued frames to reach connected peers (default 1 s)."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.reconnect_backoff_max < self.reconnect_backoff_min:
+            raise ConfigurationError(
+                f"TransportSettings.reconnect_backoff_max = {self.reconnect_backoff_max!r} is "
+                f"invalid: must be at least reconnect_backoff_min ({self.reconnect_backoff_min!r})"
+            )

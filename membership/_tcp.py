@@ -1,0 +1,339 @@
+"""The TCP transport: mutual TLS 1.3 links between nodes.
+
+Theory of operation: each node listens on its bind address. The first message to a peer starts
+an outbound link task for that peer's address, which connects, runs the TLS handshake, checks the
+peer certificate's ``p2pshard://<cluster>/<node>`` URI, sends a :class:`Hello` naming our
+incarnation and waits for a :class:`HelloAck` naming theirs. Then it writes queued frames in
+batches until the link breaks, and reconnects with capped exponential backoff (with jitter, so a
+restarted cluster does not reconnect in lockstep). The link carries frames one way only; the peer
+sends to us over its own outbound link, as Akka's Artery TCP does, which keeps per-direction order
+simple. The accepting side checks the same certificate URI, then that the hello names the same
+cluster and node as the certificate, replies, and feeds the frames it reads to the shared inbox.
+
+What goes wrong on one link stays on that link: a refused handshake, an oversize, truncated or
+undecodable frame, or a TLS record altered in flight closes it, is counted in ``statistics()`` and
+logged; the node and its other links carry on.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import secrets
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import attrs
+import trio
+
+from . import _wire
+from ._address import Address, UniqueAddress
+from ._errors import HandshakeError, ProtocolError
+from ._framing import FrameDecoder, encode_frame
+from ._settings import TransportSettings
+from ._tls import TlsIdentity, peer_node_name
+from ._transport import Outbox, Transport
+
+logger = logging.getLogger("membership.transport")
+
+_READ_SIZE = 1 << 16
+
+
+@_wire.message(name="p2pshard.transport.Hello")
+@attrs.frozen(kw_only=True)
+class Hello:
+    """First frame on a new link: who is connecting."""
+
+    cluster: str
+    sender: UniqueAddress
+
+
+@_wire.message(name="p2pshard.transport.HelloAck")
+@attrs.frozen(kw_only=True)
+class HelloAck:
+    """The accepting node's answer: who accepted."""
+
+    sender: UniqueAddress
+
+
+def check_hello(message: object, *, cluster: str, certificate_name: str) -> UniqueAddress:
+    """Validate the first message on an accepted link; return the peer's incarnation.
+
+    Raises:
+        HandshakeError: not a Hello, another cluster, or a node name other than the certificate's.
+    """
+    if not isinstance(message, Hello):
+        raise HandshakeError(f"expected a Hello first, got {type(message).__name__}")
+    if message.cluster != cluster:
+        raise HandshakeError(f"hello is for cluster {message.cluster!r}, not {cluster!r}")
+    if message.sender.name != certificate_name:
+        raise HandshakeError(
+            f"hello names node {message.sender.name!r} but the certificate is for "
+            f"{certificate_name!r}"
+        )
+    return message.sender
+
+
+def _is_tls_failure(exc: BaseException) -> bool:
+    """A TLS error other than the peer just going away (ragged EOF or reset)."""
+    cause = exc.__cause__
+    return isinstance(cause, ssl.SSLError) and not isinstance(cause, ssl.SSLEOFError)
+
+
+class TcpTransport(Transport):
+    """TCP with mutual TLS. Open it with :func:`open_tcp_transport`."""
+
+    def __init__(
+        self,
+        local: UniqueAddress,
+        settings: TransportSettings,
+        identity: TlsIdentity,
+        nursery: trio.Nursery,
+    ) -> None:
+        super().__init__(local, settings)
+        self._identity = identity
+        self._server_context = identity.server_context()
+        self._client_context = identity.client_context()
+        self._nursery = nursery
+        self._random = random.Random()
+
+    @property
+    def cluster(self) -> str:
+        """The cluster this transport accepts peers of."""
+        return self._identity.cluster
+
+    def _start_link(self, outbox: Outbox) -> None:
+        self._nursery.start_soon(self._run_link, outbox, name=f"link to {outbox.address}")
+
+    async def _read_frame(
+        self, stream: trio.SSLStream[trio.SocketStream], decoder: FrameDecoder
+    ) -> list[bytes]:
+        """Read until at least one whole frame arrived."""
+        while True:
+            data = await stream.receive_some(_READ_SIZE)
+            if not data:
+                decoder.eof()
+                raise HandshakeError("peer closed the link during the handshake")
+            frames = decoder.feed(data)
+            if frames:
+                return frames
+
+    # ---- accepting side ----
+
+    async def _serve(
+        self,
+        listeners: list[trio.SocketListener],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        await trio.serve_listeners(self._accept, listeners, task_status=task_status)
+
+    async def _accept(self, tcp: trio.SocketStream) -> None:
+        try:
+            where = "{}:{}".format(*tcp.socket.getpeername()[:2])
+        except OSError:
+            where = "unknown peer"
+        stream = trio.SSLStream(tcp, self._server_context, server_side=True)
+        decoder = FrameDecoder(self._settings.max_frame_size)
+        try:
+            with trio.fail_after(self._settings.handshake_timeout):
+                await stream.do_handshake()
+                name = peer_node_name(stream.getpeercert(), self.cluster)
+                first, *rest = await self._read_frame(stream, decoder)
+                hello = _wire.decode(first).message
+                peer = check_hello(hello, cluster=self.cluster, certificate_name=name)
+                ack = encode_frame(_wire.encode(HelloAck(sender=self._local)))
+                await stream.send_all(ack)
+        except (
+            HandshakeError,
+            ProtocolError,
+            trio.BrokenResourceError,
+            trio.TooSlowError,
+            OSError,
+        ) as exc:
+            self._counters.handshakes_refused += 1
+            reason = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) else exc
+            logger.warning("%s: refused a link from %s: %s", self._local, where, reason or exc)
+            await trio.aclose_forcefully(stream)
+            return
+        self._inbound_links += 1
+        logger.debug("%s: accepted a link from %s at %s", self._local, peer, where)
+        try:
+            if rest:
+                await self._deliver_frames(rest, peer)
+            while True:
+                data = await stream.receive_some(_READ_SIZE)
+                if not data:
+                    decoder.eof()
+                    break
+                frames = decoder.feed(data)
+                if frames:
+                    await self._deliver_frames(frames, peer)
+        except ProtocolError as exc:
+            self._count_link_error(exc, peer)
+        except trio.BrokenResourceError as exc:
+            if _is_tls_failure(exc):
+                self._counters.links_closed_tls_error += 1
+                logger.warning("%s: closed the link from %s: %s", self._local, peer, exc.__cause__)
+            else:
+                logger.debug("%s: link from %s broke: %r", self._local, peer, exc.__cause__)
+        finally:
+            self._inbound_links -= 1
+            await trio.aclose_forcefully(stream)
+
+    # ---- connecting side ----
+
+    async def _connect(
+        self, address: Address
+    ) -> tuple[trio.SSLStream[trio.SocketStream], UniqueAddress]:
+        with trio.fail_after(self._settings.connect_timeout):
+            tcp = await trio.open_tcp_stream(address.host, address.port)
+        stream = trio.SSLStream(tcp, self._client_context, server_hostname=None)
+        try:
+            with trio.fail_after(self._settings.handshake_timeout):
+                await stream.do_handshake()
+                name = peer_node_name(stream.getpeercert(), self.cluster)
+                hello = Hello(cluster=self.cluster, sender=self._local)
+                await stream.send_all(encode_frame(_wire.encode(hello)))
+                decoder = FrameDecoder(self._settings.max_frame_size)
+                first, *rest = await self._read_frame(stream, decoder)
+                ack = _wire.decode(first).message
+                if rest or not isinstance(ack, HelloAck) or ack.sender.name != name:
+                    raise HandshakeError(
+                        f"{address} answered the hello with {ack!r}, not a HelloAck from {name!r}"
+                    )
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
+        return stream, ack.sender
+
+    async def _run_link(self, outbox: Outbox) -> None:
+        settings = self._settings
+        backoff = settings.reconnect_backoff_min
+        while not outbox.closed:
+            try:
+                stream, peer = await self._connect(outbox.address)
+            except (
+                HandshakeError,
+                ProtocolError,
+                trio.BrokenResourceError,
+                trio.TooSlowError,
+                OSError,
+            ) as exc:
+                outbox.connect_failures += 1
+                reason = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) else exc
+                log = logger.warning if outbox.connect_failures == 1 else logger.debug
+                log("%s: cannot link to %s: %s", self._local, outbox.address, reason or exc)
+                await trio.sleep(backoff * self._random.uniform(0.75, 1.25))
+                backoff = min(backoff * 2, settings.reconnect_backoff_max)
+                continue
+            backoff = settings.reconnect_backoff_min
+            outbox.connected, outbox.peer = True, peer
+            outbox.connects += 1
+            logger.info("%s: linked to %s", self._local, peer)
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._watch_link, stream, nursery.cancel_scope)
+                    await self._write_link(outbox, stream)
+                    nursery.cancel_scope.cancel()
+            finally:
+                outbox.connected = False
+                with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    await stream.aclose()
+            if not outbox.closed:
+                logger.info("%s: link to %s is down; reconnecting", self._local, peer)
+                await trio.sleep(backoff)
+
+    async def _write_link(
+        self, outbox: Outbox, stream: trio.SSLStream[trio.SocketStream]
+    ) -> None:
+        max_batch = self._settings.max_batch_bytes
+        while True:
+            await outbox.wait_for_frames()
+            if outbox.closed:
+                return
+            batch = outbox.take(max_batch)
+            try:
+                await stream.send_all(batch[0] if len(batch) == 1 else b"".join(batch))
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                outbox.frames_lost_in_flight += len(batch)
+                logger.debug("%s: write to %s failed: %r", self._local, outbox.address, exc)
+                return
+            outbox.sent(batch)
+
+    async def _watch_link(
+        self, stream: trio.SSLStream[trio.SocketStream], scope: trio.CancelScope
+    ) -> None:
+        """Nothing is ever sent back on an outbound link: any read result means it ended."""
+        try:
+            await stream.receive_some(_READ_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        scope.cancel()
+
+    async def aclose(self) -> None:
+        """Flush queued frames to connected peers (bounded), then close every link."""
+        if self._closed:
+            return
+        await self.flush(self._settings.shutdown_flush_timeout)
+        self._mark_closed()
+        self._nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def open_tcp_transport(
+    identity: TlsIdentity,
+    node_name: str,
+    bind: Address,
+    *,
+    canonical: Address | None = None,
+    settings: TransportSettings | None = None,
+    uid: int | None = None,
+) -> AsyncIterator[TcpTransport]:
+    """Listen on ``bind`` and yield a transport; leaving the block closes it.
+
+    Args:
+        identity: the cluster CA, this node's certificate and key, and the cluster name.
+        node_name: this node's name; must match the name in its certificate.
+        bind: where to listen; port 0 picks a free port.
+        canonical: the address peers use to reach us, if not ``bind`` (NAT, containers). Its
+            port may be 0 to mean "the bound port".
+        settings: transport settings; defaults to ``TransportSettings()``.
+        uid: this incarnation's uid; random by default (tests pin it).
+
+    Example:
+        >>> async def main() -> None:
+        ...     async with open_tcp_transport(identity, "node-1", Address("127.0.0.1", 0)) as t:
+        ...         await t.send(Address("127.0.0.1", 25521), "hello")
+
+    Raises:
+        ConfigurationError: unreadable certificate files or invalid names.
+        OSError: the bind address is unavailable.
+    """
+    settings = settings or TransportSettings()
+    listeners = await trio.open_tcp_listeners(bind.port, host=bind.host)
+    if bind.port == 0 and len(listeners) > 1:
+        # Port 0 on a name with several addresses binds each to a different port; keep one.
+        for extra in listeners[1:]:
+            await extra.aclose()
+        listeners = listeners[:1]
+    port = listeners[0].socket.getsockname()[1]
+    advertised = canonical or Address(bind.host, port)
+    if advertised.port == 0:
+        advertised = Address(advertised.host, port)
+    local = UniqueAddress(advertised, node_name, uid or (secrets.randbits(63) or 1))
+    try:
+        async with trio.open_nursery() as nursery:
+            transport = TcpTransport(local, settings, identity, nursery)
+            await nursery.start(transport._serve, listeners)
+            logger.info("%s: listening on %s", local, Address(bind.host, port))
+            try:
+                yield transport
+            finally:
+                with trio.CancelScope(shield=True):
+                    await transport.aclose()
+    finally:
+        for listener in listeners:
+            await trio.aclose_forcefully(listener)
+

@@ -1,0 +1,453 @@
+"""The transport interface and the parts both implementations share.
+
+Theory of operation: a :class:`Transport` moves messages between nodes, at most once and in
+order per direction (Akka's guarantee for remote messages). Sending encodes at once, so a message
+that cannot travel fails at the call that sent it, then puts the frame on that peer's bounded send
+queue. One outbound link per peer takes frames from the queue, in order, many at a time (write
+coalescing). Received frames are decoded and put in one bounded inbox that the node reads with
+``receive()`` or ``async for``.
+
+Full queues never drop silently: ``send_nowait`` raises :class:`SendQueueFull` and ``send`` waits
+for room; a full inbox makes links stop reading, which pushes back on the senders. A frame that was
+already handed to a link that then breaks is lost (counted as ``frames_lost_in_flight``), as in
+Akka: delivery is at most once, and the layers above retry what matters.
+
+A frame may name the incarnation (uid) it is meant for; the receiving transport drops it if that
+is not its own uid, so a message for a node that has since restarted does not reach the new
+process (Akka's quarantine of old incarnations, reduced to what the transport can check).
+
+The TCP implementation is in ``_tcp``, the simulated one in ``_simnet``; ``tests/membership/
+test_transport_conformance.py`` runs the same tests over both.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+import logging
+from collections.abc import AsyncIterator
+
+import attrs
+import trio
+
+from . import _wire
+from ._address import Address, UniqueAddress
+from ._errors import (
+    FrameDecodeError,
+    FrameTooLarge,
+    MessageDecodeError,
+    ProtocolError,
+    SendQueueFull,
+    TransportClosed,
+    TruncatedFrame,
+)
+from ._framing import encode_frame
+from ._settings import TransportSettings
+
+logger = logging.getLogger("membership.transport")
+
+
+@attrs.frozen
+class Envelope:
+    """A received message and the node incarnation that sent it."""
+
+    sender: UniqueAddress
+    message: object
+
+
+@attrs.frozen(kw_only=True)
+class PeerStatistics:
+    """The outbound side of one peer, by address."""
+
+    address: Address
+    connected: bool
+    """Whether the outbound link is established now."""
+    peer: UniqueAddress | None
+    """The incarnation at the other end of the current (or last) link, if any yet."""
+    queued_frames: int
+    frames_sent: int
+    bytes_sent: int
+    connects: int
+    """Links established so far (more than one means reconnects)."""
+    connect_failures: int
+    frames_lost_in_flight: int
+    """Frames handed to a link that then broke: maybe delivered, maybe not."""
+    send_queue_full: int
+    """Times ``send_nowait`` found the queue full."""
+
+
+@attrs.frozen(kw_only=True)
+class TransportStatistics:
+    """A snapshot of a transport's counters (see ``Transport.statistics``)."""
+
+    local: UniqueAddress
+    closed: bool
+    peers: tuple[PeerStatistics, ...]
+    inbound_links: int
+    """Inbound links open now."""
+    inbox_size: int
+    messages_received: int
+    frames_received: int
+    bytes_received: int
+    handshakes_refused: int
+    """Links refused during set-up: bad or missing certificate, wrong cluster, bad hello."""
+    links_closed_frame_too_large: int
+    links_closed_truncated: int
+    links_closed_undecodable: int
+    """Links closed for a frame whose envelope was not ours (bad version, kind or length)."""
+    links_closed_tls_error: int
+    """Links closed by a TLS error after set-up, e.g. a record altered in flight."""
+    messages_dropped_undecodable: int
+    """Well-framed messages of an unknown type or with rejected fields: dropped, link kept."""
+    messages_dropped_wrong_incarnation: int
+    """Messages addressed to another incarnation (uid) of this node: dropped."""
+
+    def peer(self, address: Address) -> PeerStatistics | None:
+        """The statistics of one peer, or None if nothing was ever sent to it."""
+        for p in self.peers:
+            if p.address == address:
+                return p
+        return None
+
+
+@attrs.define(eq=False)
+class _Counters:
+    messages_received: int = 0
+    frames_received: int = 0
+    bytes_received: int = 0
+    handshakes_refused: int = 0
+    links_closed_frame_too_large: int = 0
+    links_closed_truncated: int = 0
+    links_closed_undecodable: int = 0
+    links_closed_tls_error: int = 0
+    messages_dropped_undecodable: int = 0
+    messages_dropped_wrong_incarnation: int = 0
+
+
+class Outbox:
+    """The bounded send queue of one peer: frames in order, with room and data waiters."""
+
+    def __init__(self, address: Address, capacity: int) -> None:
+        self.address = address
+        self.capacity = capacity
+        self.frames: collections.deque[bytes] = collections.deque()
+        self._room = trio.lowlevel.ParkingLot()
+        self._data = trio.lowlevel.ParkingLot()
+        self.closed = False
+        self.connected = False
+        self.peer: UniqueAddress | None = None
+        self.frames_sent = 0
+        self.bytes_sent = 0
+        self.connects = 0
+        self.connect_failures = 0
+        self.frames_lost_in_flight = 0
+        self.send_queue_full = 0
+
+    def put_nowait(self, frame: bytes) -> None:
+        if self.closed:
+            raise TransportClosed("transport is closed")
+        if len(self.frames) >= self.capacity:
+            self.send_queue_full += 1
+            raise SendQueueFull(
+                f"send queue to {self.address} is full ({self.capacity} frames): the peer is "
+                "slow or unreachable; use send() to wait for room"
+            )
+        self.frames.append(frame)
+        if self._data.statistics().tasks_waiting:
+            self._data.unpark_all()
+
+    async def put(self, frame: bytes) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while len(self.frames) >= self.capacity and not self.closed:
+            await self._room.park()
+        self.put_nowait(frame)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def wait_for_frames(self) -> None:
+        """Wait until a frame is queued (or the outbox closes)."""
+        while not self.frames and not self.closed:
+            await self._data.park()
+
+    def take(self, max_bytes: int) -> list[bytes]:
+        """Take queued frames, oldest first, up to ``max_bytes`` (at least one if any)."""
+        frames = self.frames
+        batch: list[bytes] = []
+        size = 0
+        while frames and (not batch or size + len(frames[0]) <= max_bytes):
+            frame = frames.popleft()
+            batch.append(frame)
+            size += len(frame)
+        if batch and self._room.statistics().tasks_waiting:
+            self._room.unpark(count=len(batch))
+        return batch
+
+    def sent(self, batch: list[bytes]) -> None:
+        self.frames_sent += len(batch)
+        self.bytes_sent += sum(map(len, batch))
+
+    def close(self) -> None:
+        self.closed = True
+        self._room.unpark_all()
+        self._data.unpark_all()
+
+    def statistics(self) -> PeerStatistics:
+        return PeerStatistics(
+            address=self.address,
+            connected=self.connected,
+            peer=self.peer,
+            queued_frames=len(self.frames),
+            frames_sent=self.frames_sent,
+            bytes_sent=self.bytes_sent,
+            connects=self.connects,
+            connect_failures=self.connect_failures,
+            frames_lost_in_flight=self.frames_lost_in_flight,
+            send_queue_full=self.send_queue_full,
+        )
+
+
+class Transport(abc.ABC):
+    """Moves messages between nodes: at most once, in order per direction.
+
+    Use one of the implementations: ``open_tcp_transport`` (TCP with mutual TLS) or
+    ``SimNetwork.transport`` (in memory, with fault injection). Both are async context managers
+    that own their background tasks.
+
+    Example:
+        >>> async def ping(transport: Transport, peer: Address) -> None:
+        ...     await transport.send(peer, "ping")
+        ...     async for envelope in transport:
+        ...         print(envelope.sender, envelope.message)
+    """
+
+    def __init__(self, local: UniqueAddress, settings: TransportSettings) -> None:
+        self._local = local
+        self._settings = settings
+        self._outboxes: dict[Address, Outbox] = {}
+        self._inbox_send, self._inbox_receive = trio.open_memory_channel[Envelope](
+            settings.inbox_capacity
+        )
+        self._counters = _Counters()
+        self._closed = False
+        self._inbound_links = 0
+
+    @property
+    def local_address(self) -> UniqueAddress:
+        """This node's incarnation: canonical address, node name and uid."""
+        return self._local
+
+    @property
+    def settings(self) -> TransportSettings:
+        """The settings this transport runs with."""
+        return self._settings
+
+    @property
+    def closed(self) -> bool:
+        """True once closed (or crashed, for a simulated node)."""
+        return self._closed
+
+    def _frame(self, to: Address | UniqueAddress, message: object) -> tuple[Address, bytes]:
+        if self._closed:
+            raise TransportClosed("transport is closed")
+        if isinstance(to, UniqueAddress):
+            address, uid = to.address, to.uid
+        elif isinstance(to, Address):
+            address, uid = to, 0
+        else:
+            raise TypeError(f"send needs an Address or UniqueAddress, not {type(to).__name__}")
+        payload = _wire.encode(
+            message, to_uid=uid, max_size=self._settings.max_frame_size - 4
+        )
+        return address, encode_frame(payload)
+
+    def send_nowait(self, to: Address | UniqueAddress, message: object) -> None:
+        """Queue ``message`` for ``to`` without waiting.
+
+        With a :class:`UniqueAddress`, the message reaches only that incarnation; with an
+        :class:`Address`, whichever incarnation is there.
+
+        Raises:
+            SerializationError: the message cannot be encoded (names the type); nothing queued.
+            MessageTooLarge: the message exceeds ``max_frame_size``; nothing queued.
+            SendQueueFull: the peer's queue is full; nothing queued.
+            TransportClosed: the transport is closed.
+        """
+        address, frame = self._frame(to, message)
+        if address == self._local.address:
+            self._deliver_local(frame)
+        else:
+            self._outbox(address).put_nowait(frame)
+
+    async def send(self, to: Address | UniqueAddress, message: object) -> None:
+        """Queue ``message`` for ``to``, waiting while the peer's send queue is full.
+
+        Returns once the message is queued, not when it is delivered. Raises as
+        :meth:`send_nowait`, except that a full queue means waiting instead of SendQueueFull.
+        """
+        address, frame = self._frame(to, message)
+        if address == self._local.address:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            self._deliver_local(frame)
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        else:
+            await self._outbox(address).put(frame)
+
+    def _deliver_local(self, frame: bytes) -> None:
+        # A message to ourselves still goes through the codec, so the receiver never shares a
+        # mutable object with the sender, exactly as for a remote peer.
+        try:
+            envelope = self._decode(frame[4:], self._local)
+        except ProtocolError as exc:  # pragma: no cover - we just encoded it
+            raise AssertionError(f"own frame did not decode: {exc}") from exc
+        if envelope is not None:
+            try:
+                self._inbox_send.send_nowait(envelope)
+            except trio.WouldBlock:
+                raise SendQueueFull(
+                    f"inbox of {self._local} is full ({self._settings.inbox_capacity}): "
+                    "the application reads slower than messages arrive"
+                ) from None
+
+    def _outbox(self, address: Address) -> Outbox:
+        outbox = self._outboxes.get(address)
+        if outbox is None:
+            outbox = Outbox(address, self._settings.send_queue_capacity)
+            self._outboxes[address] = outbox
+            self._start_link(outbox)
+        return outbox
+
+    @abc.abstractmethod
+    def _start_link(self, outbox: Outbox) -> None:
+        """Start whatever carries this outbox's frames to its peer."""
+
+    def _decode(self, payload: bytes, sender: UniqueAddress) -> Envelope | None:
+        """Decode one received frame payload; None if the message is to be dropped.
+
+        Raises:
+            FrameDecodeError: the envelope is broken; the caller must close the link.
+        """
+        counters = self._counters
+        counters.frames_received += 1
+        counters.bytes_received += len(payload) + 4
+        try:
+            decoded = _wire.decode(payload)
+        except MessageDecodeError as exc:
+            counters.messages_dropped_undecodable += 1
+            logger.warning("%s: dropped a message from %s: %s", self._local, sender, exc)
+            return None
+        if decoded.to_uid and decoded.to_uid != self._local.uid:
+            counters.messages_dropped_wrong_incarnation += 1
+            logger.debug(
+                "%s: dropped a message from %s meant for incarnation %x",
+                self._local,
+                sender,
+                decoded.to_uid,
+            )
+            return None
+        counters.messages_received += 1
+        return Envelope(sender, decoded.message)
+
+    async def _deliver_frames(self, payloads: list[bytes], sender: UniqueAddress) -> None:
+        """Decode frames from one link and put them in the inbox (waiting for room).
+
+        Raises:
+            FrameDecodeError: a frame's envelope is broken; frames before it were delivered.
+        """
+        for payload in payloads:
+            envelope = self._decode(payload, sender)
+            if envelope is not None:
+                try:
+                    self._inbox_send.send_nowait(envelope)
+                except trio.WouldBlock:
+                    await self._inbox_send.send(envelope)
+                except trio.ClosedResourceError:
+                    return
+        await trio.lowlevel.checkpoint()
+
+    def _count_link_error(self, exc: ProtocolError, peer: object) -> None:
+        if isinstance(exc, FrameTooLarge):
+            self._counters.links_closed_frame_too_large += 1
+        elif isinstance(exc, TruncatedFrame):
+            self._counters.links_closed_truncated += 1
+        elif isinstance(exc, FrameDecodeError):
+            self._counters.links_closed_undecodable += 1
+        logger.warning("%s: closed the link from %s: %s", self._local, peer, exc)
+
+    async def receive(self) -> Envelope:
+        """The next received message.
+
+        Raises:
+            TransportClosed: the transport is closed (messages still in the inbox are discarded).
+        """
+        try:
+            return await self._inbox_receive.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            raise TransportClosed("transport is closed") from None
+
+    def receive_nowait(self) -> Envelope:
+        """The next received message if one is waiting.
+
+        Raises:
+            trio.WouldBlock: the inbox is empty.
+            TransportClosed: the transport is closed.
+        """
+        try:
+            return self._inbox_receive.receive_nowait()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            raise TransportClosed("transport is closed") from None
+
+    def __aiter__(self) -> AsyncIterator[Envelope]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Envelope]:
+        while True:
+            try:
+                yield await self.receive()
+            except TransportClosed:
+                return
+
+    def statistics(self) -> TransportStatistics:
+        """A snapshot of this transport's counters and per-peer state."""
+        c = self._counters
+        return TransportStatistics(
+            local=self._local,
+            closed=self._closed,
+            peers=tuple(o.statistics() for o in self._outboxes.values()),
+            inbound_links=self._inbound_links,
+            inbox_size=self._inbox_receive.statistics().current_buffer_used,
+            messages_received=c.messages_received,
+            frames_received=c.frames_received,
+            bytes_received=c.bytes_received,
+            handshakes_refused=c.handshakes_refused,
+            links_closed_frame_too_large=c.links_closed_frame_too_large,
+            links_closed_truncated=c.links_closed_truncated,
+            links_closed_undecodable=c.links_closed_undecodable,
+            links_closed_tls_error=c.links_closed_tls_error,
+            messages_dropped_undecodable=c.messages_dropped_undecodable,
+            messages_dropped_wrong_incarnation=c.messages_dropped_wrong_incarnation,
+        )
+
+    def connected_peers(self) -> list[UniqueAddress]:
+        """Peers with an established outbound link, ordered by address."""
+        return sorted(o.peer for o in self._outboxes.values() if o.connected and o.peer)
+
+    def _mark_closed(self) -> None:
+        self._closed = True
+        for outbox in self._outboxes.values():
+            outbox.close()
+        self._inbox_send.close()
+
+    async def flush(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until every connected peer's queue is empty.
+
+        Returns whether everything queued for connected peers was handed to its link.
+        """
+        with trio.move_on_after(timeout):
+            while any(o.frames and o.connected for o in self._outboxes.values()):
+                await trio.sleep(0.01)
+            return True
+        return False
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Close every link; later sends raise TransportClosed and iteration ends."""
+
