@@ -55,7 +55,7 @@ class NodeFiles:
 
 
 def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc)
+    return datetime.datetime.now(datetime.UTC)
 
 
 def _write_private(path: Path, data: bytes, *, force: bool) -> None:
@@ -163,7 +163,8 @@ def create_node_certificate(
     The cluster name defaults to the one the CA was made for.
 
     Example:
-        >>> create_node_certificate("node-1", Path("certs/ca"), Path("certs/node-1"))  # doctest: +SKIP
+        >>> ca, out = Path("certs/ca"), Path("certs/node-1")
+        >>> create_node_certificate("node-1", ca, out)  # doctest: +SKIP
     """
     check_name("node name", node)
     if days < 1:
@@ -195,9 +196,7 @@ def create_node_certificate(
         .not_valid_after(min(now + datetime.timedelta(days=days), ca_cert.not_valid_after_utc))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.UniformResourceIdentifier(node_uri(cluster, node))]
-            ),
+            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(node_uri(cluster, node))]),
             critical=False,
         )
         .add_extension(
@@ -216,7 +215,5 @@ def create_node_certificate(
     _write_private(files.key_file, _key_pem(key), force=force)
     _write_public(files.cert_file, cert.public_bytes(serialization.Encoding.PEM), force=force)
     if files.ca_file.resolve() != (ca_dir / CA_CERT).resolve():
-        _write_public(
-            files.ca_file, ca_cert.public_bytes(serialization.Encoding.PEM), force=True
-        )
+        _write_public(files.ca_file, ca_cert.public_bytes(serialization.Encoding.PEM), force=True)
     return files

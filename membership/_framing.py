@@ -2,10 +2,11 @@
 
 Theory of operation: every frame on a link is a 4-byte big-endian length followed by that many
 bytes. :class:`FrameDecoder` is fed whatever the socket returned and hands back the complete
-frames; it raises :class:`FrameTooLarge` as soon as a header announces more than the limit (before
-buffering the body, so a hostile peer cannot make us allocate) and :class:`TruncatedFrame` when the
-stream ends inside a frame. The caller closes that one link on either. Akka's Artery TCP framing
-is the same shape (with its own magic header, which the TLS handshake makes unnecessary here).
+frames; it reports :class:`FrameTooLarge` as soon as a header announces more than the limit (before
+buffering the body, so a hostile peer cannot make us allocate), after the whole frames that came
+before it, and raises :class:`TruncatedFrame` when the stream ends inside a frame. The caller
+closes that one link on either. Akka's Artery TCP framing is the same shape (with its own magic
+header, which the TLS handshake makes unnecessary here).
 """
 
 from __future__ import annotations
@@ -38,25 +39,29 @@ class FrameDecoder:
         """Bytes received that do not yet make a whole frame."""
         return len(self._buffer)
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
-        """Add received bytes; return every frame now complete, in order.
+    def feed(
+        self, data: bytes | bytearray | memoryview
+    ) -> tuple[list[bytes], FrameTooLarge | None]:
+        """Add received bytes; return every frame now complete, in order, and any error.
 
-        Raises:
-            FrameTooLarge: a header announced a frame above the limit. The decoder is then
-                unusable: close the link.
+        The error is a :class:`FrameTooLarge` for a header announcing a frame above the limit;
+        frames that arrived whole before it are still returned, so nothing already received is
+        lost. After an error the decoder is unusable: deliver the frames, then close the link.
         """
         buffer = self._buffer
         buffer += data
         frames: list[bytes] = []
+        error: FrameTooLarge | None = None
         offset = 0
         end = len(buffer)
         limit = self._max_frame_size
         while end - offset >= HEADER_SIZE:
             (size,) = HEADER.unpack_from(buffer, offset)
             if size > limit:
-                raise FrameTooLarge(
+                error = FrameTooLarge(
                     f"peer announced a frame of {size} bytes; max_frame_size is {limit}"
                 )
+                break
             stop = offset + HEADER_SIZE + size
             if stop > end:
                 break
@@ -65,7 +70,7 @@ class FrameDecoder:
         if offset:
             del buffer[:offset]
         self.frames_decoded += len(frames)
-        return frames
+        return frames, error
 
     def eof(self) -> None:
         """The stream ended: raise :class:`TruncatedFrame` if it ended inside a frame."""

@@ -21,11 +21,12 @@ def in_range(
 
     def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         kinds: tuple[type, ...] = (int,) if integer else (int, float)
-        if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
+        if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:  # type: ignore[operator]
             what = "an integer" if integer else "a number"
+            bounds = f"{int(low)} to {int(high)}" if integer else f"{low:g} to {high:g}"
             raise ConfigurationError(
                 f"{type(instance).__name__}.{attribute.name} = {value!r} is invalid: must be "
-                f"{what} from {low:g} to {high:g}"
+                f"{what} from {bounds}"
             )
 
     return check
@@ -35,11 +36,15 @@ def in_range(
 class TransportSettings:
     """How node-to-node links behave. Defaults suit a LAN or one host."""
 
-    max_frame_size: int = attrs.field(default=1 << 20, validator=in_range(1024, 1 << 30, integer=True))
+    max_frame_size: int = attrs.field(
+        default=1 << 20, validator=in_range(1024, 1 << 30, integer=True)
+    )
     """Largest frame, header included, in bytes (default 1 MiB). A bigger message fails at the
     sending call with MessageTooLarge; a peer announcing a bigger frame has its link closed."""
 
-    send_queue_capacity: int = attrs.field(default=4096, validator=in_range(1, 1 << 24, integer=True))
+    send_queue_capacity: int = attrs.field(
+        default=4096, validator=in_range(1, 1 << 24, integer=True)
+    )
     """Frames queued per peer before the link takes them (default 4096). When full,
     ``send_nowait`` raises SendQueueFull and ``send`` waits for room: never a silent drop."""
 
@@ -47,7 +52,9 @@ class TransportSettings:
     """Received messages buffered for the application (default 4096). When full, links stop
     reading, which pushes back on the senders through TCP."""
 
-    max_batch_bytes: int = attrs.field(default=256 << 10, validator=in_range(1, 1 << 30, integer=True))
+    max_batch_bytes: int = attrs.field(
+        default=256 << 10, validator=in_range(1, 1 << 30, integer=True)
+    )
     """Write coalescing: queued frames are joined into one write of up to this many bytes
     (default 256 KiB; a frame larger than this still goes out whole)."""
 

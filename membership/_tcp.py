@@ -22,7 +22,7 @@ import random
 import secrets
 import ssl
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 
 import attrs
 import trio
@@ -97,6 +97,8 @@ class TcpTransport(Transport):
         self._client_context = identity.client_context()
         self._nursery = nursery
         self._random = random.Random()
+        self._links_running = 0
+        self._link_exited = trio.Event()
 
     @property
     def cluster(self) -> str:
@@ -104,6 +106,7 @@ class TcpTransport(Transport):
         return self._identity.cluster
 
     def _start_link(self, outbox: Outbox) -> None:
+        self._links_running += 1
         self._nursery.start_soon(self._run_link, outbox, name=f"link to {outbox.address}")
 
     async def _read_frame(
@@ -115,9 +118,11 @@ class TcpTransport(Transport):
             if not data:
                 decoder.eof()
                 raise HandshakeError("peer closed the link during the handshake")
-            frames = decoder.feed(data)
+            frames, error = decoder.feed(data)
             if frames:
                 return frames
+            if error is not None:
+                raise error
 
     # ---- accepting side ----
 
@@ -125,7 +130,7 @@ class TcpTransport(Transport):
         self,
         listeners: list[trio.SocketListener],
         *,
-        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+        task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         await trio.serve_listeners(self._accept, listeners, task_status=task_status)
 
@@ -162,14 +167,19 @@ class TcpTransport(Transport):
         try:
             if rest:
                 await self._deliver_frames(rest, peer)
+            data: bytes | bytearray = (
+                b""  # first round: what the handshake read may hold a bad header already
+            )
             while True:
+                frames, error = decoder.feed(data)
+                if frames:
+                    await self._deliver_frames(frames, peer)
+                if error is not None:
+                    raise error
                 data = await stream.receive_some(_READ_SIZE)
                 if not data:
                     decoder.eof()
                     break
-                frames = decoder.feed(data)
-                if frames:
-                    await self._deliver_frames(frames, peer)
         except ProtocolError as exc:
             self._count_link_error(exc, peer)
         except trio.BrokenResourceError as exc:
@@ -209,6 +219,14 @@ class TcpTransport(Transport):
         return stream, ack.sender
 
     async def _run_link(self, outbox: Outbox) -> None:
+        try:
+            await self._keep_linked(outbox)
+        finally:
+            self._links_running -= 1
+            self._link_exited.set()
+            self._link_exited = trio.Event()
+
+    async def _keep_linked(self, outbox: Outbox) -> None:
         settings = self._settings
         backoff = settings.reconnect_backoff_min
         while not outbox.closed:
@@ -225,7 +243,8 @@ class TcpTransport(Transport):
                 reason = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) else exc
                 log = logger.warning if outbox.connect_failures == 1 else logger.debug
                 log("%s: cannot link to %s: %s", self._local, outbox.address, reason or exc)
-                await trio.sleep(backoff * self._random.uniform(0.75, 1.25))
+                with trio.move_on_after(backoff * self._random.uniform(0.75, 1.25)):
+                    await outbox.closing.wait()
                 backoff = min(backoff * 2, settings.reconnect_backoff_max)
                 continue
             backoff = settings.reconnect_backoff_min
@@ -243,15 +262,14 @@ class TcpTransport(Transport):
                     await stream.aclose()
             if not outbox.closed:
                 logger.info("%s: link to %s is down; reconnecting", self._local, peer)
-                await trio.sleep(backoff)
+                with trio.move_on_after(backoff):
+                    await outbox.closing.wait()
 
-    async def _write_link(
-        self, outbox: Outbox, stream: trio.SSLStream[trio.SocketStream]
-    ) -> None:
+    async def _write_link(self, outbox: Outbox, stream: trio.SSLStream[trio.SocketStream]) -> None:
         max_batch = self._settings.max_batch_bytes
         while True:
             await outbox.wait_for_frames()
-            if outbox.closed:
+            if not outbox.frames:  # closed and drained
                 return
             batch = outbox.take(max_batch)
             try:
@@ -266,18 +284,19 @@ class TcpTransport(Transport):
         self, stream: trio.SSLStream[trio.SocketStream], scope: trio.CancelScope
     ) -> None:
         """Nothing is ever sent back on an outbound link: any read result means it ended."""
-        try:
+        with suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             await stream.receive_some(_READ_SIZE)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
         scope.cancel()
 
     async def aclose(self) -> None:
-        """Flush queued frames to connected peers (bounded), then close every link."""
+        """Stop taking messages, let links write what is queued (bounded), close every link."""
         if self._closed:
+            await trio.lowlevel.checkpoint()
             return
-        await self.flush(self._settings.shutdown_flush_timeout)
-        self._mark_closed()
+        self._mark_closed()  # refuses new sends; the link tasks drain their queues and exit
+        with trio.move_on_after(self._settings.shutdown_flush_timeout):
+            while self._links_running:
+                await self._link_exited.wait()
         self._nursery.cancel_scope.cancel()
 
 
@@ -336,4 +355,3 @@ async def open_tcp_transport(
     finally:
         for listener in listeners:
             await trio.aclose_forcefully(listener)
-

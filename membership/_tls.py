@@ -41,18 +41,28 @@ class TlsIdentity:
         check_name("cluster name", self.cluster)
 
     def _context(self, purpose: ssl.Purpose) -> ssl.SSLContext:
-        protocol = ssl.PROTOCOL_TLS_SERVER if purpose is ssl.Purpose.CLIENT_AUTH else ssl.PROTOCOL_TLS_CLIENT
+        protocol = (
+            ssl.PROTOCOL_TLS_SERVER
+            if purpose is ssl.Purpose.CLIENT_AUTH
+            else ssl.PROTOCOL_TLS_CLIENT
+        )
         context = ssl.SSLContext(protocol)
         context.minimum_version = ssl.TLSVersion.TLSv1_3
         context.check_hostname = False
         context.verify_mode = ssl.CERT_REQUIRED
-        for what, path in (("CA", self.ca_file), ("certificate", self.cert_file), ("key", self.key_file)):
+        for what, path in (
+            ("CA", self.ca_file),
+            ("certificate", self.cert_file),
+            ("key", self.key_file),
+        ):
             if not path.is_file():
                 raise ConfigurationError(f"TLS {what} file {str(path)!r} does not exist")
         try:
             context.load_verify_locations(cafile=self.ca_file)
         except (ssl.SSLError, OSError) as exc:
-            raise ConfigurationError(f"cannot load the CA file {str(self.ca_file)!r}: {exc}") from exc
+            raise ConfigurationError(
+                f"cannot load the CA file {str(self.ca_file)!r}: {exc}"
+            ) from exc
         try:
             context.load_cert_chain(self.cert_file, self.key_file)
         except (ssl.SSLError, OSError) as exc:
@@ -93,6 +103,4 @@ def peer_node_name(peer_certificate: dict[str, Any] | None, cluster: str) -> str
                 return check_name("node name", node)
             except ConfigurationError as exc:
                 raise HandshakeError(f"peer certificate URI {uri!r}: {exc}") from None
-    raise HandshakeError(
-        f"peer certificate is for {', '.join(ours)}, not for cluster {cluster!r}"
-    )
+    raise HandshakeError(f"peer certificate is for {', '.join(ours)}, not for cluster {cluster!r}")

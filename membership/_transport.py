@@ -133,6 +133,9 @@ class Outbox:
         self.frames: collections.deque[bytes] = collections.deque()
         self._room = trio.lowlevel.ParkingLot()
         self._data = trio.lowlevel.ParkingLot()
+        self._empty = trio.lowlevel.ParkingLot()
+        self.closing = trio.Event()
+        """Set when the transport closes: link tasks stop waiting and wind down."""
         self.closed = False
         self.connected = False
         self.peer: UniqueAddress | None = None
@@ -179,7 +182,14 @@ class Outbox:
             size += len(frame)
         if batch and self._room.statistics().tasks_waiting:
             self._room.unpark(count=len(batch))
+        if not frames and self._empty.statistics().tasks_waiting:
+            self._empty.unpark_all()
         return batch
+
+    async def wait_empty(self) -> None:
+        """Wait until every queued frame was taken (or the outbox closes and drops them)."""
+        while self.frames and not self.closed:
+            await self._empty.park()
 
     def sent(self, batch: list[bytes]) -> None:
         self.frames_sent += len(batch)
@@ -187,8 +197,10 @@ class Outbox:
 
     def close(self) -> None:
         self.closed = True
+        self.closing.set()
         self._room.unpark_all()
         self._data.unpark_all()
+        self._empty.unpark_all()
 
     def statistics(self) -> PeerStatistics:
         return PeerStatistics(
@@ -254,9 +266,7 @@ class Transport(abc.ABC):
             address, uid = to, 0
         else:
             raise TypeError(f"send needs an Address or UniqueAddress, not {type(to).__name__}")
-        payload = _wire.encode(
-            message, to_uid=uid, max_size=self._settings.max_frame_size - 4
-        )
+        payload = _wire.encode(message, to_uid=uid, max_size=self._settings.max_frame_size - 4)
         return address, encode_frame(payload)
 
     def send_nowait(self, to: Address | UniqueAddress, message: object) -> None:
@@ -356,11 +366,12 @@ class Transport(abc.ABC):
             envelope = self._decode(payload, sender)
             if envelope is not None:
                 try:
-                    self._inbox_send.send_nowait(envelope)
-                except trio.WouldBlock:
-                    await self._inbox_send.send(envelope)
-                except trio.ClosedResourceError:
-                    return
+                    try:
+                        self._inbox_send.send_nowait(envelope)
+                    except trio.WouldBlock:
+                        await self._inbox_send.send(envelope)
+                except (trio.ClosedResourceError, trio.BrokenResourceError):
+                    return  # closing: what was not yet received is discarded
         await trio.lowlevel.checkpoint()
 
     def _count_link_error(self, exc: ProtocolError, peer: object) -> None:
@@ -435,19 +446,18 @@ class Transport(abc.ABC):
         for outbox in self._outboxes.values():
             outbox.close()
         self._inbox_send.close()
+        self._inbox_receive.close()
 
-    async def flush(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds until every connected peer's queue is empty.
+    async def flush(self) -> None:
+        """Wait until the queues of all connected peers are empty (handed to their links).
 
-        Returns whether everything queued for connected peers was handed to its link.
+        Callers bound it, e.g. ``with trio.move_on_after(settings.shutdown_flush_timeout)``.
         """
-        with trio.move_on_after(timeout):
-            while any(o.frames and o.connected for o in self._outboxes.values()):
-                await trio.sleep(0.01)
-            return True
-        return False
+        for outbox in list(self._outboxes.values()):
+            if outbox.connected:
+                await outbox.wait_empty()
+        await trio.lowlevel.checkpoint()
 
     @abc.abstractmethod
     async def aclose(self) -> None:
         """Close every link; later sends raise TransportClosed and iteration ends."""
-

@@ -76,7 +76,7 @@ def _field_getter(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
     if len(names) == 1:
         (only,) = names
         return lambda obj: (getattr(obj, only),)
-    return operator.attrgetter(*names)  # type: ignore[return-value]
+    return operator.attrgetter(*names)
 
 
 def _register(cls: T, name: str | None) -> T:
@@ -184,7 +184,8 @@ def _default(obj: Any) -> Any:
 
 
 def _pack_nested(value: Any) -> bytes:
-    return msgpack.packb(value, default=_default, use_bin_type=True, strict_types=True)  # type: ignore[no-any-return]
+    packed: bytes = msgpack.packb(value, default=_default, use_bin_type=True, strict_types=True)
+    return packed
 
 
 class _Local(threading.local):
@@ -220,11 +221,10 @@ def encode(message: object, *, to_uid: int = 0, max_size: int | None = None) -> 
     except (TypeError, ValueError, OverflowError) as exc:
         _local.packer = msgpack.Packer(default=_default, use_bin_type=True, strict_types=True)
         raise SerializationError(f"cannot send {_describe(message)}: {exc}") from exc
-    payload = HEADER.pack(WIRE_VERSION, kind, to_uid) + body
+    payload: bytes = HEADER.pack(WIRE_VERSION, kind, to_uid) + body
     if max_size is not None and len(payload) > max_size:
         raise MessageTooLarge(
-            f"{_describe(message)} encodes to {len(payload)} bytes, above max_frame_size "
-            f"{max_size}"
+            f"{_describe(message)} encodes to {len(payload)} bytes, above max_frame_size {max_size}"
         )
     return payload
 

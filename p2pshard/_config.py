@@ -1,0 +1,582 @@
+"""The configuration of one node: :class:`NodeConfig`, built in code or loaded from TOML.
+
+Theory of operation: a ``NodeConfig`` is a frozen attrs class whose validators reject a bad value
+when the object is built, so a node never starts with a configuration it cannot run. ``load`` reads
+a TOML file whose layout mirrors the class: plain fields at the top level, each nested attrs class
+(``tls``, ``transport``, and later packages' ``*Settings``) in a table named after its field. Then
+``P2PSHARD_*`` environment variables override single values, as Akka lets ``-D`` system properties
+override ``application.conf``.
+
+The loader walks the attrs fields and their resolved type hints, so nesting another settings class
+needs no loader code, only a field. It reads ``bool``, ``int``, ``float``, ``str``, ``Path``,
+:class:`membership.Address`, ``X | None``, ``tuple[X, ...]`` and attrs classes; another type is a
+programming error (``TypeError``) at every load. Errors name where a value came from: the
+dotted field path and the file, or the environment variable. Validators of settings classes report
+``"ClassName.field = value is invalid: ..."`` (see ``membership._settings``); the loader rewrites
+``ClassName.`` into the field's dotted path, so a nested class gets located messages for free.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Self, TypeVar
+
+import attrs
+
+# Imported at run time, not under TYPE_CHECKING: the loader resolves the field annotations.
+from membership import Address, ConfigurationError, TransportSettings
+from membership._address import check_name
+
+ENV_PREFIX = "P2PSHARD_"
+"""Environment variables that override configuration values start with this."""
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+"""The allowed values of :attr:`NodeConfig.log_level`."""
+
+_WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]"})
+
+_T = TypeVar("_T")
+_Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
+
+
+# --- validators: "ClassName.field = value is invalid: what is allowed" -------------------------
+
+
+def _invalid(
+    instance: object, attribute: attrs.Attribute[Any], value: object, allowed: str
+) -> ConfigurationError:
+    return ConfigurationError(
+        f"{type(instance).__name__}.{attribute.name} = {value!r} is invalid: {allowed}"
+    )
+
+
+def _check_name(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    # check_name says "<kind> <value> is invalid: ..."; this kind gives our message's form.
+    check_name(f"{type(instance).__name__}.{attribute.name} =", value)
+
+
+def _check_host(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str) or not value or any(c.isspace() for c in value):
+        raise _invalid(instance, attribute, value, "must be a host name or IP address")
+
+
+def _port(low: int) -> _Validator:
+    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 65535:
+            raise _invalid(instance, attribute, value, f"must be an integer from {low} to 65535")
+
+    return check
+
+
+def _check_seed_nodes(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, tuple) or not all(
+        isinstance(a, Address) and a.port != 0 for a in value
+    ):
+        raise _invalid(
+            instance,
+            attribute,
+            value,
+            "must be a tuple of Address with ports from 1 to 65535, "
+            "e.g. (Address.parse('10.0.0.1:25520'),)",
+        )
+
+
+def _check_roles(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, tuple) or not all(
+        isinstance(r, str) and r and "," not in r and not any(c.isspace() for c in r) for r in value
+    ):
+        raise _invalid(
+            instance, attribute, value, "must be a tuple of non-empty strings without ',' or spaces"
+        )
+
+
+def _check_file(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, Path) or value == Path():
+        raise _invalid(instance, attribute, value, "must be a non-empty pathlib.Path to a file")
+
+
+def _check_log_level(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value not in LOG_LEVELS:
+        raise _invalid(instance, attribute, value, f"must be one of {', '.join(LOG_LEVELS)}")
+
+
+def _check_timeout(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value < math.inf:
+        raise _invalid(instance, attribute, value, "must be a number of seconds greater than 0")
+
+
+def _instance_of(cls: type) -> _Validator:
+    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if not isinstance(value, cls):
+            raise _invalid(instance, attribute, value, f"must be a {cls.__name__}")
+
+    return check
+
+
+# --- the configuration classes -----------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class TlsFiles:
+    """The PEM files for mutual TLS between nodes; ``p2pshard`` CLI commands generate them.
+
+    Whether the files exist is not checked here: the transport reports a missing or unreadable
+    file, with its path, when it starts.
+    """
+
+    ca_file: Path = attrs.field(validator=_check_file)
+    """The cluster's CA certificate (required): peers must present a certificate signed by it."""
+
+    cert_file: Path = attrs.field(validator=_check_file)
+    """This node's certificate (required), with the SAN URI ``p2pshard://<cluster>/<node>``."""
+
+    key_file: Path = attrs.field(validator=_check_file)
+    """The private key of ``cert_file`` (required)."""
+
+
+@attrs.frozen(kw_only=True)
+class NodeConfig:
+    """Everything one node needs to start: who it is, where it listens, whom it asks to join.
+
+    Build it in code, or :meth:`load` it from a TOML file. The file mirrors the class: plain fields
+    at the top level, each nested class in a table named after its field. Only ``cluster_name``,
+    ``node_name`` and the ``[tls]`` table are required. Relative paths are relative to the file's
+    directory. A key that is not a field is an error, so a typo cannot go unnoticed. A full
+    file, ``node.toml``::
+
+        cluster_name = "shop"
+        node_name = "node-1"
+        bind_host = "0.0.0.0"
+        bind_port = 25520
+        # What peers dial: needed when binding 0.0.0.0, in containers and behind NAT.
+        canonical_host = "node-1.shop.internal"
+        canonical_port = 25520
+        seed_nodes = ["node-1.shop.internal:25520", "node-2.shop.internal:25520"]
+        roles = ["backend"]
+        log_level = "INFO"
+        shutdown_timeout = 10.0
+
+        [tls]
+        ca_file = "certs/ca.pem"
+        cert_file = "certs/node-1.pem"
+        key_file = "certs/node-1.key"
+
+        [transport]  # membership.TransportSettings; leave out what keeps its default
+        max_frame_size = 2097152
+        connect_timeout = 5.0
+
+    Environment variables override the file: ``P2PSHARD_`` and the field name in upper case, a
+    double underscore for each table level. Lists are comma-separated, booleans are
+    true/false/1/0/yes/no, and an empty value clears an optional field. Relative paths given this
+    way are relative to the working directory::
+
+        P2PSHARD_BIND_PORT=2552
+        P2PSHARD_SEED_NODES=127.0.0.1:2551,127.0.0.1:2552
+        P2PSHARD_TLS__CERT_FILE=/etc/p2pshard/node-2.pem
+        P2PSHARD_TRANSPORT__MAX_FRAME_SIZE=2097152
+
+    An invalid value fails when the object is built or loaded, with a
+    :class:`membership.ConfigurationError` naming the field, the value and what is allowed.
+
+    Example:
+        >>> from pathlib import Path
+        >>> config = NodeConfig(
+        ...     cluster_name="shop",
+        ...     node_name="node-1",
+        ...     tls=TlsFiles(
+        ...         ca_file=Path("ca.pem"), cert_file=Path("n1.pem"), key_file=Path("n1.key")
+        ...     ),
+        ... )
+        >>> str(config.canonical_address)
+        '127.0.0.1:25520'
+    """
+
+    cluster_name: str = attrs.field(validator=_check_name)
+    """The cluster's name (required). A peer whose certificate names another cluster is refused."""
+
+    node_name: str = attrs.field(validator=_check_name)
+    """This node's name (required): in its certificate, its logs and the cluster's member list."""
+
+    bind_host: str = attrs.field(default="127.0.0.1", validator=_check_host)
+    """The interface to listen on (default ``"127.0.0.1"``; ``"0.0.0.0"`` for all of them)."""
+
+    bind_port: int = attrs.field(default=25520, validator=_port(0))
+    """The TCP port to listen on (default 25520; 0 takes any free port)."""
+
+    canonical_host: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_check_host)
+    )
+    """The host peers dial, when it differs from ``bind_host`` (containers, NAT; default None:
+    ``bind_host``). Required when ``bind_host`` is a wildcard such as ``"0.0.0.0"``."""
+
+    canonical_port: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_port(1))
+    )
+    """The port peers dial, when it differs from ``bind_port`` (default None: ``bind_port``)."""
+
+    seed_nodes: tuple[Address, ...] = attrs.field(default=(), validator=_check_seed_nodes)
+    """Nodes to contact to join the cluster (default none). As in Akka, the first seed node starts
+    a new cluster by joining itself when it cannot reach the others."""
+
+    roles: tuple[str, ...] = attrs.field(default=(), validator=_check_roles)
+    """This node's roles (default none): shard regions and singletons can be limited to a role."""
+
+    tls: TlsFiles = attrs.field(validator=_instance_of(TlsFiles))
+    """The CA, certificate and key files for mutual TLS (required; ``[tls]`` in a file)."""
+
+    transport: TransportSettings = attrs.field(
+        factory=TransportSettings, validator=_instance_of(TransportSettings)
+    )
+    """How node-to-node links behave (default ``TransportSettings()``; ``[transport]`` in a
+    file)."""
+
+    log_level: str = attrs.field(default="INFO", validator=_check_log_level)
+    """The least severe log records to emit: DEBUG, INFO, WARNING or ERROR (default INFO)."""
+
+    shutdown_timeout: float = attrs.field(default=10.0, validator=_check_timeout)
+    """Seconds a graceful leave (handing off shards, leaving the cluster) may take before the node
+    stops anyway (default 10)."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.canonical_host is None and self.bind_host in _WILDCARD_HOSTS:
+            raise ConfigurationError(
+                f"{type(self).__name__}.canonical_host = None is invalid: it is required when "
+                f"bind_host is the wildcard {self.bind_host!r}, which peers cannot dial"
+            )
+
+    @property
+    def bind_address(self) -> Address:
+        """The address this node listens on."""
+        return Address(self.bind_host, self.bind_port)
+
+    @property
+    def canonical_address(self) -> Address:
+        """The address advertised to peers: the canonical host and port, else the bind ones.
+
+        Its port is 0 when ``bind_port`` is 0 and no ``canonical_port`` is set; the transport
+        then advertises the port it was given.
+        """
+        return Address(
+            self.bind_host if self.canonical_host is None else self.canonical_host,
+            self.bind_port if self.canonical_port is None else self.canonical_port,
+        )
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None
+    ) -> Self:
+        """Read a TOML file, apply the ``P2PSHARD_*`` variables of ``environ``, and validate.
+
+        Args:
+            path: The TOML file; see the class docstring for its layout.
+            environ: The environment variables to apply (default ``os.environ``).
+
+        Raises:
+            membership.ConfigurationError: The file cannot be read or is not valid TOML; a key or
+                variable names no field; a required value is missing; or a value is invalid.
+                The message names the file or variable, the field, the value and what is allowed.
+
+        Example::
+
+            config = NodeConfig.load("node.toml", environ={"P2PSHARD_BIND_PORT": "2552"})
+        """
+        file = Path(path).absolute()
+        try:
+            with file.open("rb") as f:
+                document = tomllib.load(f)
+        except OSError as e:
+            raise ConfigurationError(
+                f"cannot read configuration file {file}: {e.strerror or e}"
+            ) from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise ConfigurationError(f"configuration file {file} is not valid TOML: {e}") from None
+        values: dict[str, _Value] = {}
+        _read_table(cls, document, "", file, values)
+        _read_environ(cls, os.environ if environ is None else environ, file, values)
+        return _build(cls, "", values, file)
+
+    def to_toml(self) -> str:
+        """This configuration as a TOML file that :meth:`load` reads back to an equal one.
+
+        Every field is written, defaults included, except optional ones that are None. Paths are
+        written as they are; as ``load`` reads relative paths relative to the file's directory,
+        use absolute paths unless the file goes to the directory they are relative to.
+        """
+        lines = ["# p2pshard node configuration (NodeConfig.to_toml)", *_toml_lines(self, "")]
+        return "\n".join(lines) + "\n"
+
+
+# --- the loader ----------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class _Value:
+    """One value from the file or the environment, before conversion to its field's type."""
+
+    path: str
+    """The dotted field path, e.g. ``"transport.max_frame_size"``."""
+
+    raw: object
+    """The TOML value, or the environment variable's text."""
+
+    file: Path
+    """The configuration file being loaded; relative paths in it are relative to its directory."""
+
+    env_var: str | None = None
+    """The environment variable it came from; None if it came from the file."""
+
+    def source(self) -> str:
+        return f"from {self.env_var}" if self.env_var else f"in {self.file}"
+
+    def invalid(self, allowed: str) -> ConfigurationError:
+        if self.env_var:
+            return ConfigurationError(f"{self.env_var}={self.raw!r} is invalid: {allowed}")
+        return ConfigurationError(
+            f"{self.path} = {self.raw!r} is invalid: {allowed} ({self.source()})"
+        )
+
+
+class _Invalid(Exception):
+    """A value cannot be converted; the message says what was expected."""
+
+
+def _fields(cls: Any) -> list[tuple[attrs.Attribute[Any], Any]]:
+    """The init fields of an attrs class, in order, each with its resolved type hint."""
+    hints = typing.get_type_hints(cls)
+    return [(f, hints[f.name]) for f in attrs.fields(cls) if f.init]
+
+
+def _env_var(path: str) -> str:
+    return ENV_PREFIX + path.replace(".", "__").upper()
+
+
+def _leaf_paths(cls: type, prefix: str) -> Iterator[str]:
+    """The dotted paths of every value (not table) in the class, nested ones included."""
+    for field, hint in _fields(cls):
+        if attrs.has(hint):
+            yield from _leaf_paths(hint, f"{prefix}{field.name}.")
+        elif not _readable(hint):
+            raise TypeError(f"the configuration loader cannot read {prefix}{field.name}: {hint}")
+        else:
+            yield prefix + field.name
+
+
+def _unknown(what: str, given: str, allowed: list[str]) -> ConfigurationError:
+    close = difflib.get_close_matches(given, allowed, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return ConfigurationError(f"{what}{hint}; allowed: {', '.join(allowed)}")
+
+
+def _read_table(
+    cls: type, table: Mapping[str, object], prefix: str, file: Path, out: dict[str, _Value]
+) -> None:
+    fields = {field.name: hint for field, hint in _fields(cls)}
+    for key, raw in table.items():
+        path = prefix + key
+        if key not in fields:
+            where = f"[{prefix[:-1]}]" if prefix else "the top level"
+            raise _unknown(f"unknown key {path!r} at {where} of {file}", key, list(fields))
+        hint = fields[key]
+        if not attrs.has(hint):
+            out[path] = _Value(path, raw, file)
+        elif isinstance(raw, dict):
+            _read_table(hint, raw, path + ".", file, out)
+        else:
+            raise _Value(path, raw, file).invalid(f"expected a table [{path}]")
+
+
+def _read_environ(
+    cls: type, environ: Mapping[str, str], file: Path, out: dict[str, _Value]
+) -> None:
+    paths = {_env_var(path): path for path in _leaf_paths(cls, "")}
+    for name, text in environ.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        if name not in paths:
+            raise _unknown(f"environment variable {name} matches no setting", name, list(paths))
+        out[paths[name]] = _Value(paths[name], text, file, env_var=name)
+
+
+def _build(cls: type[_T], prefix: str, values: Mapping[str, _Value], file: Path) -> _T:
+    kwargs: dict[str, object] = {}
+    for field, hint in _fields(cls):
+        path = prefix + field.name
+        required = field.default is attrs.NOTHING
+        if attrs.has(hint):
+            if required or any(p.startswith(path + ".") for p in values):
+                kwargs[field.alias or field.name] = _build(hint, path + ".", values, file)
+        elif path in values:
+            kwargs[field.alias or field.name] = _convert(values[path], hint)
+        elif required:
+            table = f"[{prefix[:-1]}]" if prefix else "the top level"
+            raise ConfigurationError(
+                f"{path} is missing: it is required; set it at {table} of {file} "
+                f"or with {_env_var(path)}"
+            )
+    try:
+        return cls(**kwargs)
+    except ConfigurationError as e:
+        raise _located(e, cls, prefix, values, file) from None
+
+
+def _located(
+    error: ConfigurationError, cls: type, prefix: str, values: Mapping[str, _Value], file: Path
+) -> ConfigurationError:
+    """The validator's error with ``ClassName.`` replaced by the dotted path, and its source."""
+    message, head = str(error), f"{cls.__name__}."
+    if not message.startswith(head):  # not the usual form: say at least which table
+        table = f"in [{prefix[:-1]}], " if prefix else ""
+        return ConfigurationError(f"{message} ({table}loading {file})")
+    name = message[len(head) :].split(" ", 1)[0]
+    path = prefix + name
+    source = values[path].source() if path in values else f"loading {file}"
+    return ConfigurationError(f"{path}{message[len(head) + len(name) :]} ({source})")
+
+
+def _convert(value: _Value, hint: Any) -> object:
+    try:
+        if value.env_var is None:
+            return _from_toml(value.raw, hint, value.file.parent)
+        return _from_toml(_from_text(str(value.raw), hint), hint, None)
+    except _Invalid as e:
+        raise value.invalid(str(e)) from None
+
+
+def _optional(hint: Any) -> Any:
+    """``X`` if ``hint`` is ``X | None``, else None."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        rest = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(rest) == 1:
+            return rest[0]
+    return None
+
+
+def _tuple_item(hint: Any) -> Any:
+    """``X`` if ``hint`` is ``tuple[X, ...]``, else None."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return args[0]
+    return None
+
+
+_EXPECTED = {
+    bool: "true or false",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    Path: "a non-empty path",
+    Address: "an address 'host:port'",
+}
+"""The types the loader reads, and how an error message names a value of each."""
+
+
+def _from_toml(raw: object, hint: Any, base_dir: Path | None) -> object:
+    """Check a TOML value against a field type and convert it.
+
+    Lists become tuples, integers floats where a float is expected, and strings paths (relative
+    ones resolved against ``base_dir``) or addresses.
+    """
+    if (inner := _optional(hint)) is not None:
+        return None if raw is None else _from_toml(raw, inner, base_dir)
+    if (item := _tuple_item(hint)) is not None:
+        if not isinstance(raw, list):
+            raise _Invalid(f"expected an array, each item {_EXPECTED[item]}")
+        converted = []
+        for i, x in enumerate(raw):
+            try:
+                converted.append(_from_toml(x, item, base_dir))
+            except _Invalid as e:
+                raise _Invalid(f"item {i} ({x!r}): {e}") from None
+        return tuple(converted)
+    if isinstance(raw, bool):  # bool is an int subclass: a bool is only ever a bool
+        if hint is bool:
+            return raw
+    elif hint is int and isinstance(raw, int):
+        return raw
+    elif hint is float and isinstance(raw, int | float):
+        return float(raw)
+    if hint is str and isinstance(raw, str):
+        return raw
+    if hint is Path and isinstance(raw, str) and raw:
+        # base_dir / "/abs/path" is "/abs/path": only relative paths move.
+        return Path(raw) if base_dir is None else base_dir / raw
+    if hint is Address and isinstance(raw, str):
+        try:
+            return Address.parse(raw)
+        except ConfigurationError:
+            pass
+    raise _Invalid(f"expected {_EXPECTED[hint]}")
+
+
+def _readable(hint: Any) -> bool:
+    inner = _optional(hint) or _tuple_item(hint)
+    return hint in _EXPECTED if inner is None else _readable(inner)
+
+
+_TRUE = frozenset({"true", "1", "yes"})
+_FALSE = frozenset({"false", "0", "no"})
+
+
+def _from_text(text: str, hint: Any) -> object:
+    """An environment variable's text as the TOML value it stands for."""
+    if (inner := _optional(hint)) is not None:
+        return None if text == "" else _from_text(text, inner)
+    if (item := _tuple_item(hint)) is not None:
+        return [_from_text(part.strip(), item) for part in text.split(",") if part.strip()]
+    try:
+        if hint is bool:
+            word = text.strip().lower()
+            if word not in _TRUE | _FALSE:
+                raise _Invalid("expected true/false, 1/0 or yes/no")
+            return word in _TRUE
+        if hint is int:
+            return int(text)
+        if hint is float:
+            return float(text)
+    except ValueError:
+        raise _Invalid(f"expected {_EXPECTED[hint]}") from None
+    return text
+
+
+# --- writing TOML --------------------------------------------------------------------------------
+
+
+def _toml_lines(obj: object, prefix: str) -> list[str]:
+    """``obj``'s plain fields as ``key = value`` lines, then its nested classes as tables."""
+    lines: list[str] = []
+    tables: list[str] = []
+    for field, _ in _fields(type(obj)):
+        name, value = field.name, getattr(obj, field.name)
+        if attrs.has(type(value)):
+            tables += ["", f"[{prefix}{name}]", *_toml_lines(value, f"{prefix}{name}.")]
+        elif value is not None:
+            lines.append(f"{name} = {_toml_value(value)}")
+    return lines + tables
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)  # Python's int and float reprs are valid TOML, inf and nan included.
+    if isinstance(value, str | Path | Address):
+        return _toml_string(str(value))
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} of type {type(value).__name__} as TOML")
+
+
+def _toml_string(text: str) -> str:
+    """A TOML basic string: quotes, backslashes and control characters escaped."""
+    escaped = "".join(
+        f"\\{c}" if c in '"\\' else f"\\u{ord(c):04x}" if c < " " or c == "\x7f" else c
+        for c in text
+    )
+    return f'"{escaped}"'

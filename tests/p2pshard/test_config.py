@@ -1,0 +1,566 @@
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import attrs
+import pytest
+
+from membership import Address, ConfigurationError, TransportSettings
+from p2pshard import NodeConfig, TlsFiles
+
+TLS = TlsFiles(
+    ca_file=Path("/pki/ca.pem"), cert_file=Path("/pki/node-1.pem"), key_file=Path("/pki/node-1.key")
+)
+
+# Top-level keys must come before the first table: tests prepend keys and append tables.
+MINIMAL = """\
+cluster_name = "shop"
+node_name = "node-1"
+
+[tls]
+ca_file = "/pki/ca.pem"
+cert_file = "/pki/node-1.pem"
+key_file = "/pki/node-1.key"
+"""
+
+
+def write(directory: Path, text: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "node.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def load(directory: Path, text: str, **environ: str) -> NodeConfig:
+    return NodeConfig.load(write(directory, text), environ=environ)
+
+
+def load_error(directory: Path, text: str, **environ: str) -> str:
+    with pytest.raises(ConfigurationError) as excinfo:
+        load(directory, text, **environ)
+    return str(excinfo.value)
+
+
+# --- building in code ---------------------------------------------------------------------------
+
+
+def test_defaults_and_addresses() -> None:
+    config = NodeConfig(cluster_name="shop", node_name="node-1", tls=TLS)
+    assert config.bind_address == Address("127.0.0.1", 25520)
+    assert config.canonical_address == config.bind_address
+    assert config.seed_nodes == ()
+    assert config.roles == ()
+    assert config.transport == TransportSettings()
+    assert config.log_level == "INFO"
+    assert config.shutdown_timeout == 10.0
+
+
+def test_canonical_address_differs_from_bind_address() -> None:
+    config = NodeConfig(
+        cluster_name="shop",
+        node_name="node-1",
+        tls=TLS,
+        bind_host="0.0.0.0",
+        bind_port=2552,
+        canonical_host="node-1.shop.internal",
+    )
+    assert config.bind_address == Address("0.0.0.0", 2552)
+    assert config.canonical_address == Address("node-1.shop.internal", 2552)
+    assert attrs.evolve(config, canonical_port=30552).canonical_address == Address(
+        "node-1.shop.internal", 30552
+    )
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        (
+            {"cluster_name": "my shop"},
+            "NodeConfig.cluster_name = 'my shop' is invalid: use 1 to 63",
+        ),
+        ({"node_name": ""}, "NodeConfig.node_name = '' is invalid"),
+        ({"bind_host": ""}, "NodeConfig.bind_host = '' is invalid: must be a host name"),
+        (
+            {"bind_port": 65536},
+            "NodeConfig.bind_port = 65536 is invalid: must be an integer from 0",
+        ),
+        ({"bind_port": True}, "NodeConfig.bind_port = True is invalid"),
+        (
+            {"canonical_port": 0},
+            "NodeConfig.canonical_port = 0 is invalid: must be an integer from 1",
+        ),
+        ({"seed_nodes": ("127.0.0.1:2551",)}, "NodeConfig.seed_nodes = ('127.0.0.1:2551',) is inv"),
+        ({"seed_nodes": (Address("h", 0),)}, "ports from 1 to 65535"),
+        ({"roles": ["a"]}, "NodeConfig.roles = ['a'] is invalid: must be a tuple"),
+        ({"roles": ("a,b",)}, "NodeConfig.roles = ('a,b',) is invalid"),
+        ({"tls": "certs"}, "NodeConfig.tls = 'certs' is invalid: must be a TlsFiles"),
+        ({"transport": {}}, "NodeConfig.transport = {} is invalid: must be a TransportSettings"),
+        (
+            {"log_level": "debug"},
+            "NodeConfig.log_level = 'debug' is invalid: must be one of DEBUG,",
+        ),
+        ({"shutdown_timeout": 0}, "NodeConfig.shutdown_timeout = 0 is invalid: must be a number"),
+        ({"shutdown_timeout": float("inf")}, "NodeConfig.shutdown_timeout = inf is invalid"),
+        ({"bind_host": "0.0.0.0"}, "NodeConfig.canonical_host = None is invalid: it is required"),
+    ],
+)
+def test_invalid_values_fail_at_construction(changes: dict[str, object], expected: str) -> None:
+    arguments: dict[str, object] = {"cluster_name": "shop", "node_name": "node-1", "tls": TLS}
+    with pytest.raises(ConfigurationError, match=re.escape(expected)):
+        NodeConfig(**{**arguments, **changes})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [Path(), Path(""), "ca.pem"])
+def test_tls_files_must_be_non_empty_paths(bad: object) -> None:
+    with pytest.raises(ConfigurationError, match=r"TlsFiles\.ca_file = .* is invalid: must be a"):
+        TlsFiles(ca_file=bad, cert_file=Path("c"), key_file=Path("k"))  # type: ignore[arg-type]
+
+
+# --- writing and loading ------------------------------------------------------------------------
+
+
+def test_round_trip_of_every_field(tmp_path: Path) -> None:
+    odd = tmp_path / 'dir with "quotes", \\ and ünïcödé'
+    config = NodeConfig(
+        cluster_name="shop",
+        node_name="node-1",
+        bind_host="::",
+        bind_port=0,
+        canonical_host="node-1.shop.internal",
+        canonical_port=30552,
+        seed_nodes=(Address.parse("10.0.0.1:2551"), Address.parse("[::1]:2552")),
+        roles=("backend", "eu-west"),
+        tls=TlsFiles(ca_file=odd / "ca.pem", cert_file=odd / "n.pem", key_file=odd / "n\t.key"),
+        transport=TransportSettings(max_frame_size=2 << 20, connect_timeout=0.25),
+        log_level="DEBUG",
+        shutdown_timeout=2.5,
+    )
+    path = write(tmp_path, config.to_toml())
+    assert NodeConfig.load(path, environ={}) == config
+
+
+def test_round_trip_of_defaults(tmp_path: Path) -> None:
+    config = NodeConfig(cluster_name="shop", node_name="node-1", tls=TLS)
+    text = config.to_toml()
+    assert "canonical_host" not in text  # None is left out: TOML has no null
+    assert NodeConfig.load(write(tmp_path, text), environ={}) == config
+
+
+def test_minimal_file_gets_defaults(tmp_path: Path) -> None:
+    assert load(tmp_path, MINIMAL) == NodeConfig(cluster_name="shop", node_name="node-1", tls=TLS)
+
+
+def test_example_file_in_docstring_loads(tmp_path: Path) -> None:
+    doc = NodeConfig.__doc__
+    assert doc is not None
+    lines = doc.split("``node.toml``::\n", 1)[1].splitlines()
+    block = []
+    for line in lines:
+        if line.strip() and not line.startswith(" " * 8):
+            break
+        block.append(line)
+    config = load(tmp_path, textwrap.dedent("\n".join(block)))
+    assert config.canonical_address == Address("node-1.shop.internal", 25520)
+    assert config.tls.ca_file == tmp_path / "certs" / "ca.pem"
+    assert config.transport.max_frame_size == 2097152
+
+
+def test_relative_paths_are_relative_to_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    text = """\
+cluster_name = "shop"
+node_name = "node-1"
+
+[tls]
+ca_file = "../ca.pem"
+cert_file = "certs/node-1.pem"
+key_file = "/abs/node-1.key"
+"""
+    # A relative file path: its directory must be taken absolute, not relative to a later cwd.
+    write(tmp_path / "conf", text)
+    config = NodeConfig.load("conf/node.toml", environ={})
+    assert config.tls.ca_file == tmp_path / "conf" / ".." / "ca.pem"
+    assert config.tls.cert_file == tmp_path / "conf" / "certs" / "node-1.pem"
+    assert config.tls.key_file == Path("/abs/node-1.key")
+
+
+def test_int_accepted_for_float_and_stored_as_float(tmp_path: Path) -> None:
+    config = load(tmp_path, "shutdown_timeout = 3\n" + MINIMAL)
+    assert config.shutdown_timeout == 3.0
+    assert isinstance(config.shutdown_timeout, float)
+
+
+# --- environment overrides ----------------------------------------------------------------------
+
+
+def test_env_overrides_top_level_fields(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        "bind_port = 1111\n" + MINIMAL,
+        P2PSHARD_BIND_PORT="2552",
+        P2PSHARD_BIND_HOST="0.0.0.0",
+        P2PSHARD_CANONICAL_HOST="node-1.shop.internal",
+        P2PSHARD_LOG_LEVEL="WARNING",
+        P2PSHARD_SHUTDOWN_TIMEOUT="2.5",
+        P2PSHARD_ROLES="backend, eu-west",
+        PATH="/usr/bin",  # not ours: ignored
+        P2PSHARDISH="x",  # no underscore after the prefix: not ours either
+    )
+    assert config.bind_address == Address("0.0.0.0", 2552)
+    assert config.canonical_address == Address("node-1.shop.internal", 2552)
+    assert config.log_level == "WARNING"
+    assert config.shutdown_timeout == 2.5
+    assert config.roles == ("backend", "eu-west")
+
+
+def test_env_overrides_nested_tls_relative_to_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = load(
+        tmp_path / "conf",
+        MINIMAL,
+        P2PSHARD_TLS__CERT_FILE="/etc/p2pshard/node-2.pem",
+        P2PSHARD_TLS__KEY_FILE="node-2.key",
+    )
+    assert config.tls.ca_file == Path("/pki/ca.pem")
+    assert config.tls.cert_file == Path("/etc/p2pshard/node-2.pem")
+    assert config.tls.key_file == Path("node-2.key")
+
+
+def test_env_overrides_nested_transport(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        MINIMAL + "\n[transport]\nmax_frame_size = 4096\ninbox_capacity = 7\n",
+        P2PSHARD_TRANSPORT__MAX_FRAME_SIZE="2097152",
+        P2PSHARD_TRANSPORT__CONNECT_TIMEOUT="1",
+    )
+    assert config.transport == TransportSettings(
+        max_frame_size=2097152, inbox_capacity=7, connect_timeout=1.0
+    )
+
+
+def test_env_transport_override_without_transport_table(tmp_path: Path) -> None:
+    config = load(tmp_path, MINIMAL, P2PSHARD_TRANSPORT__INBOX_CAPACITY="9")
+    assert config.transport == TransportSettings(inbox_capacity=9)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("127.0.0.1:2551,127.0.0.1:2552", ("127.0.0.1:2551", "127.0.0.1:2552")),
+        (" [::1]:2551 , seed.example:2552, ", ("[::1]:2551", "seed.example:2552")),
+        ("", ()),
+    ],
+)
+def test_env_overrides_seed_list(tmp_path: Path, text: str, expected: tuple[str, ...]) -> None:
+    config = load(tmp_path, 'seed_nodes = ["10.9.9.9:1"]\n' + MINIMAL, P2PSHARD_SEED_NODES=text)
+    assert config.seed_nodes == tuple(Address.parse(a) for a in expected)
+
+
+def test_empty_env_value_clears_optional_field(tmp_path: Path) -> None:
+    config = load(tmp_path, "canonical_port = 30552\n" + MINIMAL, P2PSHARD_CANONICAL_PORT="")
+    assert config.canonical_port is None
+
+
+def test_env_supplies_required_values(tmp_path: Path) -> None:
+    text = '[tls]\nca_file = "ca.pem"\ncert_file = "n.pem"\n'
+    config = load(
+        tmp_path,
+        text,
+        P2PSHARD_CLUSTER_NAME="shop",
+        P2PSHARD_NODE_NAME="node-7",
+        P2PSHARD_TLS__KEY_FILE="/k.pem",
+    )
+    assert (config.cluster_name, config.node_name) == ("shop", "node-7")
+    assert config.tls == TlsFiles(
+        ca_file=tmp_path / "ca.pem", cert_file=tmp_path / "n.pem", key_file=Path("/k.pem")
+    )
+
+
+def test_environ_defaults_to_os_environ(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("P2PSHARD_BIND_PORT", "2553")
+    assert NodeConfig.load(write(tmp_path, MINIMAL)).bind_port == 2553
+
+
+# --- load errors: each names the field (or key, or variable), the value and what is allowed ------
+
+
+def test_bad_port_in_file(tmp_path: Path) -> None:
+    path = tmp_path / "node.toml"
+    assert load_error(tmp_path, "bind_port = 70000\n" + MINIMAL) == (
+        f"bind_port = 70000 is invalid: must be an integer from 0 to 65535 (in {path})"
+    )
+
+
+def test_bad_port_in_env(tmp_path: Path) -> None:
+    assert load_error(tmp_path, MINIMAL, P2PSHARD_BIND_PORT="70000") == (
+        "bind_port = 70000 is invalid: must be an integer from 0 to 65535 (from P2PSHARD_BIND_PORT)"
+    )
+    assert load_error(tmp_path, MINIMAL, P2PSHARD_BIND_PORT="abc") == (
+        "P2PSHARD_BIND_PORT='abc' is invalid: expected an integer"
+    )
+
+
+def test_bad_name(tmp_path: Path) -> None:
+    message = load_error(tmp_path, MINIMAL.replace('"node-1"', '"node 1"'))
+    assert message.startswith("node_name = 'node 1' is invalid: use 1 to 63 letters")
+    assert message.endswith(f"(in {tmp_path / 'node.toml'})")
+    message = load_error(tmp_path, MINIMAL, P2PSHARD_CLUSTER_NAME="-shop")
+    assert message.startswith("cluster_name = '-shop' is invalid: use 1 to 63 letters")
+    assert message.endswith("(from P2PSHARD_CLUSTER_NAME)")
+
+
+def test_unknown_top_level_key(tmp_path: Path) -> None:
+    message = load_error(tmp_path, "bind_prot = 2552\n" + MINIMAL)
+    assert message.startswith(
+        f"unknown key 'bind_prot' at the top level of {tmp_path / 'node.toml'} "
+        "(did you mean bind_port?); allowed: cluster_name, node_name, bind_host, bind_port, "
+    )
+    assert message.endswith("tls, transport, log_level, shutdown_timeout")
+
+
+def test_unknown_nested_key(tmp_path: Path) -> None:
+    message = load_error(tmp_path, MINIMAL + "\n[transport]\nmax_frame = 4096\n")
+    assert message.startswith(
+        "unknown key 'transport.max_frame' at [transport] of "
+        f"{tmp_path / 'node.toml'} (did you mean max_frame_size?); allowed: max_frame_size, "
+    )
+
+
+def test_unknown_table(tmp_path: Path) -> None:
+    message = load_error(tmp_path, MINIMAL + "\n[node]\nbind_port = 1\n")
+    assert message.startswith("unknown key 'node' at the top level")
+
+
+@pytest.mark.parametrize(
+    ("name", "suggestion"),
+    [
+        ("P2PSHARD_BIND_PROT", " (did you mean P2PSHARD_BIND_PORT?)"),
+        (
+            "P2PSHARD_TRANSPORT_MAX_FRAME_SIZE",
+            " (did you mean P2PSHARD_TRANSPORT__MAX_FRAME_SIZE?)",
+        ),
+        ("P2PSHARD_TLS", ""),  # a table, not a value
+        ("P2PSHARD_BIND_PORT__X", ""),
+    ],
+)
+def test_unknown_env_var(tmp_path: Path, name: str, suggestion: str) -> None:
+    message = load_error(tmp_path, MINIMAL, **{name: "1"})
+    assert message.startswith(f"environment variable {name} matches no setting")
+    assert suggestion in message
+    assert "allowed: P2PSHARD_CLUSTER_NAME, " in message
+    assert "P2PSHARD_TLS__CA_FILE" in message
+    assert "P2PSHARD_TRANSPORT__MAX_FRAME_SIZE" in message
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ('bind_port = "2552"', "bind_port = '2552' is invalid: expected an integer"),
+        ("bind_port = 2552.0", "bind_port = 2552.0 is invalid: expected an integer"),
+        ("bind_host = 127", "bind_host = 127 is invalid: expected a string"),
+        ("shutdown_timeout = true", "shutdown_timeout = True is invalid: expected a number"),
+        (
+            'seed_nodes = "10.0.0.1:2551"',
+            "seed_nodes = '10.0.0.1:2551' is invalid: expected an array, each item an address"
+            " 'host:port'",
+        ),
+        (
+            'seed_nodes = ["10.0.0.1:2551", "nohost"]',
+            "seed_nodes = ['10.0.0.1:2551', 'nohost'] is invalid: item 1 ('nohost'): expected an"
+            " address 'host:port'",
+        ),
+        ("roles = [1]", "roles = [1] is invalid: item 0 (1): expected a string"),
+        ('transport = "fast"', "transport = 'fast' is invalid: expected a table [transport]"),
+    ],
+)
+def test_wrong_type_in_file(tmp_path: Path, line: str, expected: str) -> None:
+    message = load_error(tmp_path, line + "\n" + MINIMAL)
+    assert message == f"{expected} (in {tmp_path / 'node.toml'})"
+
+
+def test_wrong_type_in_nested_table(tmp_path: Path) -> None:
+    message = load_error(tmp_path, MINIMAL + '\n[transport]\nconnect_timeout = "5s"\n')
+    assert message.startswith("transport.connect_timeout = '5s' is invalid: expected a number")
+    message = load_error(tmp_path, MINIMAL.replace('"/pki/ca.pem"', '""'))
+    assert message.startswith("tls.ca_file = '' is invalid: expected a non-empty path")
+    message = load_error(tmp_path, MINIMAL.replace('"/pki/ca.pem"', "[]"))
+    assert message.startswith("tls.ca_file = [] is invalid: expected a non-empty path")
+
+
+def test_bad_env_values(tmp_path: Path) -> None:
+    assert load_error(tmp_path, MINIMAL, P2PSHARD_SHUTDOWN_TIMEOUT="soon") == (
+        "P2PSHARD_SHUTDOWN_TIMEOUT='soon' is invalid: expected a number"
+    )
+    assert load_error(tmp_path, MINIMAL, P2PSHARD_SEED_NODES="10.0.0.1:2551,nohost").startswith(
+        "P2PSHARD_SEED_NODES='10.0.0.1:2551,nohost' is invalid: item 1 ('nohost'): expected an"
+    )
+    assert load_error(tmp_path, MINIMAL, P2PSHARD_TLS__CA_FILE="") == (
+        "P2PSHARD_TLS__CA_FILE='' is invalid: expected a non-empty path"
+    )
+
+
+def test_bad_toml_syntax(tmp_path: Path) -> None:
+    message = load_error(tmp_path, 'cluster_name = "shop\n' + MINIMAL)
+    assert message.startswith(f"configuration file {tmp_path / 'node.toml'} is not valid TOML: ")
+    assert "line 1" in message
+
+
+def test_file_not_valid_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "node.toml"
+    path.write_bytes(b'cluster_name = "\xff"\n')
+    with pytest.raises(ConfigurationError, match=re.escape(f"configuration file {path} is not")):
+        NodeConfig.load(path, environ={})
+
+
+def test_unreadable_file(tmp_path: Path) -> None:
+    path = tmp_path / "missing.toml"
+    with pytest.raises(ConfigurationError) as excinfo:
+        NodeConfig.load(path, environ={})
+    assert str(excinfo.value) == f"cannot read configuration file {path}: No such file or directory"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            MINIMAL.replace('cluster_name = "shop"\n', ""),
+            "cluster_name is missing: it is required; set it at the top level of {file} "
+            "or with P2PSHARD_CLUSTER_NAME",
+        ),
+        (
+            'cluster_name = "shop"\nnode_name = "n"\n',
+            "tls.ca_file is missing: it is required; set it at [tls] of {file} "
+            "or with P2PSHARD_TLS__CA_FILE",
+        ),
+        (
+            MINIMAL.replace('key_file = "/pki/node-1.key"\n', ""),
+            "tls.key_file is missing: it is required; set it at [tls] of {file} "
+            "or with P2PSHARD_TLS__KEY_FILE",
+        ),
+    ],
+)
+def test_missing_required_field(tmp_path: Path, text: str, expected: str) -> None:
+    assert load_error(tmp_path, text) == expected.format(file=tmp_path / "node.toml")
+
+
+def test_bad_log_level(tmp_path: Path) -> None:
+    assert load_error(tmp_path, 'log_level = "debug"\n' + MINIMAL) == (
+        "log_level = 'debug' is invalid: must be one of DEBUG, INFO, WARNING, ERROR "
+        f"(in {tmp_path / 'node.toml'})"
+    )
+
+
+def test_invalid_transport_value(tmp_path: Path) -> None:
+    path = tmp_path / "node.toml"
+    message = load_error(tmp_path, MINIMAL + "\n[transport]\nmax_frame_size = 10\n")
+    assert message.startswith("transport.max_frame_size = 10 is invalid: must be an integer from")
+    assert message.endswith(f"(in {path})")
+    message = load_error(tmp_path, MINIMAL, P2PSHARD_TRANSPORT__MAX_FRAME_SIZE="10")
+    assert message.startswith("transport.max_frame_size = 10 is invalid: must be an integer from")
+    assert message.endswith("(from P2PSHARD_TRANSPORT__MAX_FRAME_SIZE)")
+
+
+def test_invalid_transport_combination(tmp_path: Path) -> None:
+    message = load_error(tmp_path, MINIMAL + "\n[transport]\nreconnect_backoff_max = 0.01\n")
+    assert message.startswith(
+        "transport.reconnect_backoff_max = 0.01 is invalid: must be at least reconnect_backoff_min"
+    )
+    assert message.endswith(f"(in {tmp_path / 'node.toml'})")
+
+
+def test_invalid_combination_of_defaults(tmp_path: Path) -> None:
+    message = load_error(tmp_path, 'bind_host = "0.0.0.0"\n' + MINIMAL)
+    assert message.startswith("canonical_host = None is invalid: it is required when bind_host")
+    assert message.endswith(f"(loading {tmp_path / 'node.toml'})")
+
+
+# --- the loader is generic: a later package's settings nest the same way -------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ExtraSettings:
+    enabled: bool = False
+    ratio: float = 0.5
+    tags: tuple[str, ...] = ()
+    label: str | None = None
+    limit: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+
+    def __attrs_post_init__(self) -> None:
+        if self.limit > 100:
+            raise ConfigurationError(f"ExtraSettings.limit = {self.limit!r} is invalid: max 100")
+        if self.label == "oops":
+            raise ConfigurationError("a label of 'oops' is not allowed")
+
+
+@attrs.frozen(kw_only=True)
+class ExtendedConfig(NodeConfig):
+    extra: ExtraSettings = attrs.field(factory=ExtraSettings)
+
+
+@attrs.frozen(kw_only=True)
+class UnsupportedConfig(NodeConfig):
+    weights: dict[str, int] = attrs.field(factory=dict)
+
+
+def test_nested_settings_class_round_trip(tmp_path: Path) -> None:
+    config = ExtendedConfig(
+        cluster_name="shop",
+        node_name="node-1",
+        tls=TLS,
+        extra=ExtraSettings(enabled=True, ratio=0.75, tags=("x", 'y"z'), label="l", limit=3),
+    )
+    text = config.to_toml()
+    assert "\n[extra]\nenabled = true\n" in text
+    assert ExtendedConfig.load(write(tmp_path, text), environ={}) == config
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("true", True), ("1", True), ("YES", True), ("false", False), ("0", False), ("no", False)],
+)
+def test_env_bool(tmp_path: Path, text: str, expected: bool) -> None:
+    path = write(tmp_path, MINIMAL)
+    config = ExtendedConfig.load(path, environ={"P2PSHARD_EXTRA__ENABLED": text})
+    assert config.extra.enabled is expected
+
+
+def test_nested_settings_errors(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + '\n[extra]\nenabled = "yes"\n')
+    with pytest.raises(ConfigurationError, match=r"^extra\.enabled = 'yes' is invalid: expected"):
+        ExtendedConfig.load(path, environ={})
+    path = write(tmp_path, MINIMAL)
+    with pytest.raises(
+        ConfigurationError, match=r"^P2PSHARD_EXTRA__ENABLED='maybe' is invalid: expected true/"
+    ):
+        ExtendedConfig.load(path, environ={"P2PSHARD_EXTRA__ENABLED": "maybe"})
+    with pytest.raises(
+        ConfigurationError,
+        match=r"^extra\.limit = 101 is invalid: max 100 \(from P2PSHARD_EXTRA__LIMIT\)$",
+    ):
+        ExtendedConfig.load(path, environ={"P2PSHARD_EXTRA__LIMIT": "101"})
+
+
+def test_validator_error_of_another_form_names_the_table(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + '\n[extra]\nlabel = "oops"\n')
+    with pytest.raises(ConfigurationError) as excinfo:
+        ExtendedConfig.load(path, environ={})
+    assert str(excinfo.value) == f"a label of 'oops' is not allowed (in [extra], loading {path})"
+
+
+def test_attrs_validator_errors_pass_through(tmp_path: Path) -> None:
+    # attrs' own validators raise ValueError, not ConfigurationError: left unchanged.
+    path = write(tmp_path, MINIMAL + "\n[extra]\nlimit = 0\n")
+    with pytest.raises(ValueError, match="'limit' must be >= 1: 0"):
+        ExtendedConfig.load(path, environ={})
+
+
+def test_unsupported_field_type_is_a_programming_error(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL)
+    with pytest.raises(TypeError, match=r"cannot read weights: dict\[str, int\]"):
+        UnsupportedConfig.load(path, environ={})
