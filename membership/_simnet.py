@@ -69,6 +69,7 @@ from ._errors import (
 from ._framing import HEADER_SIZE, encode_frame
 from ._settings import TransportSettings, in_range
 from ._transport import Outbox, Transport
+from ._trioutil import single_error
 
 __all__ = [
     "LinkConditions",
@@ -411,24 +412,13 @@ class SimNetwork:
         self._record("attach", node.local_address)
         self._refresh()
         try:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(node._serve)
-                try:
-                    yield node
-                finally:
-                    await node.aclose()
-        except BaseExceptionGroup as group:
-            # The nursery wraps whatever the block raised; give one error back unwrapped.
-            error: BaseException = group
-            while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-                error = error.exceptions[0]
-            if error is group:
-                raise
-            context = error.__context__
-            try:
-                raise error
-            finally:
-                error.__context__ = context
+            with single_error():
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(node._serve)
+                    try:
+                        yield node
+                    finally:
+                        await node.aclose()
         finally:
             node._shutdown("close")
 

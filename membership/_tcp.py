@@ -34,6 +34,7 @@ from ._framing import FrameDecoder, encode_frame
 from ._settings import TransportSettings
 from ._tls import TlsIdentity, peer_node_name
 from ._transport import Outbox, Transport
+from ._trioutil import single_error
 
 logger = logging.getLogger("membership.transport")
 
@@ -88,13 +89,13 @@ class TcpTransport(Transport):
         self,
         local: UniqueAddress,
         settings: TransportSettings,
-        identity: TlsIdentity,
+        cluster: str,
+        contexts: tuple[ssl.SSLContext, ssl.SSLContext],
         nursery: trio.Nursery,
     ) -> None:
         super().__init__(local, settings)
-        self._identity = identity
-        self._server_context = identity.server_context()
-        self._client_context = identity.client_context()
+        self._cluster = cluster
+        self._server_context, self._client_context = contexts
         self._nursery = nursery
         self._random = random.Random()
         self._links_running = 0
@@ -103,7 +104,7 @@ class TcpTransport(Transport):
     @property
     def cluster(self) -> str:
         """The cluster this transport accepts peers of."""
-        return self._identity.cluster
+        return self._cluster
 
     def _start_link(self, outbox: Outbox) -> None:
         self._links_running += 1
@@ -331,6 +332,7 @@ async def open_tcp_transport(
         OSError: the bind address is unavailable.
     """
     settings = settings or TransportSettings()
+    contexts = identity.server_context(), identity.client_context()  # bad files fail here
     listeners = await trio.open_tcp_listeners(bind.port, host=bind.host)
     if bind.port == 0 and len(listeners) > 1:
         # Port 0 on a name with several addresses binds each to a different port; keep one.
@@ -343,15 +345,16 @@ async def open_tcp_transport(
         advertised = Address(advertised.host, port)
     local = UniqueAddress(advertised, node_name, uid or (secrets.randbits(63) or 1))
     try:
-        async with trio.open_nursery() as nursery:
-            transport = TcpTransport(local, settings, identity, nursery)
-            await nursery.start(transport._serve, listeners)
-            logger.info("%s: listening on %s", local, Address(bind.host, port))
-            try:
-                yield transport
-            finally:
-                with trio.CancelScope(shield=True):
-                    await transport.aclose()
+        with single_error():
+            async with trio.open_nursery() as nursery:
+                transport = TcpTransport(local, settings, identity.cluster, contexts, nursery)
+                await nursery.start(transport._serve, listeners)
+                logger.info("%s: listening on %s", local, Address(bind.host, port))
+                try:
+                    yield transport
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await transport.aclose()
     finally:
         for listener in listeners:
             await trio.aclose_forcefully(listener)

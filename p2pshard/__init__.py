@@ -1,7 +1,23 @@
 """p2pshard: Akka Cluster Sharding's guarantees for Python, on Trio, as a peer-to-peer cluster.
 
-This package re-exports the public names; each lives in a private module of its own.
+This package re-exports the public names; each lives in a private module of its own. The lower
+layers are the packages ``membership`` (transport, wire format, errors) and ``crdt``.
 """
+
+from membership import Address as Address
+from membership import ClusterError as ClusterError
+from membership import ConfigurationError as ConfigurationError
+from membership import MessageRegistrationError as MessageRegistrationError
+from membership import MessageTooLarge as MessageTooLarge
+from membership import SendQueueFull as SendQueueFull
+from membership import SerializationError as SerializationError
+from membership import TransportClosed as TransportClosed
+from membership import TransportError as TransportError
+from membership import TransportSettings as TransportSettings
+from membership import UniqueAddress as UniqueAddress
+from membership import message as message
 
 from ._config import NodeConfig as NodeConfig
 from ._config import TlsFiles as TlsFiles
+from ._node import Node as Node
+from ._node import open_node as open_node

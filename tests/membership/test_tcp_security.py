@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 
 import attrs
 import msgpack
+import pytest
 import trio
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -406,3 +407,9 @@ def test_a_thousand_garbage_frames_do_not_stop_a_node_serving_a_good_peer(
     certs: CertSet, connections: list[bytes]
 ) -> None:
     trio.run(garbage_round, certs, connections)
+
+
+async def test_an_error_in_the_block_comes_out_as_itself(certs: CertSet) -> None:
+    with pytest.raises(ZeroDivisionError):
+        async with node(certs, "server"):
+            1 / 0  # noqa: B018

@@ -1,0 +1,160 @@
+"""The ``p2pshard`` command, run as real processes where it matters."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from p2pshard._cli import main
+
+PYTHON = [sys.executable, "-m", "p2pshard"]
+
+
+def free_port_block(count: int) -> int:
+    """A base port with ``count`` consecutive free ports (checked, not reserved)."""
+    for base in range(31000, 60000, 97):
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise AssertionError("no free port block")
+
+
+def test_certs_init_and_node_write_keys_with_mode_0600(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["certs", "init", "--cluster", "shop", "--out", str(tmp_path / "ca")]) == 0
+    assert (
+        main(["certs", "node", "n1", "--ca", str(tmp_path / "ca"), "--out", str(tmp_path / "n1")])
+        == 0
+    )
+    assert "node 'n1' of cluster 'shop'" in capsys.readouterr().out
+    for key in (tmp_path / "ca" / "ca-key.pem", tmp_path / "n1" / "node-key.pem"):
+        assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    cert = x509.load_pem_x509_certificate((tmp_path / "n1" / "node.pem").read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.UniformResourceIdentifier) == ["p2pshard://shop/n1"]
+
+
+def test_cli_errors_name_the_problem_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["certs", "init", "--cluster", "bad name", "--out", str(tmp_path)]) == 2
+    assert "cluster name 'bad name' is invalid" in capsys.readouterr().err
+    assert (
+        main(["certs", "node", "n1", "--ca", str(tmp_path / "nope"), "--out", str(tmp_path)]) == 2
+    )
+    assert "cannot read the cluster CA" in capsys.readouterr().err
+    (tmp_path / "node.toml").write_text(
+        'cluster_name = "c"\nnode_name = "n"\nbind_port = 70000\n'
+        '[tls]\nca_file = "a"\ncert_file = "b"\nkey_file = "c"\n'
+    )
+    assert main(["node", "--config", str(tmp_path / "node.toml")]) == 2
+    err = capsys.readouterr().err
+    assert "bind_port = 70000 is invalid" in err
+    assert main(["local-cluster", "--nodes", "0", "--dir", str(tmp_path / "lc")]) == 2
+    assert "--nodes 0 is invalid" in capsys.readouterr().err
+
+
+def test_local_cluster_refuses_a_port_in_use(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = free_port_block(2)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", base + 1))
+        busy.listen()
+        code = main(
+            ["local-cluster", "--nodes", "2", "--base-port", str(base), "--dir", str(tmp_path)]
+        )
+    assert code == 2
+    assert f"cannot use 127.0.0.1:{base + 1}" in capsys.readouterr().err
+
+
+def test_node_with_missing_certificate_files_says_which(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "node.toml").write_text(
+        'cluster_name = "c"\nnode_name = "n"\nbind_port = 0\n'
+        '[tls]\nca_file = "ca.pem"\ncert_file = "node.pem"\nkey_file = "node-key.pem"\n'
+    )
+    assert main(["node", "--config", str(tmp_path / "node.toml")]) == 2
+    assert f"TLS CA file '{tmp_path / 'ca.pem'}' does not exist" in capsys.readouterr().err
+
+
+def test_local_cluster_links_every_node_and_stops_cleanly(tmp_path: Path) -> None:
+    """The README's main job, end to end: three processes, TLS, every node linked to the rest."""
+    base = free_port_block(3)
+    started = time.monotonic()
+    result = subprocess.run(
+        [
+            *PYTHON,
+            "local-cluster",
+            "--nodes",
+            "3",
+            "--base-port",
+            str(base),
+            "--dir",
+            str(tmp_path),
+            "--duration",
+            "6",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    for i in (1, 2, 3):
+        assert f"node-{i}: linked to 2 peer(s)" in output, output
+        assert f"node-{i}: stopped" in output, output
+    assert time.monotonic() - started < 60
+    assert "Traceback" not in output
+
+
+def test_node_process_stops_on_sigterm(tmp_path: Path) -> None:
+    assert main(["certs", "init", "--cluster", "c", "--out", str(tmp_path / "ca")]) == 0
+    assert (
+        main(["certs", "node", "n", "--ca", str(tmp_path / "ca"), "--out", str(tmp_path / "n")])
+        == 0
+    )
+    (tmp_path / "node.toml").write_text(
+        'cluster_name = "c"\nnode_name = "n"\nbind_port = 0\n'
+        '[tls]\nca_file = "n/ca.pem"\ncert_file = "n/node.pem"\nkey_file = "n/node-key.pem"\n'
+    )
+    with subprocess.Popen(
+        [*PYTHON, "node", "--config", str(tmp_path / "node.toml")],
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as child:
+        try:
+            assert child.stderr is not None
+            deadline = time.monotonic() + 30
+            for line in child.stderr:
+                if "running as" in line:
+                    break
+                assert time.monotonic() < deadline
+            child.send_signal(signal.SIGTERM)
+            assert child.wait(timeout=30) == 0
+            assert "SIGTERM received, stopping" in child.stderr.read()
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
