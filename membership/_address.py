@@ -64,7 +64,7 @@ class Address:
         host, sep, port = text.rpartition(":")
         if host.startswith("[") and host.endswith("]"):
             host = host[1:-1]
-        if not sep or not host or not port.isdigit():
+        if not sep or not host or not (port.isascii() and port.isdigit()):
             raise ConfigurationError(f"address {text!r} is invalid: expected 'host:port'")
         return cls(host, int(port))
 

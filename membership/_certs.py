@@ -26,7 +26,8 @@ CA_KEY = "ca-key.pem"
 NODE_CERT = "node.pem"
 NODE_KEY = "node-key.pem"
 URI_SCHEME = "p2pshard"
-_CA_NAME_PREFIX = "p2pshard cluster CA "
+_CA_COMMON_NAME = "p2pshard cluster CA"
+_CA_NAME_PREFIX = _CA_COMMON_NAME + " "  # CAs made before the cluster name moved to O
 
 
 def node_uri(cluster: str, node: str) -> str:
@@ -99,7 +100,14 @@ def create_cluster_ca(
         raise ConfigurationError(f"days = {days!r} is invalid: must be at least 1")
     out_dir.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, _CA_NAME_PREFIX + cluster)])
+    # The cluster name goes in O, as in node certificates: a CN holds at most 64 characters, too
+    # few for a prefix plus a 63-character cluster name.
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.COMMON_NAME, _CA_COMMON_NAME),
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, cluster),
+        ]
+    )
     now = _now()
     cert = (
         x509.CertificateBuilder()
@@ -144,7 +152,11 @@ def load_cluster_ca(ca_dir: Path) -> tuple[x509.Certificate, ec.EllipticCurvePri
         raise ConfigurationError(f"{ca_dir / CA_KEY} is not an ECDSA key")
     names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     common = str(names[0].value) if names else ""
-    cluster = common.removeprefix(_CA_NAME_PREFIX) if common.startswith(_CA_NAME_PREFIX) else ""
+    orgs = cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
+    if common == _CA_COMMON_NAME and orgs:
+        cluster = str(orgs[0].value)
+    else:
+        cluster = common.removeprefix(_CA_NAME_PREFIX) if common.startswith(_CA_NAME_PREFIX) else ""
     return cert, key, cluster
 
 
@@ -170,11 +182,12 @@ def create_node_certificate(
     if days < 1:
         raise ConfigurationError(f"days = {days!r} is invalid: must be at least 1")
     ca_cert, ca_key, ca_cluster = load_cluster_ca(ca_dir)
-    cluster = cluster or ca_cluster
-    if not cluster:
-        raise ConfigurationError(
-            f"the CA in {ca_dir} does not name a cluster: pass the cluster name explicitly"
-        )
+    if cluster is None:
+        cluster = ca_cluster
+        if not cluster:
+            raise ConfigurationError(
+                f"the CA in {ca_dir} does not name a cluster: pass the cluster name explicitly"
+            )
     check_name("cluster name", cluster)
     out_dir.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP256R1())

@@ -19,6 +19,7 @@ position, and a message from an older peer with fewer fields gets the defaults.
 from __future__ import annotations
 
 import enum
+import functools
 import operator
 import struct
 import threading
@@ -48,6 +49,12 @@ EXT_TUPLE: Final = 2
 EXT_FROZENSET: Final = 3
 EXT_SET: Final = 4
 EXT_ENUM: Final = 5
+
+MAX_NESTING: Final = 32
+"""How deep tuples, sets and registered objects may nest in a received message. msgpack keeps its
+parser state (about 40 KB) on the C stack and each of these levels parses its extension body with
+a fresh parser, so without a limit a frame of a couple of kilobytes nesting a few hundred tuples
+overflows the stack and kills the process."""
 
 T = TypeVar("T", bound=type)
 
@@ -176,6 +183,8 @@ def _default(obj: Any) -> Any:
         return msgpack.ExtType(EXT_FROZENSET, _pack_nested(list(obj)))
     if cls is set:
         return msgpack.ExtType(EXT_SET, _pack_nested(list(obj)))
+    if cls is int:  # msgpack hands us the ints it cannot pack itself
+        raise SerializationError("an int outside -2**63..2**64-1 is not serializable")
     raise SerializationError(
         f"{cls.__module__}.{cls.__qualname__} is not serializable: register it with "
         "@p2pshard.message or send plain msgpack types (None, bool, int, float, str, bytes, "
@@ -184,7 +193,17 @@ def _default(obj: Any) -> Any:
 
 
 def _pack_nested(value: Any) -> bytes:
-    packed: bytes = msgpack.packb(value, default=_default, use_bin_type=True, strict_types=True)
+    # Refuse here what every receiver would drop (see MAX_NESTING), rather than lose it there.
+    local = _local
+    if local.depth >= MAX_NESTING:
+        raise SerializationError(
+            f"tuples, sets or registered objects nested more than {MAX_NESTING} deep"
+        )
+    local.depth += 1
+    try:
+        packed: bytes = msgpack.packb(value, default=_default, use_bin_type=True, strict_types=True)
+    finally:
+        local.depth -= 1
     return packed
 
 
@@ -193,6 +212,7 @@ class _Local(threading.local):
         # One Packer per thread: reusing it is five times cheaper than msgpack.packb, but a Packer
         # is neither thread-safe nor re-entrant (nested objects use _pack_nested instead).
         self.packer = msgpack.Packer(default=_default, use_bin_type=True, strict_types=True)
+        self.depth = 0
 
 
 _local = _Local()
@@ -268,7 +288,9 @@ def decode(payload: bytes) -> Decoded:
     kind, to_uid = decode_header(payload)
     body = memoryview(payload)[HEADER_SIZE:]
     try:
-        value = msgpack.unpackb(body, raw=False, strict_map_key=False, ext_hook=_ext_hook)
+        value = msgpack.unpackb(
+            body, raw=False, strict_map_key=False, ext_hook=functools.partial(_ext_hook, 1)
+        )
         if kind == KIND_OBJECT:
             value = _build_object(value)
     except MessageDecodeError:
@@ -300,8 +322,14 @@ def _build_object(value: Any) -> object:
     return spec.cls(**dict(zip(spec.aliases, values, strict=False)))
 
 
-def _ext_hook(code: int, data: bytes) -> object:
-    inner = msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_ext_hook)
+def _ext_hook(depth: int, code: int, data: bytes) -> object:
+    if depth > MAX_NESTING:
+        raise MessageDecodeError(
+            f"tuples, sets or objects nested more than {MAX_NESTING} deep in a message"
+        )
+    inner = msgpack.unpackb(
+        data, raw=False, strict_map_key=False, ext_hook=functools.partial(_ext_hook, depth + 1)
+    )
     if code in (EXT_OBJECT, EXT_ENUM):
         return _build_object(inner)
     if not isinstance(inner, list):

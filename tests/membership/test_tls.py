@@ -1,0 +1,139 @@
+"""Node identity after the TLS handshake, TLS contexts, and the hello check that follows."""
+
+from __future__ import annotations
+
+import re
+import ssl
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from membership import Address, ConfigurationError, HandshakeError, UniqueAddress
+from membership._tcp import Hello, HelloAck, check_hello
+from membership._tls import TlsIdentity, peer_node_name
+
+from .conftest import CLUSTER, CertSet
+
+SENDER = UniqueAddress(Address("10.0.0.1", 25520), "node-a", 7)
+
+
+def cert_with(*san: tuple[str, str]) -> dict[str, Any]:
+    """The shape ``SSLSocket.getpeercert()`` returns, reduced to the SAN."""
+    return {"subject": ((("commonName", "x"),),), "subjectAltName": san}
+
+
+def test_peer_node_name_reads_the_node_from_the_cluster_uri() -> None:
+    cert = cert_with(
+        ("DNS", "node-a.example"),
+        ("URI", "https://example.com/"),
+        ("URI", "p2pshard://elsewhere/node-z"),
+        ("URI", f"p2pshard://{CLUSTER}/node-a"),
+    )
+    assert peer_node_name(cert, CLUSTER) == "node-a"
+
+
+@pytest.mark.parametrize("cert", [None, {}], ids=["none", "empty"])
+def test_no_peer_certificate_is_refused(cert: dict[str, Any] | None) -> None:
+    with pytest.raises(HandshakeError, match="peer presented no certificate"):
+        peer_node_name(cert, CLUSTER)
+
+
+def test_a_certificate_without_a_uri_is_refused() -> None:
+    with pytest.raises(HandshakeError, match=r"no p2pshard:// SAN URI \(URIs: none\)"):
+        peer_node_name(cert_with(("DNS", "node-a")), CLUSTER)
+    with pytest.raises(HandshakeError, match="no p2pshard:// SAN URI"):
+        peer_node_name({"subject": ()}, CLUSTER)
+
+
+def test_a_uri_of_another_scheme_is_refused_and_shown() -> None:
+    with pytest.raises(HandshakeError, match=r"no p2pshard:// SAN URI \(URIs: \['spiffe://"):
+        peer_node_name(cert_with(("URI", f"spiffe://{CLUSTER}/node-a")), CLUSTER)
+
+
+def test_a_certificate_for_another_cluster_is_refused() -> None:
+    with pytest.raises(
+        HandshakeError,
+        match=f"certificate is for p2pshard://shop/node-a, not for cluster '{CLUSTER}'",
+    ):
+        peer_node_name(cert_with(("URI", "p2pshard://shop/node-a")), CLUSTER)
+
+
+@pytest.mark.parametrize("node", ["", "bad name", "a/b", "x" * 64])
+def test_an_invalid_node_name_in_the_uri_is_refused(node: str) -> None:
+    uri = f"p2pshard://{CLUSTER}/{node}"
+    with pytest.raises(HandshakeError, match=f"node name {node!r} is invalid") as info:
+        peer_node_name(cert_with(("URI", uri)), CLUSTER)
+    assert repr(uri) in str(info.value)
+
+
+@pytest.mark.parametrize("side", ["server_context", "client_context"])
+def test_contexts_require_tls_1_3_and_a_peer_certificate(certs: CertSet, side: str) -> None:
+    context: ssl.SSLContext = getattr(certs.identity("node-a"), side)()
+    assert context.minimum_version is ssl.TLSVersion.TLSv1_3
+    assert context.verify_mode is ssl.CERT_REQUIRED
+    assert not context.check_hostname
+
+
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["ca", "cert", "key"])
+def test_a_missing_file_is_a_configuration_error_naming_it(
+    certs: CertSet, tmp_path: Path, which: int
+) -> None:
+    good = certs.identity("node-a")
+    files = [good.ca_file, good.cert_file, good.key_file]
+    files[which] = missing = tmp_path / "missing.pem"
+    with pytest.raises(
+        ConfigurationError, match=re.escape(f"file {str(missing)!r} does not exist")
+    ):
+        TlsIdentity(CLUSTER, *files).server_context()
+
+
+def test_a_key_that_does_not_match_the_certificate_is_a_configuration_error(
+    certs: CertSet,
+) -> None:
+    identity = attrs.evolve(certs.identity("node-a"), key_file=certs.identity("node-b").key_file)
+    with pytest.raises(ConfigurationError, match=r"cannot load certificate .* with key"):
+        identity.client_context()
+
+
+def test_a_ca_file_that_is_not_a_certificate_is_a_configuration_error(
+    certs: CertSet, tmp_path: Path
+) -> None:
+    garbage = tmp_path / "ca.pem"
+    garbage.write_text("not a certificate")
+    identity = attrs.evolve(certs.identity("node-a"), ca_file=garbage)
+    with pytest.raises(
+        ConfigurationError, match=re.escape(f"cannot load the CA file {str(garbage)!r}")
+    ):
+        identity.server_context()
+
+
+def test_an_identity_with_an_invalid_cluster_name_is_refused(certs: CertSet) -> None:
+    identity = certs.identity("node-a")
+    with pytest.raises(ConfigurationError, match="cluster name 'no such' is invalid"):
+        attrs.evolve(identity, cluster="no such")
+
+
+def test_check_hello_accepts_the_right_hello() -> None:
+    hello = Hello(cluster=CLUSTER, sender=SENDER)
+    assert check_hello(hello, cluster=CLUSTER, certificate_name="node-a") == SENDER
+
+
+def test_check_hello_refuses_anything_but_a_hello() -> None:
+    with pytest.raises(HandshakeError, match="expected a Hello first, got HelloAck"):
+        check_hello(HelloAck(sender=SENDER), cluster=CLUSTER, certificate_name="node-a")
+
+
+def test_check_hello_refuses_another_cluster() -> None:
+    hello = Hello(cluster="shop", sender=SENDER)
+    with pytest.raises(HandshakeError, match=f"cluster 'shop', not '{CLUSTER}'"):
+        check_hello(hello, cluster=CLUSTER, certificate_name="node-a")
+
+
+def test_check_hello_refuses_a_name_other_than_the_certificates() -> None:
+    hello = Hello(cluster=CLUSTER, sender=SENDER)
+    with pytest.raises(
+        HandshakeError, match="names node 'node-a' but the certificate is for 'node-b'"
+    ):
+        check_hello(hello, cluster=CLUSTER, certificate_name="node-b")

@@ -1,0 +1,500 @@
+"""The wire codec: what round-trips, what is refused at the sender, and what a peer can break.
+
+Hypothesis tests print a ``@reproduce_failure`` blob when they fail; paste it above the test to
+re-run that exact case.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from typing import Any, cast
+
+import attrs
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from membership import (
+    FrameDecodeError,
+    MessageDecodeError,
+    MessageRegistrationError,
+    MessageTooLarge,
+    SerializationError,
+    message,
+)
+from membership._wire import (
+    EXT_TUPLE,
+    HEADER,
+    HEADER_SIZE,
+    KIND_OBJECT,
+    KIND_PLAIN,
+    MAX_NESTING,
+    WIRE_VERSION,
+    _pack_nested,
+    decode,
+    encode,
+    wire_name,
+)
+
+fast = settings(max_examples=150, deadline=None, print_blob=True)
+fuzz = settings(max_examples=500, deadline=None, print_blob=True)
+
+
+@message(name="tests.wire.Point")
+@attrs.frozen
+class Point:
+    x: int
+    y: int
+
+
+@message(name="tests.wire.Color")
+class Color(enum.Enum):
+    RED = "red"
+    GREEN = 2
+    BLUE = (0, 0, 255)
+
+
+@message(name="tests.wire.Level")
+class Level(enum.IntEnum):
+    LOW = 1
+    HIGH = 2
+
+
+@message(name="tests.wire.Options")
+@attrs.frozen(kw_only=True)
+class Options:
+    name: str
+    tags: frozenset[str] = frozenset()
+    color: Color = Color.RED
+
+
+@message(name="tests.wire.Shape")
+@attrs.frozen
+class Shape:
+    points: tuple[Point, ...]
+    options: Options
+    labels: dict[int, str]
+    seen: set[str]
+    raw: bytes
+    text: str
+
+
+@message(name="tests.wire.Holder")
+@attrs.frozen
+class Holder:
+    value: Any
+
+
+@message(name="tests.wire.Private")
+@attrs.frozen
+class Private:
+    _secret: int
+    _note: str = ""
+
+
+@message(name="tests.wire.Versioned")
+@attrs.frozen
+class Versioned:
+    a: int
+    b: str = "b-default"
+    c: tuple[int, ...] = ()
+
+
+@message(name="tests.wire.Positive")
+@attrs.frozen
+class Positive:
+    n: int = attrs.field(validator=attrs.validators.gt(0))
+
+
+@message
+@attrs.frozen
+class DefaultName:
+    pass
+
+
+@message(name="tests.wire.Renamed")
+@attrs.frozen
+class Renamed:
+    pass
+
+
+@attrs.frozen
+class Unregistered:
+    n: int = 0
+
+
+def round_trip(value: object, *, to_uid: int = 0) -> object:
+    decoded = decode(encode(value, to_uid=to_uid))
+    assert decoded.to_uid == to_uid
+    return decoded.message
+
+
+def typed(value: object) -> object:
+    """``value`` with each container and scalar tagged by its exact type: 1, 1.0, True differ."""
+    if isinstance(value, list | tuple):
+        return (type(value).__name__, [typed(v) for v in value])
+    if isinstance(value, set | frozenset):
+        return (type(value).__name__, sorted(repr(typed(v)) for v in value))
+    if isinstance(value, dict):
+        return ("dict", sorted(repr((typed(k), typed(v))) for k, v in value.items()))
+    cls = type(value)
+    if attrs.has(cls):
+        return (cls.__name__, [typed(getattr(value, f.name)) for f in attrs.fields(cls)])
+    return (type(value).__name__, repr(value))
+
+
+def frame(body: bytes, *, kind: int = KIND_PLAIN, version: int = WIRE_VERSION) -> bytes:
+    return HEADER.pack(version, kind, 0) + body
+
+
+def object_frame(*fields: object) -> bytes:
+    return frame(msgpack.packb(list(fields)), kind=KIND_OBJECT)
+
+
+def nested_tuples(depth: int) -> bytes:
+    """A plain message body of ``depth`` tuples, each holding the next; None innermost."""
+    body: bytes = msgpack.packb(None)
+    for _ in range(depth):
+        body = msgpack.packb(msgpack.ExtType(EXT_TUPLE, b"\x91" + body))
+    return body
+
+
+# --- round trips ---------------------------------------------------------------------------------
+
+
+def test_positional_class_round_trips() -> None:
+    assert round_trip(Point(1, -2)) == Point(1, -2)
+
+
+def test_kw_only_class_with_defaults_round_trips() -> None:
+    options = Options(name="o", tags=frozenset({"a", "b"}), color=Color.BLUE)
+    assert round_trip(options) == options
+    assert round_trip(Options(name="d")) == Options(name="d")
+
+
+def test_nested_registered_objects_and_containers_keep_their_types() -> None:
+    shape = Shape(
+        points=(Point(0, 0), Point(2**63 - 1, -(2**63))),
+        options=Options(name="n", tags=frozenset({"t"})),
+        labels={1: "one", -7: "minus seven"},
+        seen={"x", "y"},
+        raw=b"\x00\xff",
+        text="\u00e9t\u00e9",
+    )
+    back = round_trip(shape)
+    assert back == shape
+    assert typed(back) == typed(shape)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        True,
+        False,
+        0,
+        -1,
+        2**64 - 1,
+        -(2**63),
+        1.5,
+        -0.0,
+        float("inf"),
+        "",
+        "text",
+        b"",
+        b"bytes",
+        [1, "a", b"b"],
+        (1, (2, (3,))),
+        (),
+        frozenset({1, "a", (2, 3)}),
+        {1, 2},
+        set(),
+        {1: "int key", "s": 2, (1, 2): "tuple key", None: [], b"k": {}},
+        Color.RED,
+        Color.GREEN,
+        Color.BLUE,
+        Level.HIGH,
+        [Point(1, 2), (Color.RED, {Level.LOW})],
+    ],
+    ids=repr,
+)
+def test_plain_values_round_trip_with_their_types(value: object) -> None:
+    back = round_trip(value)
+    assert back == value
+    assert typed(back) == typed(value)
+
+
+def test_bytes_and_str_stay_apart() -> None:
+    assert round_trip([b"abc", "abc"]) == [b"abc", "abc"]
+    assert typed(round_trip(b"abc")) == ("bytes", "b'abc'")
+
+
+def test_private_attributes_travel_under_their_alias() -> None:
+    private = Private(secret=3, note="n")
+    assert round_trip(private) == private
+
+
+def test_to_uid_round_trips() -> None:
+    assert decode(encode("m", to_uid=2**63 - 1)).to_uid == 2**63 - 1
+    assert decode(encode("m")).to_uid == 0
+
+
+def test_a_message_from_an_older_peer_with_fewer_fields_gets_the_defaults() -> None:
+    assert decode(object_frame("tests.wire.Versioned", 1)).message == Versioned(1)
+    assert decode(object_frame("tests.wire.Versioned", 1, "b")).message == Versioned(1, "b")
+
+
+def test_a_message_with_more_fields_than_this_node_knows_is_refused() -> None:
+    with pytest.raises(MessageDecodeError, match="arrived with 4 fields; this node knows 3"):
+        decode(object_frame("tests.wire.Versioned", 1, "b", [], "new field"))
+
+
+# --- registration --------------------------------------------------------------------------------
+
+
+def test_wire_name_defaults_to_module_and_qualname() -> None:
+    assert wire_name(DefaultName) == f"{__name__}.DefaultName"
+    assert round_trip(DefaultName()) == DefaultName()
+
+
+def test_message_name_overrides_the_wire_name() -> None:
+    assert wire_name(Point) == "tests.wire.Point"
+    assert wire_name(Unregistered) is None
+
+
+def test_registering_a_class_that_is_not_attrs_is_refused() -> None:
+    class Plain:
+        pass
+
+    with pytest.raises(MessageRegistrationError, match=r"Plain: @message needs an attrs class"):
+        message(Plain)
+
+
+def test_registering_an_attrs_class_with_an_init_false_field_is_refused() -> None:
+    @attrs.frozen
+    class Hidden:
+        shown: int
+        hidden: int = attrs.field(init=False, default=0)
+
+    with pytest.raises(MessageRegistrationError, match=r"fields \['hidden'\] have init=False"):
+        message(Hidden)
+
+
+def test_a_wire_name_taken_by_another_class_is_refused() -> None:
+    @attrs.frozen
+    class Impostor:
+        x: int
+
+    with pytest.raises(MessageRegistrationError, match=r"'tests\.wire\.Point' .* already taken by"):
+        message(name="tests.wire.Point")(Impostor)
+    assert wire_name(Impostor) is None
+    assert round_trip(Point(1, 2)) == Point(1, 2)
+
+
+@pytest.mark.parametrize("thing", [42, "Point", Point(1, 2)], ids=repr)
+def test_registering_something_that_is_not_a_class_is_refused(thing: object) -> None:
+    with pytest.raises(MessageRegistrationError, match="applies to classes, not to"):
+        message(cast(Any, thing))
+
+
+def test_an_empty_wire_name_is_refused() -> None:
+    @attrs.frozen
+    class Nameless:
+        pass
+
+    with pytest.raises(MessageRegistrationError, match="must be a non-empty string"):
+        message(name="")(Nameless)
+
+
+def test_registering_the_same_class_again_is_fine() -> None:
+    assert message(name="tests.wire.Point")(Point) is Point
+    assert round_trip(Point(1, 2)) == Point(1, 2)
+
+
+def test_registering_a_class_under_a_new_name_releases_the_old_one() -> None:
+    message(name="tests.wire.Renamed2")(Renamed)
+    assert wire_name(Renamed) == "tests.wire.Renamed2"
+    assert round_trip(Renamed()) == Renamed()
+    with pytest.raises(MessageDecodeError, match=r"unknown message type 'tests\.wire\.Renamed'"):
+        decode(object_frame("tests.wire.Renamed"))
+
+
+# --- refused at the sender -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        Unregistered(),
+        [1, 2, Unregistered()],
+        {"key": Unregistered()},
+        (1, Unregistered()),
+        Holder(Unregistered()),
+        Holder([Holder((Unregistered(),))]),
+    ],
+    ids=["top", "in-list", "dict-value", "in-tuple", "attrs-field", "deep"],
+)
+def test_an_unregistered_type_is_refused_naming_it(value: object) -> None:
+    with pytest.raises(SerializationError, match=r"test_wire\.Unregistered is not serializable"):
+        encode(value)
+    # The shared Packer must not keep the half-written message.
+    assert encode([3]) == frame(msgpack.packb([3]))
+
+
+def test_an_int_beyond_64_bits_is_refused() -> None:
+    with pytest.raises(
+        SerializationError, match=r"builtins\.list: an int outside -2\*\*63\.\.2\*\*64-1"
+    ):
+        encode([2**64])
+    assert encode([3]) == frame(msgpack.packb([3]))
+
+
+def test_a_message_over_max_size_is_refused() -> None:
+    payload = encode(b"x" * 100)
+    assert encode(b"x" * 100, max_size=len(payload)) == payload
+    with pytest.raises(MessageTooLarge, match=f"encodes to {len(payload)} bytes, above .* 50"):
+        encode(b"x" * 100, max_size=50)
+
+
+# --- what a peer can send ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("payload", "error"),
+    [
+        (b"", "0 bytes is shorter than the header"),
+        (frame(b"")[: HEADER_SIZE - 1], "9 bytes is shorter than the header"),
+        (frame(b"\xc0", version=2), "wire version 2 is not supported"),
+        (frame(b"\xc0", version=0), "wire version 0 is not supported"),
+        (frame(b"\xc0", kind=3), "unknown frame kind 3"),
+        (frame(b"\xc0", kind=0), "unknown frame kind 0"),
+    ],
+    ids=["empty", "short", "version-2", "version-0", "kind-3", "kind-0"],
+)
+def test_a_bad_header_is_a_frame_decode_error(payload: bytes, error: str) -> None:
+    with pytest.raises(FrameDecodeError, match=error):
+        decode(payload)
+
+
+def test_an_unknown_wire_name_is_refused_naming_it() -> None:
+    with pytest.raises(MessageDecodeError, match=r"unknown message type 'tests\.wire\.Martian'"):
+        decode(object_frame("tests.wire.Martian", 1))
+
+
+def test_an_unknown_wire_name_nested_in_a_plain_message_is_refused() -> None:
+    inner = msgpack.ExtType(1, msgpack.packb(["tests.wire.Martian"]))
+    with pytest.raises(MessageDecodeError, match=r"'tests\.wire\.Martian'"):
+        decode(frame(msgpack.packb([inner])))
+
+
+def test_a_constructor_that_rejects_the_fields_gives_a_message_decode_error() -> None:
+    with pytest.raises(MessageDecodeError, match="ValueError"):
+        decode(object_frame("tests.wire.Positive", -1))
+
+
+def test_an_object_body_that_is_not_a_name_and_fields_is_refused() -> None:
+    with pytest.raises(MessageDecodeError, match=r"not \[wire_name, \*fields\]"):
+        decode(frame(msgpack.packb({"a": 1}), kind=KIND_OBJECT))
+
+
+def test_ten_thousand_nested_arrays_are_a_message_decode_error() -> None:
+    with pytest.raises(MessageDecodeError):
+        decode(frame(b"\x91" * 10_000 + b"\xc0"))
+
+
+def test_tuples_nested_up_to_the_limit_round_trip() -> None:
+    value: object = None
+    for _ in range(MAX_NESTING):
+        value = (value,)
+    assert round_trip(value) == value
+
+
+def test_nesting_beyond_the_limit_fails_at_send_not_at_the_receiver() -> None:
+    value: object = None
+    for _ in range(MAX_NESTING + 1):
+        value = (value,)
+    with pytest.raises(SerializationError, match=f"nested more than {MAX_NESTING} deep"):
+        encode(value)
+    assert round_trip((1,)) == (1,)  # the encoder is still usable
+
+
+def test_tuples_nested_beyond_the_limit_are_refused_not_a_crash() -> None:
+    # Each level used to cost msgpack ~40 KB of C stack: a few hundred levels killed the process.
+    assert decode(frame(nested_tuples(MAX_NESTING))).message is not None
+    for depth in (MAX_NESTING + 1, 1_000):
+        with pytest.raises(MessageDecodeError, match=f"nested more than {MAX_NESTING} deep"):
+            decode(frame(nested_tuples(depth)))
+
+
+# --- properties ----------------------------------------------------------------------------------
+
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8)
+    | st.binary(max_size=8)
+    | st.sampled_from(Color)
+    | st.sampled_from(Level)
+)
+int64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+hashables = st.recursive(
+    scalars | st.builds(Point, int64, int64),
+    lambda inner: st.lists(inner, max_size=3).map(tuple) | st.frozensets(inner, max_size=3),
+    max_leaves=6,
+)
+values = st.recursive(
+    hashables,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.lists(inner, max_size=3).map(tuple)
+        | st.dictionaries(hashables, inner, max_size=3)
+        | st.sets(hashables, max_size=3)
+        | st.builds(Holder, inner)
+    ),
+    max_leaves=10,
+)
+
+
+@fast
+@given(value=values, to_uid=st.integers(min_value=0, max_value=2**64 - 1))
+def test_any_supported_value_round_trips_with_its_types(value: object, to_uid: int) -> None:
+    back = round_trip(value, to_uid=to_uid)
+    assert typed(back) == typed(value)
+
+
+@fuzz
+@given(data=st.binary(max_size=40))
+def test_arbitrary_bytes_only_raise_decode_errors(data: bytes) -> None:
+    with contextlib.suppress(FrameDecodeError, MessageDecodeError):
+        decode(data)
+
+
+@fuzz
+@given(kind=st.sampled_from([KIND_PLAIN, KIND_OBJECT]), body=st.binary(max_size=40))
+def test_a_valid_header_and_arbitrary_body_only_raise_message_decode_error(
+    kind: int, body: bytes
+) -> None:
+    with contextlib.suppress(MessageDecodeError):
+        decode(frame(body, kind=kind))
+
+
+@fuzz
+@given(
+    code=st.integers(min_value=0, max_value=8),
+    name=st.sampled_from(["tests.wire.Point", "tests.wire.Color", "tests.wire.Positive", "?"]),
+    fields=st.lists(hashables, max_size=4),
+)
+def test_registered_names_with_arbitrary_fields_only_raise_message_decode_error(
+    code: int, name: str, fields: list[object]
+) -> None:
+    body = _pack_nested([name, *fields])
+    for payload in (
+        frame(body, kind=KIND_OBJECT),
+        frame(msgpack.packb(msgpack.ExtType(code, body))),
+    ):
+        with contextlib.suppress(MessageDecodeError):
+            decode(payload)
