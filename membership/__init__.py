@@ -11,6 +11,7 @@ from ._errors import ConfigurationError as ConfigurationError
 from ._errors import FrameDecodeError as FrameDecodeError
 from ._errors import FrameTooLarge as FrameTooLarge
 from ._errors import HandshakeError as HandshakeError
+from ._errors import IllegalTransition as IllegalTransition
 from ._errors import MessageDecodeError as MessageDecodeError
 from ._errors import MessageRegistrationError as MessageRegistrationError
 from ._errors import MessageTooLarge as MessageTooLarge

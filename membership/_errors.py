@@ -96,3 +96,10 @@ class MessageDecodeError(ProtocolError):
     rejected by the class. The transport drops that one message, counts and logs it, and keeps
     the link: the frames around it are intact.
     """
+
+
+class IllegalTransition(ClusterError, ValueError):
+    """A member status change that Akka's life cycle does not allow (e.g. Down to Up).
+
+    Raised by the sans-IO membership core; the state it was asked to change is left as it was.
+    """
