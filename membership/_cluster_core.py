@@ -1,0 +1,759 @@
+"""The membership protocol of one node, sans-IO: Akka's ``ClusterCoreDaemon`` as a state machine.
+
+Theory of operation: :class:`ClusterCore` holds this node's gossip and reacts to three kinds of
+input: messages from peers (:meth:`receive`), the passage of time (:meth:`tick`) and local
+requests (:meth:`join`, :meth:`leave`, :meth:`down`, :meth:`update_reachability` from the failure
+detector, :meth:`exiting_completed`). Each returns the effects to carry out, as values:
+:class:`Send`, :class:`Publish`, :class:`StartExiting` and :class:`Shutdown`. Time comes in as an
+argument and randomness from an injected ``random.Random``, so a run is a pure function of its
+inputs and a seed.
+
+Phases::
+
+    IDLE ──start()──► SEEDING ──InitJoinAck──► JOINING ──Welcome──► MEMBER ──► SHUT_DOWN
+      │                  │ (first seed, nobody answers: joins itself) ▲
+      └──join(address)───┴───────────────────► JOINING ───────────────┘
+
+Joining (Akka's seed node process): the first seed node asks the other seeds with InitJoin and,
+if none answers within ``seed_node_timeout``, forms the cluster by joining itself; every other
+node keeps asking the seeds until one that is a member answers, then sends Join and waits for
+Welcome, retrying after ``retry_unsuccessful_join_after``. A member that receives Join adds the
+node as Joining, unless that incarnation was removed (tombstone: it may never return) or another
+incarnation of the same host:port is still a member: then the old one is marked terminated and
+Down, and the new one gets in on a later retry, after the leader removed the old one.
+
+Gossip: every ``gossip_interval`` the node picks a random reachable member, preferring one that
+has not seen the current version (with Akka's probability), and sends the full gossip if that
+member has not seen it, else only a status (version and seen digest) so the two can tell who is
+behind. Receiving gossip compares vector clocks: same (unite seen sets), older (answer with ours),
+newer (take it), concurrent (merge). While fewer than half the members have seen the current
+version, gossip goes out three times per interval (Akka's speed-up).
+
+A node that finds itself Down in the gossip, or finds its incarnation tombstoned, shuts down. A
+node that finds itself Exiting runs its exiting tasks (:class:`StartExiting`; singletons hand
+over), then tells the members with ExitingConfirmed so the leader can remove it at once.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import logging
+import random
+from collections.abc import Collection, Iterable
+from typing import Any
+
+import attrs
+
+from ._address import Address, UniqueAddress
+from ._errors import ConfigurationError
+from ._events import ClusterEvent, diff
+from ._gossip import (
+    Gossip,
+    convergence,
+    leader,
+    leader_actions_on_convergence,
+    leader_actions_weakly_up,
+)
+from ._member import Member, MemberStatus
+from ._settings import in_range
+from ._vclock import Order, VectorClock
+from ._wire import message
+
+logger = logging.getLogger("membership.cluster")
+
+
+def _roles(value: Iterable[str]) -> frozenset[str]:
+    roles = frozenset(value)
+    for role in roles:
+        if not isinstance(role, str) or not role or "," in role or role != role.strip():
+            raise ConfigurationError(
+                f"ClusterSettings.roles contains {role!r}: roles are non-empty strings without "
+                "commas or surrounding spaces"
+            )
+    return roles
+
+
+def _per_role(value: Iterable[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
+    pairs = tuple(sorted((str(r), int(n)) for r, n in value))
+    for role, count in pairs:
+        if count < 1:
+            raise ConfigurationError(
+                f"ClusterSettings.min_nr_of_members_of_role[{role!r}] = {count} is invalid: "
+                "must be at least 1"
+            )
+    return pairs
+
+
+def _optional_seconds(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None:
+        in_range(0.0, 3600.0)(instance, attribute, value)
+
+
+@attrs.frozen(kw_only=True)
+class ClusterSettings:
+    """How the membership protocol behaves (Akka's ``pekko.cluster`` defaults)."""
+
+    seed_nodes: tuple[Address, ...] = ()
+    """Where to ask to join; the first one forms the cluster if nobody answers (default none:
+    call ``join`` yourself)."""
+
+    roles: frozenset[str] = attrs.field(default=frozenset(), converter=_roles)
+    """This node's roles (default none)."""
+
+    gossip_interval: float = attrs.field(default=1.0, validator=in_range(0.001, 60))
+    """Seconds between gossip rounds (default 1)."""
+
+    leader_actions_interval: float = attrs.field(default=1.0, validator=in_range(0.001, 60))
+    """Seconds between the leader's moves of members (default 1)."""
+
+    seed_node_timeout: float = attrs.field(default=5.0, validator=in_range(0.001, 3600))
+    """How long the first seed waits for other seeds before forming the cluster (default 5 s)."""
+
+    seed_node_retry_interval: float = attrs.field(default=1.0, validator=in_range(0.001, 60))
+    """Seconds between InitJoin rounds to the seed nodes (default 1)."""
+
+    retry_unsuccessful_join_after: float = attrs.field(
+        default=10.0, validator=in_range(0.001, 3600)
+    )
+    """Resend Join when no Welcome came after this many seconds (default 10)."""
+
+    weakly_up_after: float | None = attrs.field(default=7.0, validator=_optional_seconds)
+    """Move reachable Joining members to WeaklyUp after this long without convergence
+    (default 7 s; None turns WeaklyUp off)."""
+
+    min_nr_of_members: int = attrs.field(default=1, validator=in_range(1, 10_000, integer=True))
+    """The leader moves nobody to Up before this many members joined (default 1)."""
+
+    min_nr_of_members_of_role: tuple[tuple[str, int], ...] = attrs.field(
+        default=(), converter=_per_role
+    )
+    """The same, per role: ``(("backend", 2),)`` (default none)."""
+
+    gossip_different_view_probability: float = attrs.field(default=0.8, validator=in_range(0, 1))
+    """Chance of gossiping to a member that has not seen the current version (default 0.8)."""
+
+    reduce_gossip_different_view_probability: int = attrs.field(
+        default=400, validator=in_range(1, 1_000_000, integer=True)
+    )
+    """Above this cluster size that chance is reduced, as in Akka (default 400)."""
+
+    prune_gossip_tombstones_after: float = attrs.field(
+        default=24 * 3600.0, validator=in_range(1, 365 * 24 * 3600)
+    )
+    """Forget removed incarnations after this many seconds (default 24 h)."""
+
+
+class Phase(enum.Enum):
+    """Where this node is in joining the cluster."""
+
+    IDLE = "idle"
+    SEEDING = "seeding"
+    JOINING = "joining"
+    MEMBER = "member"
+    SHUT_DOWN = "shut_down"
+
+
+# ---- protocol messages ------------------------------------------------------------------------
+
+
+@message(name="p2pshard.cluster.InitJoin")
+@attrs.frozen(kw_only=True)
+class InitJoin:
+    """To a seed node: are you a member I can join through?"""
+
+    sender: UniqueAddress
+
+
+@message(name="p2pshard.cluster.InitJoinAck")
+@attrs.frozen(kw_only=True)
+class InitJoinAck:
+    """Yes: send me Join."""
+
+    sender: UniqueAddress
+
+
+@message(name="p2pshard.cluster.InitJoinNack")
+@attrs.frozen(kw_only=True)
+class InitJoinNack:
+    """No: I am not a member (yet)."""
+
+    sender: UniqueAddress
+
+
+@message(name="p2pshard.cluster.Join")
+@attrs.frozen(kw_only=True)
+class Join:
+    """Please add me as a Joining member."""
+
+    node: UniqueAddress
+    roles: frozenset[str] = frozenset()
+
+
+@message(name="p2pshard.cluster.Welcome")
+@attrs.frozen(kw_only=True)
+class Welcome:
+    """You are in: here is the gossip with you as Joining."""
+
+    sender: UniqueAddress
+    gossip: Gossip
+
+
+@message(name="p2pshard.cluster.GossipEnvelope")
+@attrs.frozen(kw_only=True)
+class GossipEnvelope:
+    """The full gossip, for one incarnation."""
+
+    sender: UniqueAddress
+    to: UniqueAddress
+    gossip: Gossip
+
+
+@message(name="p2pshard.cluster.GossipStatus")
+@attrs.frozen(kw_only=True)
+class GossipStatus:
+    """Just the version and a digest of who has seen it: who of us is behind?"""
+
+    sender: UniqueAddress
+    version: VectorClock
+    seen_digest: bytes
+
+
+@message(name="p2pshard.cluster.Leave")
+@attrs.frozen(kw_only=True)
+class Leave:
+    """Mark this member Leaving."""
+
+    node: Address
+
+
+@message(name="p2pshard.cluster.Down")
+@attrs.frozen(kw_only=True)
+class Down:
+    """Mark this member Down."""
+
+    node: Address
+
+
+@message(name="p2pshard.cluster.ExitingConfirmed")
+@attrs.frozen(kw_only=True)
+class ExitingConfirmed:
+    """The exiting member finished its exiting tasks: the leader may remove it now."""
+
+    node: UniqueAddress
+
+
+ClusterMessage = (
+    InitJoin
+    | InitJoinAck
+    | InitJoinNack
+    | Join
+    | Welcome
+    | GossipEnvelope
+    | GossipStatus
+    | Leave
+    | Down
+    | ExitingConfirmed
+)
+"""Everything the membership protocol sends between nodes."""
+
+CLUSTER_MESSAGES: tuple[type, ...] = (
+    InitJoin,
+    InitJoinAck,
+    InitJoinNack,
+    Join,
+    Welcome,
+    GossipEnvelope,
+    GossipStatus,
+    Leave,
+    Down,
+    ExitingConfirmed,
+)
+
+
+# ---- effects -----------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Send:
+    """Send ``message`` to ``to``."""
+
+    to: Address | UniqueAddress
+    message: object
+
+
+@attrs.frozen
+class Publish:
+    """Tell subscribers about ``event``."""
+
+    event: ClusterEvent
+
+
+@attrs.frozen
+class StartExiting:
+    """This node is Exiting: run the exiting tasks, then call ``exiting_completed``."""
+
+
+@attrs.frozen
+class Shutdown:
+    """This node is out of the cluster (downed or removed): stop its services."""
+
+    reason: str
+
+
+Effect = Send | Publish | StartExiting | Shutdown
+
+
+def seen_digest(gossip: Gossip) -> bytes:
+    """A digest of who has seen ``gossip`` (Akka's seenDigest)."""
+    text = ",".join(f"{n.address}-{n.uid:x}" for n in sorted(gossip.seen))
+    return hashlib.sha1(text.encode(), usedforsecurity=False).digest()
+
+
+@attrs.define(eq=False)
+class ClusterCore:
+    """The membership state machine of one node (see the module docstring)."""
+
+    self_node: UniqueAddress
+    settings: ClusterSettings
+    random: random.Random
+    phase: Phase = Phase.IDLE
+    gossip: Gossip = attrs.field(factory=Gossip)
+    exiting_confirmed: set[UniqueAddress] = attrs.field(factory=set)
+    _join_target: Address | None = None
+    _seeding_deadline: float = 0.0
+    _next_seed_round: float = 0.0
+    _next_join_retry: float = 0.0
+    _next_gossip: float = 0.0
+    _next_leader_actions: float = 0.0
+    _first_non_convergence: float | None = None
+    _exiting_started: bool = False
+    _shutdown_reason: str | None = None
+
+    # ---- public state ----
+
+    @property
+    def self_member(self) -> Member | None:
+        """This node's member entry, once it is in the gossip."""
+        return self.gossip.member(self.self_node)
+
+    def is_leader(self) -> bool:
+        """Whether this node is the leader now."""
+        return self.phase is Phase.MEMBER and leader(self.gossip, self.self_node) == self.self_node
+
+    def next_deadline(self) -> float:
+        """The earliest time :meth:`tick` has something to do."""
+        if self.phase is Phase.SEEDING:
+            if self.settings.seed_nodes[0] == self.self_node.address:
+                return min(self._next_seed_round, self._seeding_deadline)
+            return self._next_seed_round
+        if self.phase is Phase.JOINING:
+            return self._next_join_retry
+        if self.phase is Phase.MEMBER:
+            return min(self._next_gossip, self._next_leader_actions)
+        return float("inf")
+
+    # ---- local requests ----
+
+    def start(self, now: float) -> list[Effect]:
+        """Begin joining through the seed nodes (nothing to do without seed nodes)."""
+        if self.phase is not Phase.IDLE or not self.settings.seed_nodes:
+            return []
+        self.phase = Phase.SEEDING
+        self._seeding_deadline = now + self.settings.seed_node_timeout
+        self._next_seed_round = now
+        return self.tick(now)
+
+    def join(self, address: Address, now: float) -> list[Effect]:
+        """Join the cluster through the member at ``address`` (this node's own: form one)."""
+        if self.phase in (Phase.MEMBER, Phase.SHUT_DOWN):
+            logger.info(
+                "%s: already %s; join(%s) ignored", self.self_node, self.phase.value, address
+            )
+            return []
+        if address == self.self_node.address:
+            return self._join_self(now)
+        self.phase = Phase.JOINING
+        self._join_target = address
+        self._next_join_retry = now + self.settings.retry_unsuccessful_join_after
+        logger.info("%s: joining through %s", self.self_node, address)
+        return [Send(address, Join(node=self.self_node, roles=self.settings.roles))]
+
+    def leave(self, address: Address, now: float) -> list[Effect]:
+        """Mark the member at ``address`` Leaving (this node's own: leave gracefully)."""
+        if self.phase is not Phase.MEMBER:
+            return []
+        return self._leaving(address, now)
+
+    def down(self, address: Address | UniqueAddress, now: float) -> list[Effect]:
+        """Mark the member at ``address`` Down (a user or the split brain resolver decided)."""
+        if self.phase is not Phase.MEMBER:
+            return []
+        return self._downing(address, now)
+
+    def update_reachability(
+        self, unreachable: Collection[UniqueAddress], now: float
+    ) -> list[Effect]:
+        """Record what this node's failure detector says: ``unreachable`` are not heard."""
+        if self.phase is not Phase.MEMBER:
+            return []
+        me = self.self_member
+        if me is None or me.status is MemberStatus.DOWN:
+            return []
+        reachability = self.gossip.reachability
+        updated = reachability
+        for m in self.gossip.members:
+            if m.node == self.self_node:
+                continue
+            if m.node in unreachable:
+                updated = updated.unreachable(self.self_node, m.node)
+            else:
+                updated = updated.reachable(self.self_node, m.node)
+        if updated == reachability:
+            return []
+        for node in sorted(
+            set(updated.all_unreachable_from(self.self_node))
+            - set(reachability.all_unreachable_from(self.self_node))
+        ):
+            logger.warning("%s: marking %s unreachable", self.self_node, node)
+        return self._update(attrs.evolve(self.gossip, reachability=updated), now)
+
+    def exiting_completed(self, now: float) -> list[Effect]:
+        """This node's exiting tasks are done: let the members remove it at once."""
+        if self.phase is not Phase.MEMBER:
+            return []
+        confirmed = ExitingConfirmed(node=self.self_node)
+        self.exiting_confirmed.add(self.self_node)
+        return [Send(m.node, confirmed) for m in self.gossip.members if m.node != self.self_node]
+
+    # ---- time ----
+
+    def tick(self, now: float) -> list[Effect]:
+        """Do what is due at ``now``: seed rounds, join retries, gossip, leader actions."""
+        effects: list[Effect] = []
+        if self.phase is Phase.SEEDING:
+            effects += self._seed_tick(now)
+        elif self.phase is Phase.JOINING and now >= self._next_join_retry:
+            assert self._join_target is not None
+            logger.info(
+                "%s: no Welcome from %s; asking the seeds again", self.self_node, self._join_target
+            )
+            if self.settings.seed_nodes:
+                self.phase = Phase.IDLE
+                effects += self.start(now)
+            else:
+                self.phase = Phase.IDLE
+                effects += self.join(self._join_target, now)
+        if self.phase is Phase.MEMBER:
+            if now >= self._next_leader_actions:
+                self._next_leader_actions = now + self.settings.leader_actions_interval
+                effects += self._leader_actions(now)
+            if now >= self._next_gossip and self.phase is Phase.MEMBER:
+                effects += self._gossip_round()
+                interval = self.settings.gossip_interval
+                speedup = len(self.gossip.seen) < len(self.gossip.members) / 2
+                self._next_gossip = now + (interval / 3 if speedup else interval)
+        return effects
+
+    def _seed_tick(self, now: float) -> list[Effect]:
+        seeds = self.settings.seed_nodes
+        me = self.self_node.address
+        if seeds[0] == me and now >= self._seeding_deadline:
+            logger.info("%s: no other seed node answered; forming a new cluster", self.self_node)
+            return self._join_self(now)
+        if now < self._next_seed_round:
+            return []
+        self._next_seed_round = now + self.settings.seed_node_retry_interval
+        return [Send(seed, InitJoin(sender=self.self_node)) for seed in seeds if seed != me]
+
+    def _join_self(self, now: float) -> list[Effect]:
+        me = Member(self.self_node, roles=self.settings.roles)
+        self.phase = Phase.MEMBER
+        self._join_target = None
+        self._next_gossip = now
+        self._next_leader_actions = now
+        return self._update(Gossip([me]), now)
+
+    # ---- messages ----
+
+    def receive(self, sender: UniqueAddress, message: object, now: float) -> list[Effect]:
+        """Handle one protocol message from ``sender``."""
+        match message:
+            case InitJoin():
+                return self._on_init_join(sender)
+            case InitJoinAck():
+                if self.phase is Phase.SEEDING:
+                    return self.join(sender.address, now)
+                return []
+            case InitJoinNack():
+                return []
+            case Join(node=node, roles=roles):
+                return self._on_join(node, frozenset(roles), now)
+            case Welcome(gossip=gossip):
+                return self._on_welcome(sender, gossip, now)
+            case GossipEnvelope(to=to, gossip=gossip):
+                if to != self.self_node:
+                    return []
+                return self._on_gossip(sender, gossip, now)
+            case GossipStatus(version=version, seen_digest=digest):
+                return self._on_gossip_status(sender, version, digest)
+            case Leave(node=node):
+                return self.leave(node, now)
+            case Down(node=node):
+                return self.down(node, now)
+            case ExitingConfirmed(node=node):
+                self.exiting_confirmed.add(node)
+                return []
+        return []
+
+    def _on_init_join(self, sender: UniqueAddress) -> list[Effect]:
+        me = self.self_member
+        if (
+            self.phase is Phase.MEMBER
+            and me is not None
+            and me.status
+            in (
+                MemberStatus.UP,
+                MemberStatus.WEAKLY_UP,
+                MemberStatus.JOINING,
+                MemberStatus.LEAVING,
+            )
+        ):
+            return [Send(sender, InitJoinAck(sender=self.self_node))]
+        return [Send(sender, InitJoinNack(sender=self.self_node))]
+
+    def _on_join(self, node: UniqueAddress, roles: frozenset[str], now: float) -> list[Effect]:
+        if self.phase is not Phase.MEMBER:
+            return []
+        gossip = self.gossip
+        if gossip.is_tombstoned(node):
+            logger.info("%s: %s was removed and may not join again", self.self_node, node)
+            return []
+        existing = gossip.member(node)
+        if existing is not None:
+            # Our Welcome was lost, or it retried: welcome it again.
+            return [Send(node, Welcome(sender=self.self_node, gossip=gossip))]
+        for m in gossip.members:
+            if m.node.address == node.address:
+                logger.info(
+                    "%s: new incarnation %s of %s; the old one is downed and removed first",
+                    self.self_node,
+                    node,
+                    m.node,
+                )
+                if m.status is MemberStatus.DOWN:
+                    return []
+                terminated = gossip.reachability.terminated(self.self_node, m.node)
+                effects = self._update(attrs.evolve(gossip, reachability=terminated), now)
+                return effects + self._downing(m.node, now)
+        logger.info(
+            "%s: %s is joining with roles %s", self.self_node, node, sorted(roles) or "none"
+        )
+        effects = self._update(gossip.with_member(Member(node, roles=roles)), now)
+        effects.append(Send(node, Welcome(sender=self.self_node, gossip=self.gossip)))
+        return effects
+
+    def _on_welcome(self, sender: UniqueAddress, gossip: Gossip, now: float) -> list[Effect]:
+        if self.phase is not Phase.JOINING or sender.address != self._join_target:
+            return []
+        if not gossip.has_member(self.self_node):
+            return []
+        logger.info("%s: welcomed by %s", self.self_node, sender)
+        self.phase = Phase.MEMBER
+        self._join_target = None
+        self._next_gossip = now
+        self._next_leader_actions = now
+        old = self.gossip
+        self.gossip = gossip.mark_seen(self.self_node)
+        effects: list[Effect] = [Publish(e) for e in diff(old, self.gossip, self.self_node)]
+        effects.append(self._full_gossip_to(sender))
+        return effects + self._check_self()
+
+    def _on_gossip(self, sender: UniqueAddress, remote: Gossip, now: float) -> list[Effect]:
+        if self.phase is not Phase.MEMBER:
+            return []
+        local = self.gossip
+        if remote.is_tombstoned(self.self_node):
+            return self._shut_down("this incarnation was removed from the cluster")
+        if local.is_tombstoned(sender):
+            # A removed node still talks to us: show it the tombstone so it stops.
+            return [Send(sender, GossipEnvelope(sender=self.self_node, to=sender, gossip=local))]
+        if not remote.has_member(self.self_node) or not local.has_member(sender):
+            return []
+        order = remote.version.compare(local.version)
+        # Talk back (always with the full gossip) when the sender does not know that we have
+        # seen the winning version: that is how seen sets flow back to whoever made a change.
+        unaware = not remote.seen_by(self.self_node)
+        if order is Order.SAME:
+            winner, talkback = local.merge_seen(remote), unaware
+        elif order is Order.BEFORE:
+            winner, talkback = local, True
+        elif order is Order.AFTER:
+            winner, talkback = remote, unaware
+        else:
+            winner, talkback = remote.merge(local), True
+        winner = winner.mark_seen(self.self_node)
+        self.gossip = winner
+        effects: list[Effect] = [Publish(e) for e in diff(local, winner, self.self_node)]
+        if talkback:
+            effects.append(self._full_gossip_to(sender))
+        return effects + self._check_self()
+
+    def _on_gossip_status(
+        self, sender: UniqueAddress, version: VectorClock, digest: bytes
+    ) -> list[Effect]:
+        if self.phase is not Phase.MEMBER:
+            return []
+        if self.gossip.is_tombstoned(sender):
+            return [
+                Send(sender, GossipEnvelope(sender=self.self_node, to=sender, gossip=self.gossip))
+            ]
+        if not self.gossip.has_member(sender):
+            return []
+        order = version.compare(self.gossip.version)
+        if order is Order.SAME:
+            if digest != seen_digest(self.gossip):
+                return [self._full_gossip_to(sender)]
+            return []
+        if order is Order.AFTER:
+            return [Send(sender, self._status())]  # they are ahead: they will send it
+        return [self._full_gossip_to(sender)]
+
+    # ---- changes ----
+
+    def _update(self, gossip: Gossip, now: float) -> list[Effect]:
+        """Adopt a locally changed gossip: new version, seen only by us, publish, check self."""
+        old = self.gossip
+        self.gossip = gossip.incremented(self.self_node).only_seen(self.self_node)
+        return [Publish(e) for e in diff(old, self.gossip, self.self_node)] + self._check_self()
+
+    def _leaving(self, address: Address, now: float) -> list[Effect]:
+        for m in self.gossip.members:
+            if m.node.address == address and m.status in (
+                MemberStatus.JOINING,
+                MemberStatus.WEAKLY_UP,
+                MemberStatus.UP,
+            ):
+                logger.info("%s: marking %s Leaving", self.self_node, m.node)
+                return self._update(
+                    self.gossip.with_member(m.with_status(MemberStatus.LEAVING)), now
+                )
+        return []
+
+    def _downing(self, address: Address | UniqueAddress, now: float) -> list[Effect]:
+        for m in self.gossip.members:
+            matches = (
+                m.node == address
+                if isinstance(address, UniqueAddress)
+                else m.node.address == address
+            )
+            if matches and m.status is not MemberStatus.DOWN:
+                logger.warning("%s: marking %s Down", self.self_node, m.node)
+                return self._update(self.gossip.marked_down(m.node), now)
+        return []
+
+    def _check_self(self) -> list[Effect]:
+        me = self.self_member
+        if me is None:
+            if self.phase is Phase.MEMBER:
+                return self._shut_down("removed from the cluster")
+            return []
+        if me.status is MemberStatus.DOWN:
+            return self._shut_down("downed")
+        if me.status is MemberStatus.EXITING and not self._exiting_started:
+            self._exiting_started = True
+            return [StartExiting()]
+        return []
+
+    def _shut_down(self, reason: str) -> list[Effect]:
+        if self.phase is Phase.SHUT_DOWN:
+            return []
+        logger.warning("%s: leaving the cluster: %s", self.self_node, reason)
+        self.phase = Phase.SHUT_DOWN
+        self._shutdown_reason = reason
+        return [Shutdown(reason)]
+
+    def _leader_actions(self, now: float) -> list[Effect]:
+        self.gossip = self.gossip.pruned_tombstones(
+            now - self.settings.prune_gossip_tombstones_after
+        )
+        if not self.is_leader():
+            self._first_non_convergence = None
+            return []
+        gossip = self.gossip
+        if convergence(gossip, self.self_node, self.exiting_confirmed):
+            self._first_non_convergence = None
+            result = leader_actions_on_convergence(
+                gossip,
+                self.self_node,
+                now,
+                exiting_confirmed=self.exiting_confirmed,
+                min_nr_of_members=self.settings.min_nr_of_members,
+                min_nr_of_members_of_role=self.settings.min_nr_of_members_of_role,
+            )
+        else:
+            if self._first_non_convergence is None:
+                self._first_non_convergence = now
+            weakly_up_after = self.settings.weakly_up_after
+            if weakly_up_after is None or now - self._first_non_convergence < weakly_up_after:
+                return []
+            result = leader_actions_weakly_up(gossip, self.self_node)
+        if not result.changed:
+            return []
+        for m in result.moved_up:
+            logger.info("%s: leader moved %s to Up (#%d)", self.self_node, m.node, m.up_number)
+        for m in result.removed:
+            logger.info("%s: leader removed %s", self.self_node, m.node)
+            self.exiting_confirmed.discard(m.node)
+        old = self.gossip
+        self.gossip = result.gossip
+        effects: list[Effect] = [Publish(e) for e in diff(old, self.gossip, self.self_node)]
+        # Removed nodes learn it from the tombstone; exiting ones are told at once, and so are
+        # the two oldest members, where singletons run and must take over.
+        tell = {m.node for m in result.removed} | {m.node for m in result.exiting}
+        ages = sorted((m for m in self.gossip.members if m.up_number), key=Member.age_key)
+        tell |= {m.node for m in ages[:2]} if result.exiting else set()
+        for node in sorted(tell - {self.self_node}):
+            effects.append(self._full_gossip_to(node))
+        return effects + self._check_self()
+
+    # ---- gossip out ----
+
+    def _status(self) -> GossipStatus:
+        return GossipStatus(
+            sender=self.self_node, version=self.gossip.version, seen_digest=seen_digest(self.gossip)
+        )
+
+    def _full_gossip_to(self, node: UniqueAddress) -> Send:
+        return Send(node, GossipEnvelope(sender=self.self_node, to=node, gossip=self.gossip))
+
+    def _gossip_to(self, node: UniqueAddress) -> Send:
+        if self.gossip.seen_by(node):
+            return Send(node, self._status())
+        return self._full_gossip_to(node)
+
+    def _gossip_round(self) -> list[Effect]:
+        gossip = self.gossip
+        reachability = gossip.reachability
+        candidates = [
+            m.node
+            for m in gossip.members
+            if m.node != self.self_node and reachability.is_reachable_from(self.self_node, m.node)
+        ]
+        if not candidates:
+            return []
+        if self.random.random() < self._different_view_probability(len(gossip.members)):
+            unseen = [n for n in candidates if not gossip.seen_by(n)]
+            if unseen:
+                candidates = unseen
+        return [self._gossip_to(self.random.choice(candidates))]
+
+    def _different_view_probability(self, size: int) -> float:
+        p = self.settings.gossip_different_view_probability
+        low = self.settings.reduce_gossip_different_view_probability
+        high = low * 3
+        if size <= low:
+            return p
+        if size >= high:
+            return p / 10
+        return p - (size - low) * (p - p / 10) / (high - low)
