@@ -68,7 +68,7 @@ def _roles(value: Iterable[str]) -> frozenset[str]:
     for role in roles:
         if not isinstance(role, str) or not role or "," in role or role != role.strip():
             raise ConfigurationError(
-                f"ClusterSettings.roles contains {role!r}: roles are non-empty strings without "
+                f"roles contain {role!r}: roles are non-empty strings without "
                 "commas or surrounding spaces"
             )
     return roles
@@ -93,13 +93,6 @@ def _optional_seconds(instance: object, attribute: attrs.Attribute[Any], value: 
 @attrs.frozen(kw_only=True)
 class ClusterSettings:
     """How the membership protocol behaves (Akka's ``pekko.cluster`` defaults)."""
-
-    seed_nodes: tuple[Address, ...] = ()
-    """Where to ask to join; the first one forms the cluster if nobody answers (default none:
-    call ``join`` yourself)."""
-
-    roles: frozenset[str] = attrs.field(default=frozenset(), converter=_roles)
-    """This node's roles (default none)."""
 
     gossip_interval: float = attrs.field(default=1.0, validator=in_range(0.001, 60))
     """Seconds between gossip rounds (default 1)."""
@@ -317,6 +310,11 @@ class ClusterCore:
     self_node: UniqueAddress
     settings: ClusterSettings
     random: random.Random
+    seed_nodes: tuple[Address, ...] = ()
+    """Where to ask to join; the first one forms the cluster if nobody answers (none: call
+    :meth:`join` yourself)."""
+    roles: frozenset[str] = attrs.field(default=frozenset(), converter=_roles)
+    """This node's roles."""
     phase: Phase = Phase.IDLE
     gossip: Gossip = attrs.field(factory=Gossip)
     exiting_confirmed: set[UniqueAddress] = attrs.field(factory=set)
@@ -344,7 +342,7 @@ class ClusterCore:
     def next_deadline(self) -> float:
         """The earliest time :meth:`tick` has something to do."""
         if self.phase is Phase.SEEDING:
-            if self.settings.seed_nodes[0] == self.self_node.address:
+            if self.seed_nodes[0] == self.self_node.address:
                 return min(self._next_seed_round, self._seeding_deadline)
             return self._next_seed_round
         if self.phase is Phase.JOINING:
@@ -357,7 +355,7 @@ class ClusterCore:
 
     def start(self, now: float) -> list[Effect]:
         """Begin joining through the seed nodes (nothing to do without seed nodes)."""
-        if self.phase is not Phase.IDLE or not self.settings.seed_nodes:
+        if self.phase is not Phase.IDLE or not self.seed_nodes:
             return []
         self.phase = Phase.SEEDING
         self._seeding_deadline = now + self.settings.seed_node_timeout
@@ -377,7 +375,7 @@ class ClusterCore:
         self._join_target = address
         self._next_join_retry = now + self.settings.retry_unsuccessful_join_after
         logger.info("%s: joining through %s", self.self_node, address)
-        return [Send(address, Join(node=self.self_node, roles=self.settings.roles))]
+        return [Send(address, Join(node=self.self_node, roles=self.roles))]
 
     def leave(self, address: Address, now: float) -> list[Effect]:
         """Mark the member at ``address`` Leaving (this node's own: leave gracefully)."""
@@ -438,7 +436,7 @@ class ClusterCore:
             logger.info(
                 "%s: no Welcome from %s; asking the seeds again", self.self_node, self._join_target
             )
-            if self.settings.seed_nodes:
+            if self.seed_nodes:
                 self.phase = Phase.IDLE
                 effects += self.start(now)
             else:
@@ -456,7 +454,7 @@ class ClusterCore:
         return effects
 
     def _seed_tick(self, now: float) -> list[Effect]:
-        seeds = self.settings.seed_nodes
+        seeds = self.seed_nodes
         me = self.self_node.address
         if seeds[0] == me and now >= self._seeding_deadline:
             logger.info("%s: no other seed node answered; forming a new cluster", self.self_node)
@@ -467,7 +465,7 @@ class ClusterCore:
         return [Send(seed, InitJoin(sender=self.self_node)) for seed in seeds if seed != me]
 
     def _join_self(self, now: float) -> list[Effect]:
-        me = Member(self.self_node, roles=self.settings.roles)
+        me = Member(self.self_node, roles=self.roles)
         self.phase = Phase.MEMBER
         self._join_target = None
         self._next_gossip = now

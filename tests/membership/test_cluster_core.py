@@ -52,8 +52,9 @@ class World:
         self, i: int, *, seeds: Iterable[int] = (1,), uid: int = 1, **settings: object
     ) -> ClusterCore:
         node = UniqueAddress(address(i), f"n{i}", uid)
-        config = ClusterSettings(seed_nodes=tuple(address(s) for s in seeds), **settings)  # type: ignore[arg-type]
-        core = ClusterCore(node, config, random.Random(self.seed * 1000 + i))
+        config = ClusterSettings(**settings)  # type: ignore[arg-type]
+        seed_nodes = tuple(address(s) for s in seeds)
+        core = ClusterCore(node, config, random.Random(self.seed * 1000 + i), seed_nodes)
         self.cores[address(i)] = core
         self.events[address(i)] = []
         self.apply(core, core.start(self.now))
