@@ -315,6 +315,9 @@ class ClusterCore:
     :meth:`join` yourself)."""
     roles: frozenset[str] = attrs.field(default=frozenset(), converter=_roles)
     """This node's roles."""
+    wall_offset: float = 0.0
+    """Added to ``now`` for tombstone stamps, which other nodes compare with their own clocks:
+    the shell passes wall-clock minus monotonic time (0 in simulation)."""
     phase: Phase = Phase.IDLE
     gossip: Gossip = attrs.field(factory=Gossip)
     exiting_confirmed: set[UniqueAddress] = attrs.field(factory=set)
@@ -672,8 +675,9 @@ class ClusterCore:
         return [Shutdown(reason)]
 
     def _leader_actions(self, now: float) -> list[Effect]:
+        wall = now + self.wall_offset
         self.gossip = self.gossip.pruned_tombstones(
-            now - self.settings.prune_gossip_tombstones_after
+            wall - self.settings.prune_gossip_tombstones_after
         )
         if not self.is_leader():
             self._first_non_convergence = None
@@ -684,7 +688,7 @@ class ClusterCore:
             result = leader_actions_on_convergence(
                 gossip,
                 self.self_node,
-                now,
+                wall,
                 exiting_confirmed=self.exiting_confirmed,
                 min_nr_of_members=self.settings.min_nr_of_members,
                 min_nr_of_members_of_role=self.settings.min_nr_of_members_of_role,

@@ -1,0 +1,498 @@
+"""``node.cluster``: the trio shell around the membership cores.
+
+Theory of operation: :class:`Cluster` owns four sans-IO cores, the membership protocol
+(:class:`ClusterCore`), the heartbeat sender and failure detectors
+(:class:`HeartbeatSenderState`) and the split brain resolver (:class:`SplitBrainResolverCore`),
+and does for them what they cannot: it reads the clock, receives protocol messages from the node's
+dispatcher (:meth:`handle`), and carries out their effects (send, publish, run exiting tasks, try
+the downing lease, stop). One task runs all timers: it sleeps until the earliest deadline of any
+core, or until a message made something due sooner.
+
+The cores are fed in one direction only: every gossip change goes to the heartbeat ring (who to
+monitor) and to the resolver (what the cluster looks like); every reaper round turns what the
+failure detectors say into this node's reachability observations in the gossip; every resolver
+decision becomes ``down`` calls on the membership core. Sending never blocks: membership traffic
+is periodic, so a full send queue only delays it by a round.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Protocol
+
+import attrs
+import trio
+
+from ._address import Address, UniqueAddress
+from ._cluster_core import (
+    CLUSTER_MESSAGES,
+    ClusterCore,
+    ClusterSettings,
+    Effect,
+    Phase,
+    Publish,
+    Send,
+    Shutdown,
+    StartExiting,
+)
+from ._errors import ClusterError, SendQueueFull, TransportClosed
+from ._events import ClusterEvent, diff
+from ._failure_detector import FailureDetectorSettings
+from ._gossip import Gossip, convergence, leader, oldest, reachability_excluding_downed
+from ._heartbeat import Heartbeat, HeartbeatRsp, HeartbeatSenderState, heartbeat_response
+from ._member import Member, MemberStatus
+from ._sbr import (
+    AcquireLease,
+    DownNodes,
+    ReleaseLease,
+    SplitBrainResolverCore,
+    SplitBrainResolverEffect,
+    SplitBrainResolverSettings,
+)
+from ._transport import Envelope, Transport
+
+logger = logging.getLogger("membership.cluster")
+
+SUBSCRIBER_BUFFER = 10_000
+"""Events buffered per subscriber; one that falls further behind is dropped with an error."""
+
+SBR_TICK = 1.0
+"""Seconds between split brain resolver ticks (Akka: 1 s)."""
+
+
+class DowningLease(Protocol):
+    """What the lease-majority strategy needs from a lease (the leases issue implements it)."""
+
+    async def acquire(self) -> bool:
+        """Try to take the lease: True if granted, False if another owner holds it."""
+        ...
+
+    async def release(self) -> bool:
+        """Give the lease back: True if released."""
+        ...
+
+
+@attrs.frozen
+class ClusterStatistics:
+    """A snapshot of this node's view of the cluster."""
+
+    phase: str
+    members: int
+    unreachable: int
+    convergence: bool
+    leader: UniqueAddress | None
+    gossip_version_entries: int
+    subscribers: int
+
+
+class Subscription:
+    """Cluster events for one subscriber; iterate with ``async for``."""
+
+    def __init__(self, receive: trio.MemoryReceiveChannel[ClusterEvent]) -> None:
+        self._receive = receive
+
+    def __aiter__(self) -> AsyncIterator[ClusterEvent]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[ClusterEvent]:
+        try:
+            async for event in self._receive:
+                yield event
+        except trio.BrokenResourceError:
+            raise ClusterError(
+                f"this subscriber fell more than {SUBSCRIBER_BUFFER} events behind and was "
+                "dropped; subscribe again"
+            ) from None
+
+
+class Cluster:
+    """This node's membership: who is in the cluster, the leader, the oldest; leave and down.
+
+    Get it as ``node.cluster``.
+
+    Example:
+        >>> async def watch(node: Node) -> None:
+        ...     async with node.cluster.subscribe() as events:
+        ...         async for event in events:
+        ...             print(event)
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        settings: ClusterSettings,
+        failure_detector: FailureDetectorSettings,
+        split_brain_resolver: SplitBrainResolverSettings | None,
+        seed_nodes: Sequence[Address] = (),
+        roles: Sequence[str] = (),
+        rng: random.Random | None = None,
+        downing_lease: DowningLease | None = None,
+        wall_offset: float = 0.0,
+    ) -> None:
+        self._transport = transport
+        self._node = transport.local_address
+        self._random = rng or random.Random()
+        self._core = ClusterCore(
+            self._node,
+            settings,
+            self._random,
+            tuple(seed_nodes),
+            frozenset(roles),
+            wall_offset=wall_offset,
+        )
+        self._fd_settings = failure_detector
+        self._heartbeats = HeartbeatSenderState(self._node, settings=failure_detector)
+        self._sbr = (
+            None
+            if split_brain_resolver is None
+            else SplitBrainResolverCore(split_brain_resolver, self._node, now=trio.current_time())
+        )
+        self._downing_lease = downing_lease
+        self._subscribers: list[trio.MemorySendChannel[ClusterEvent]] = []
+        self._wakeup = trio.Event()
+        self._ring_input: tuple[frozenset[UniqueAddress], frozenset[UniqueAddress]] | None = None
+        self._fed_gossip: Gossip | None = None
+        self._fd_unreachable: set[UniqueAddress] = set()
+        self._exiting_tasks: list[Callable[[], Awaitable[None]]] = []
+        self._nursery: trio.Nursery | None = None
+        self.terminated = trio.Event()
+        """Set when this node is out of the cluster: downed, removed, or left."""
+        self.termination_reason: str | None = None
+        """Why the node is out of the cluster, once it is."""
+        self._up = trio.Event()
+
+    # ---- public API ----
+
+    @property
+    def self_address(self) -> UniqueAddress:
+        """This node's incarnation."""
+        return self._node
+
+    @property
+    def self_member(self) -> Member:
+        """This node as a member (Joining before it was welcomed; Removed once out)."""
+        member = self._core.self_member
+        if member is not None:
+            return member
+        status = MemberStatus.REMOVED if self.terminated.is_set() else MemberStatus.JOINING
+        return Member(self._node, status, roles=self._core.roles)
+
+    @property
+    def members(self) -> tuple[Member, ...]:
+        """The members this node knows of, in address order (any status but Removed)."""
+        return self._core.gossip.members
+
+    @property
+    def leader(self) -> UniqueAddress | None:
+        """The current leader as this node sees it."""
+        if self._core.phase is not Phase.MEMBER:
+            return None
+        return leader(self._core.gossip, self._node)
+
+    def role_leader(self, role: str) -> UniqueAddress | None:
+        """The leader among the members with ``role``."""
+        if self._core.phase is not Phase.MEMBER:
+            return None
+        return leader(self._core.gossip, self._node, role)
+
+    def oldest(self, role: str | None = None) -> Member | None:
+        """The oldest Up or Leaving member (with ``role``): where singletons run."""
+        return oldest(self._core.gossip, role)
+
+    @property
+    def unreachable(self) -> frozenset[Member]:
+        """Members some (not Down) member cannot reach."""
+        gossip = self._core.gossip
+        nodes = reachability_excluding_downed(gossip).all_unreachable_or_terminated()
+        return frozenset(m for m in gossip.members if m.node in nodes)
+
+    @property
+    def gossip(self) -> Gossip:
+        """The current gossip (for diagnostics and tests)."""
+        return self._core.gossip
+
+    def has_converged(self) -> bool:
+        """Whether the current gossip version has converged."""
+        return convergence(self._core.gossip, self._node, self._core.exiting_confirmed)
+
+    def join(self, address: Address) -> None:
+        """Join the cluster through the member at ``address`` (without seed nodes)."""
+        self._apply(self._core.join(address, trio.current_time()))
+
+    def leave(self, address: Address | None = None) -> None:
+        """Ask the cluster to let ``address`` (default: this node) leave gracefully.
+
+        Leaving -> Exiting -> Removed; this node then stops (``terminated`` is set).
+        """
+        target = address or self._node.address
+        now = trio.current_time()
+        if self._core.phase is Phase.MEMBER:
+            self._apply(self._core.leave(target, now))
+
+    def down(self, address: Address | UniqueAddress) -> None:
+        """Mark the member at ``address`` Down: it is removed once unreachable.
+
+        For a member that is surely gone (crashed, its host lost). Downing a member that is
+        running makes it stop.
+        """
+        self._apply(self._core.down(address, trio.current_time()))
+
+    async def wait_up(self) -> Member:
+        """Wait until this node is Up (or WeaklyUp); returns its member entry.
+
+        Raises:
+            ClusterError: the node left the cluster before it was Up.
+        """
+        async with trio.open_nursery() as nursery:
+
+            async def stop_on_termination() -> None:
+                await self.terminated.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(stop_on_termination)
+            await self._up.wait()
+            nursery.cancel_scope.cancel()
+        if not self._up.is_set():
+            raise ClusterError(f"{self._node} is out of the cluster: {self.termination_reason}")
+        return self.self_member
+
+    @asynccontextmanager
+    async def subscribe(self) -> AsyncIterator[Subscription]:
+        """Cluster events: first the current state as events, then every change.
+
+        Example:
+            >>> async def print_events(cluster: Cluster) -> None:
+            ...     async with cluster.subscribe() as events:
+            ...         async for event in events:
+            ...             print(event)
+        """
+        send, receive = trio.open_memory_channel[ClusterEvent](SUBSCRIBER_BUFFER)
+        for event in diff(Gossip(), self._core.gossip, self._node):
+            send.send_nowait(event)
+        self._subscribers.append(send)
+        try:
+            yield Subscription(receive)
+        finally:
+            if send in self._subscribers:
+                self._subscribers.remove(send)
+            send.close()
+            receive.close()
+
+    def add_exiting_task(self, task: Callable[[], Awaitable[None]]) -> None:
+        """Run ``task`` when this node is Exiting, before it confirms and is removed.
+
+        Singletons use it to hand over. Each task is awaited in order.
+        """
+        self._exiting_tasks.append(task)
+
+    def statistics(self) -> ClusterStatistics:
+        """A snapshot of this node's view of the cluster."""
+        gossip = self._core.gossip
+        return ClusterStatistics(
+            phase=self._core.phase.value,
+            members=len(gossip.members),
+            unreachable=len(self.unreachable),
+            convergence=self.has_converged(),
+            leader=self.leader,
+            gossip_version_entries=len(gossip.version.entries),
+            subscribers=len(self._subscribers),
+        )
+
+    # ---- the node's dispatcher calls this ----
+
+    def handle(self, envelope: Envelope) -> bool:
+        """Take a membership message from the transport; False if it is not one."""
+        message, sender = envelope.message, envelope.sender
+        now = trio.current_time()
+        if isinstance(message, Heartbeat):
+            if self._core.phase is not Phase.SHUT_DOWN:
+                self._send(sender, heartbeat_response(self._node, message))
+            return True
+        if isinstance(message, HeartbeatRsp):
+            self._heartbeats.heartbeat_rsp(sender, now)
+            return True
+        if isinstance(message, CLUSTER_MESSAGES):
+            if self._core.phase is not Phase.SHUT_DOWN:
+                before = self._core.next_deadline()
+                self._apply(self._core.receive(sender, message, now))
+                if self._core.next_deadline() < before:
+                    self._wakeup.set()
+            return True
+        return False
+
+    # ---- running ----
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the timers until this node is out of the cluster."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            now = trio.current_time()
+            self._apply(self._core.start(now))
+            task_status.started()
+            interval = self._fd_settings.heartbeat_interval
+            reaper = self._fd_settings.unreachable_nodes_reaper_interval
+            next_heartbeat = next_reap = next_sbr = now
+            while not self.terminated.is_set():
+                deadline = min(self._core.next_deadline(), next_heartbeat, next_reap, next_sbr)
+                with trio.move_on_at(deadline):
+                    await self._wakeup.wait()
+                self._wakeup = trio.Event()
+                now = trio.current_time()
+                if now >= self._core.next_deadline():
+                    self._apply(self._core.tick(now))
+                if self._core.phase is not Phase.MEMBER:
+                    next_heartbeat = next_reap = next_sbr = now + interval
+                    continue
+                if now >= next_heartbeat:
+                    next_heartbeat = now + interval
+                    self._heartbeat_round(now)
+                if now >= next_reap:
+                    next_reap = now + reaper
+                    self._reap(now)
+                if now >= next_sbr and self._sbr is not None:
+                    next_sbr = now + SBR_TICK
+                    self._feed(now)
+                    self._apply_sbr(self._sbr.tick(now), now)
+            nursery.cancel_scope.cancel()
+
+    def _heartbeat_round(self, now: float) -> None:
+        round_ = self._heartbeats.tick(now)
+        if round_.starved:
+            logger.warning(
+                "%s: heartbeats are late (scheduling starved?); detection may be inaccurate",
+                self._node,
+            )
+        for receiver in round_.receivers:
+            self._send(receiver, round_.heartbeat)
+
+    def _reap(self, now: float) -> None:
+        self._fd_unreachable |= self._heartbeats.unreachable(now)
+        self._fd_unreachable -= self._heartbeats.reachable(now)
+        self._fd_unreachable &= self._core.gossip.nodes()
+        self._apply(self._core.update_reachability(self._fd_unreachable, now))
+
+    def _feed(self, now: float) -> None:
+        """Give the heartbeat ring and the resolver the current gossip, if it changed."""
+        gossip = self._core.gossip
+        if gossip is self._fed_gossip:
+            return
+        self._fed_gossip = gossip
+        ring_input = (gossip.nodes(), gossip.reachability.all_unreachable_or_terminated())
+        if ring_input != self._ring_input:
+            self._ring_input = ring_input
+            self._heartbeats.init(ring_input[0], ring_input[1], now)
+        if self._sbr is not None:
+            self._sbr.update(
+                gossip.members,
+                gossip.reachability,
+                is_leader=self._core.is_leader(),
+                now=now,
+                seen_by=gossip.seen,
+            )
+
+    # ---- effects ----
+
+    def _send(self, to: Address | UniqueAddress, message: object) -> None:
+        try:
+            self._transport.send_nowait(to, message)
+        except SendQueueFull:
+            logger.debug(
+                "%s: send queue to %s full; %s skipped", self._node, to, type(message).__name__
+            )
+        except TransportClosed:
+            pass
+
+    def _apply(self, effects: list[Effect]) -> None:
+        now = trio.current_time()
+        for effect in effects:
+            match effect:
+                case Send(to=to, message=message):
+                    self._send(to, message)
+                case Publish(event=event):
+                    self._publish(event)
+                case StartExiting():
+                    self._start_exiting()
+                case Shutdown(reason=reason):
+                    self._terminate(reason)
+        self._feed(now)
+        member = self._core.self_member
+        if member is not None and member.status in (MemberStatus.UP, MemberStatus.WEAKLY_UP):
+            self._up.set()
+
+    def _publish(self, event: ClusterEvent) -> None:
+        for channel in list(self._subscribers):
+            try:
+                channel.send_nowait(event)
+            except trio.WouldBlock:
+                logger.error("%s: dropping a cluster event subscriber that fell behind", self._node)
+                self._subscribers.remove(channel)
+                channel.close()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._subscribers.remove(channel)
+
+    def _apply_sbr(self, effects: list[SplitBrainResolverEffect], now: float) -> None:
+        for effect in effects:
+            match effect:
+                case DownNodes(nodes=nodes, decision=decision):
+                    logger.warning(
+                        "%s: split brain resolver (%s) downs %s",
+                        self._node,
+                        decision.value,
+                        ", ".join(str(n) for n in nodes),
+                    )
+                    for node in nodes:
+                        self._apply(self._core.down(node, now))
+                case AcquireLease(delay=delay):
+                    self._spawn(self._acquire_lease, delay)
+                case ReleaseLease():
+                    self._spawn(self._release_lease)
+
+    def _spawn(self, fn: Callable[..., Awaitable[None]], *args: object) -> None:
+        if self._nursery is not None:
+            self._nursery.start_soon(fn, *args)
+
+    async def _acquire_lease(self, delay: float) -> None:
+        await trio.sleep(delay)
+        granted = False
+        if self._downing_lease is None:
+            logger.error("%s: lease-majority needs a downing lease; none was given", self._node)
+        else:
+            try:
+                granted = await self._downing_lease.acquire()
+            except ClusterError as exc:
+                logger.warning("%s: downing lease not acquired: %s", self._node, exc)
+        assert self._sbr is not None
+        self._apply_sbr(self._sbr.lease_acquired(granted, trio.current_time()), trio.current_time())
+
+    async def _release_lease(self) -> None:
+        released = False
+        if self._downing_lease is not None:
+            try:
+                released = await self._downing_lease.release()
+            except ClusterError as exc:
+                logger.warning("%s: downing lease not released: %s", self._node, exc)
+        assert self._sbr is not None
+        self._sbr.lease_released(released, trio.current_time())
+
+    def _start_exiting(self) -> None:
+        async def run_exiting_tasks() -> None:
+            for task in self._exiting_tasks:
+                await task()
+            self._apply(self._core.exiting_completed(trio.current_time()))
+
+        logger.info("%s: exiting: handing over", self._node)
+        self._spawn(run_exiting_tasks)
+
+    def _terminate(self, reason: str) -> None:
+        if self.terminated.is_set():
+            return
+        self.termination_reason = reason
+        self.terminated.set()
+        self._wakeup.set()
+        for channel in self._subscribers:
+            channel.close()
+        self._subscribers.clear()

@@ -1,0 +1,217 @@
+"""Whole clusters on the simulated network, with a mock clock: forming, failures, partitions."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+
+import attrs
+import trio
+import trio.testing
+
+from membership import Address, LinkConditions, SimNetwork, deterministic_scheduling
+from membership._cluster import Cluster
+from membership._cluster_core import ClusterSettings
+from membership._events import ClusterEvent, MemberEvent, MemberRemoved, UnreachableMember
+from membership._failure_detector import FailureDetectorSettings
+from membership._member import MemberStatus
+from membership._sbr import SplitBrainResolverSettings
+
+S = MemberStatus
+
+
+def addr(i: int) -> Address:
+    return Address("10.0.0.1", 2550 + i)
+
+
+@attrs.define
+class SimCluster:
+    net: SimNetwork
+    nursery: trio.Nursery
+    nodes: dict[int, Cluster] = attrs.field(factory=dict)
+    scopes: dict[int, trio.CancelScope] = attrs.field(factory=dict)
+    events: dict[int, list[ClusterEvent]] = attrs.field(factory=dict)
+    sbr: SplitBrainResolverSettings | None = attrs.field(
+        factory=lambda: SplitBrainResolverSettings(stable_after=7.0)
+    )
+
+    async def start(self, i: int, seeds: Sequence[int] = (1, 2, 3)) -> Cluster:
+        return await self.nursery.start(self._run, i, seeds)  # type: ignore[no-any-return]
+
+    async def _run(
+        self, i: int, seeds: Sequence[int], *, task_status: trio.TaskStatus[Cluster]
+    ) -> None:
+        with trio.CancelScope() as scope:
+            self.scopes[i] = scope
+            async with self.net.transport(addr(i), f"n{i}") as transport:
+                cluster = Cluster(
+                    transport,
+                    settings=ClusterSettings(),
+                    failure_detector=FailureDetectorSettings(),
+                    split_brain_resolver=self.sbr,
+                    seed_nodes=[addr(s) for s in seeds],
+                    rng=random.Random(self.net.seed * 100 + i),
+                )
+                self.nodes[i] = cluster
+                self.events[i] = []
+                async with trio.open_nursery() as inner:
+
+                    async def dispatch() -> None:
+                        async for envelope in transport:
+                            cluster.handle(envelope)
+
+                    async def record() -> None:
+                        async with cluster.subscribe() as events:
+                            async for event in events:
+                                self.events[i].append(event)
+
+                    inner.start_soon(dispatch)
+                    inner.start_soon(record)
+                    await inner.start(cluster.run)
+                    task_status.started(cluster)
+                    await cluster.terminated.wait()
+                    inner.cancel_scope.cancel()
+
+    def crash(self, i: int) -> None:
+        self.net.crash(addr(i))
+        self.scopes[i].cancel()
+
+    def up_view(self, i: int) -> dict[str, S]:
+        return {m.node.name: m.status for m in self.nodes[i].members}
+
+
+@asynccontextmanager
+async def sim_cluster(seed: int, **kwargs: object) -> AsyncIterator[SimCluster]:
+    print(f"seed={seed}")
+    net = SimNetwork(seed, conditions=LinkConditions(delay_min=0.001, delay_max=0.005))
+    async with trio.open_nursery() as nursery:
+        yield SimCluster(net, nursery, **kwargs)  # type: ignore[arg-type]
+        nursery.cancel_scope.cancel()
+
+
+async def wait_until(predicate: Callable[[], bool], limit: float = 120) -> float:
+    start = trio.current_time()
+    with trio.fail_after(limit):
+        while not predicate():  # noqa: ASYNC110 - polls cluster state on the mock clock
+            await trio.sleep(0.1)
+    return trio.current_time() - start
+
+
+def all_up(c: SimCluster, nodes: Sequence[int]) -> bool:
+    expected = {f"n{j}": S.UP for j in nodes}
+    return all(c.up_view(i) == expected and c.nodes[i].has_converged() for i in nodes)
+
+
+async def test_five_nodes_form_one_cluster(autojump_clock: trio.testing.MockClock) -> None:
+    async with sim_cluster(seed=11) as c:
+        for i in range(1, 6):
+            await c.start(i)
+        await wait_until(lambda: all_up(c, range(1, 6)))
+        leaders = {c.nodes[i].leader for i in range(1, 6)}
+        assert leaders == {c.nodes[1].self_address}
+        oldest = {c.nodes[i].oldest() for i in range(1, 6)}
+        assert len(oldest) == 1
+
+
+async def test_crashed_node_is_unreachable_then_downed_and_removed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with sim_cluster(seed=12) as c:
+        for i in range(1, 6):
+            await c.start(i)
+        await wait_until(lambda: all_up(c, range(1, 6)))
+        crashed = c.nodes[5].self_address
+        c.crash(5)
+        detected = await wait_until(lambda: any(m.node == crashed for m in c.nodes[1].unreachable))
+        assert detected < 10  # phi-accrual with Akka's defaults: about 4.5 s after the last beat
+        removed = await wait_until(lambda: all_up(c, range(1, 5)))
+        assert removed >= 7.0 - 1  # not before the split brain resolver's stable_after
+        for i in range(1, 5):
+            kinds = [
+                type(e)
+                for e in c.events[i]
+                if isinstance(e, MemberEvent | UnreachableMember) and e.member.node == crashed
+            ]
+            assert UnreachableMember in kinds
+            assert MemberRemoved in kinds
+
+
+async def test_majority_side_survives_a_three_two_partition(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with sim_cluster(seed=13) as c:
+        for i in range(1, 6):
+            await c.start(i)
+        await wait_until(lambda: all_up(c, range(1, 6)))
+        c.net.partition([addr(1), addr(2), addr(3)], [addr(4), addr(5)])
+        await wait_until(lambda: c.nodes[4].terminated.is_set() and c.nodes[5].terminated.is_set())
+        assert c.nodes[4].termination_reason == "downed"
+        await wait_until(lambda: all_up(c, (1, 2, 3)))
+        assert not any(c.nodes[i].terminated.is_set() for i in (1, 2, 3))
+
+
+async def test_one_way_partition_is_resolved_without_a_split(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with sim_cluster(seed=14) as c:
+        for i in range(1, 6):
+            await c.start(i)
+        await wait_until(lambda: all_up(c, range(1, 6)))
+        c.net.partition([addr(4)], [addr(5)], one_way=True)  # 4 cannot reach 5; 5 reaches 4
+        survivors = (1, 2, 3)
+        await wait_until(
+            lambda: all(
+                {m.node.name for m in c.nodes[i].members} <= {"n1", "n2", "n3", "n4", "n5"}
+                and c.nodes[i].has_converged()
+                and not c.nodes[i].unreachable
+                and len(c.nodes[i].members) < 5
+                for i in survivors
+            )
+        )
+        views = {tuple(sorted(c.up_view(i).items())) for i in survivors}
+        assert len(views) == 1  # the survivors agree
+        (view,) = views
+        assert {"n1", "n2", "n3"} <= {name for name, _ in view}
+
+
+async def test_pause_shorter_than_acceptable_pause_is_never_unreachable(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with sim_cluster(seed=15) as c:
+        for i in range(1, 4):
+            await c.start(i)
+        await wait_until(lambda: all_up(c, (1, 2, 3)))
+        for _ in range(3):
+            c.net.isolate(addr(3))
+            await trio.sleep(2.0)  # well under acceptable_heartbeat_pause (3 s)
+            c.net.heal()
+            await trio.sleep(20)
+        for i in (1, 2, 3):
+            assert not [e for e in c.events[i] if isinstance(e, UnreachableMember)]
+        assert all_up(c, (1, 2, 3))
+
+
+def run_scenario(seed: int) -> str:
+    """Form five nodes, crash one, partition, heal: return the network's trace hash."""
+
+    async def scenario() -> str:
+        async with sim_cluster(seed) as c:
+            for i in range(1, 6):
+                await c.start(i)
+            await wait_until(lambda: all_up(c, range(1, 6)))
+            c.crash(5)
+            await wait_until(lambda: all_up(c, range(1, 5)))
+            c.net.partition([addr(1), addr(2), addr(3)], [addr(4)])
+            await wait_until(lambda: all_up(c, (1, 2, 3)))
+            return c.net.trace_hash()
+
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    with deterministic_scheduling(seed):
+        return trio.run(scenario, clock=clock)
+
+
+def test_same_seed_replays_the_same_cluster_run() -> None:
+    first = run_scenario(21)
+    assert run_scenario(21) == first
+    assert run_scenario(22) != first
