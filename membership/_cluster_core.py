@@ -75,14 +75,16 @@ def _roles(value: Iterable[str]) -> frozenset[str]:
 
 
 def _per_role(value: Iterable[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
-    pairs = tuple(sorted((str(r), int(n)) for r, n in value))
-    for role, count in pairs:
-        if count < 1:
+    pairs = []
+    for role, count in value:
+        _roles([role])
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ConfigurationError(
-                f"ClusterSettings.min_nr_of_members_of_role[{role!r}] = {count} is invalid: "
-                "must be at least 1"
+                f"ClusterSettings.min_nr_of_members_of_role[{role!r}] = {count!r} is invalid: "
+                "must be an integer of at least 1"
             )
-    return pairs
+        pairs.append((role, count))
+    return tuple(sorted(pairs))
 
 
 def _optional_seconds(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -575,7 +577,7 @@ class ClusterCore:
             return []
         local = self.gossip
         if remote.is_tombstoned(self.self_node):
-            return self._shut_down("this incarnation was removed from the cluster")
+            return self._shut_down("removed from the cluster")
         if local.is_tombstoned(sender):
             # A removed node still talks to us: show it the tombstone so it stops.
             return [Send(sender, GossipEnvelope(sender=self.self_node, to=sender, gossip=local))]

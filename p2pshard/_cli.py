@@ -131,12 +131,18 @@ async def _serve_node(config: NodeConfig) -> None:
     from ._node import open_node
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with open_node(config) as node:
+        async with open_node(config) as node, trio.open_nursery() as nursery:
             logger.info(
                 "%s: running as %s; Ctrl-C or SIGTERM stops it", config.node_name, node.address
             )
-            async for signum in signals:
-                logger.info(
-                    "%s: %s received, stopping", config.node_name, signal.Signals(signum).name
-                )
-                break
+
+            async def stop_on_signal() -> None:
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    logger.info("%s: %s received, leaving the cluster", config.node_name, name)
+                    break
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(stop_on_signal)
+            await node.terminated.wait()  # downed or removed: nothing left to run
+            nursery.cancel_scope.cancel()

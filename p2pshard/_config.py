@@ -3,13 +3,15 @@
 Theory of operation: a ``NodeConfig`` is a frozen attrs class whose validators reject a bad value
 when the object is built, so a node never starts with a configuration it cannot run. ``load`` reads
 a TOML file whose layout mirrors the class: plain fields at the top level, each nested attrs class
-(``tls``, ``transport``, and later packages' ``*Settings``) in a table named after its field. Then
-``P2PSHARD_*`` environment variables override single values, as Akka lets ``-D`` system properties
-override ``application.conf``.
+(``tls``, ``transport``, ``cluster`` and the other ``*Settings``) in a table named after its
+field. Then ``P2PSHARD_*`` environment variables override single values, as Akka lets ``-D``
+system properties override ``application.conf``.
 
 The loader walks the attrs fields and their resolved type hints, so nesting another settings class
 needs no loader code, only a field. It reads ``bool``, ``int``, ``float``, ``str``, ``Path``,
-:class:`membership.Address`, ``X | None``, ``tuple[X, ...]`` and attrs classes; another type is a
+:class:`membership.Address`, ``Literal`` of strings, unions of these (string literals are tried
+first), ``X | None``, ``tuple[X, ...]`` (a TOML array), ``tuple[tuple[str, X], ...]`` (a TOML table
+of ``name = value``, read as pairs sorted by name) and attrs classes; another type is a
 programming error (``TypeError``) at every load. Errors name where a value came from: the
 dotted field path and the file, or the environment variable. Validators of settings classes report
 ``"ClassName.field = value is invalid: ..."`` (see ``membership._settings``); the loader rewrites
@@ -21,6 +23,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import re
 import tomllib
 import types
 import typing
@@ -33,6 +36,9 @@ import attrs
 # Imported at run time, not under TYPE_CHECKING: the loader resolves the field annotations.
 from membership import Address, ConfigurationError, TransportSettings
 from membership._address import check_name
+from membership._cluster_core import ClusterSettings
+from membership._failure_detector import FailureDetectorSettings
+from membership._sbr import SplitBrainResolverSettings
 
 ENV_PREFIX = "P2PSHARD_"
 """Environment variables that override configuration values start with this."""
@@ -147,8 +153,10 @@ class NodeConfig:
 
     Build it in code, or :meth:`load` it from a TOML file. The file mirrors the class: plain fields
     at the top level, each nested class in a table named after its field. Only ``cluster_name``,
-    ``node_name`` and the ``[tls]`` table are required. Relative paths are relative to the file's
-    directory. A key that is not a field is an error, so a typo cannot go unnoticed. A full
+    ``node_name`` and the ``[tls]`` table are required; a left out key keeps its default. Relative
+    paths are relative to the file's directory. A key that is not a field is an error, so a typo
+    cannot go unnoticed. TOML has no null: an empty string ``""`` sets an optional field to None
+    (``weakly_up_after = ""`` turns WeaklyUp off), as an empty environment variable does. A full
     file, ``node.toml``::
 
         cluster_name = "shop"
@@ -172,15 +180,35 @@ class NodeConfig:
         max_frame_size = 2097152
         connect_timeout = 5.0
 
+        [cluster]  # membership._cluster_core.ClusterSettings: gossip, joining, the leader
+        gossip_interval = 1.0
+        weakly_up_after = 7.0
+
+        [cluster.min_nr_of_members_of_role]  # nobody is Up before 2 backend nodes joined
+        backend = 2
+
+        [failure_detector]  # membership._failure_detector.FailureDetectorSettings
+        threshold = 8.0
+        acceptable_heartbeat_pause = 3.0
+
+        [split_brain_resolver]  # membership._sbr.SplitBrainResolverSettings
+        active_strategy = "keep-majority"
+        stable_after = 20.0
+        down_all_when_unstable = "on"  # or "off", or seconds
+
     Environment variables override the file: ``P2PSHARD_`` and the field name in upper case, a
-    double underscore for each table level. Lists are comma-separated, booleans are
-    true/false/1/0/yes/no, and an empty value clears an optional field. Relative paths given this
-    way are relative to the working directory::
+    double underscore for each table level. Lists are comma-separated, tables of ``name = value``
+    are comma-separated ``name=value`` lists, booleans are true/false/1/0/yes/no, and an empty
+    value sets an optional field to None. Relative paths given this way are relative to the
+    working directory::
 
         P2PSHARD_BIND_PORT=2552
         P2PSHARD_SEED_NODES=127.0.0.1:2551,127.0.0.1:2552
         P2PSHARD_TLS__CERT_FILE=/etc/p2pshard/node-2.pem
         P2PSHARD_TRANSPORT__MAX_FRAME_SIZE=2097152
+        P2PSHARD_CLUSTER__GOSSIP_INTERVAL=0.5
+        P2PSHARD_CLUSTER__MIN_NR_OF_MEMBERS_OF_ROLE=backend=2,frontend=1
+        P2PSHARD_SPLIT_BRAIN_RESOLVER__ACTIVE_STRATEGY=keep-oldest
 
     An invalid value fails when the object is built or loaded, with a
     :class:`membership.ConfigurationError` naming the field, the value and what is allowed.
@@ -236,6 +264,24 @@ class NodeConfig:
     )
     """How node-to-node links behave (default ``TransportSettings()``; ``[transport]`` in a
     file)."""
+
+    cluster: ClusterSettings = attrs.field(
+        factory=ClusterSettings, validator=_instance_of(ClusterSettings)
+    )
+    """How the membership protocol gossips, joins and moves members (default
+    ``ClusterSettings()``; ``[cluster]`` in a file)."""
+
+    failure_detector: FailureDetectorSettings = attrs.field(
+        factory=FailureDetectorSettings, validator=_instance_of(FailureDetectorSettings)
+    )
+    """How nodes watch each other with heartbeats (default ``FailureDetectorSettings()``;
+    ``[failure_detector]`` in a file)."""
+
+    split_brain_resolver: SplitBrainResolverSettings = attrs.field(
+        factory=SplitBrainResolverSettings, validator=_instance_of(SplitBrainResolverSettings)
+    )
+    """How unreachable members are downed after a partition (default
+    ``SplitBrainResolverSettings()``; ``[split_brain_resolver]`` in a file)."""
 
     log_level: str = attrs.field(default="INFO", validator=_check_log_level)
     """The least severe log records to emit: DEBUG, INFO, WARNING or ERROR (default INFO)."""
@@ -305,9 +351,10 @@ class NodeConfig:
     def to_toml(self) -> str:
         """This configuration as a TOML file that :meth:`load` reads back to an equal one.
 
-        Every field is written, defaults included, except optional ones that are None. Paths are
-        written as they are; as ``load`` reads relative paths relative to the file's directory,
-        use absolute paths unless the file goes to the directory they are relative to.
+        Every field is written, defaults included, except optional ones that are None where None
+        is the default (a None that is not the default is written as ``""``). Paths are written as
+        they are; as ``load`` reads relative paths relative to the file's directory, use absolute
+        paths unless the file goes to the directory they are relative to.
         """
         lines = ["# p2pshard node configuration (NodeConfig.to_toml)", *_toml_lines(self, "")]
         return "\n".join(lines) + "\n"
@@ -434,10 +481,11 @@ def _located(
     if not message.startswith(head):  # not the usual form: say at least which table
         table = f"in [{prefix[:-1]}], " if prefix else ""
         return ConfigurationError(f"{message} ({table}loading {file})")
-    name = message[len(head) :].split(" ", 1)[0]
+    rest = message[len(head) :]
+    name = re.split(r"\W", rest, maxsplit=1)[0]  # "field = ..." or "field['key'] = ..."
     path = prefix + name
     source = values[path].source() if path in values else f"loading {file}"
-    return ConfigurationError(f"{path}{message[len(head) + len(name) :]} ({source})")
+    return ConfigurationError(f"{path}{rest[len(name) :]} ({source})")
 
 
 def _convert(value: _Value, hint: Any) -> object:
@@ -449,13 +497,36 @@ def _convert(value: _Value, hint: Any) -> object:
         raise value.invalid(str(e)) from None
 
 
-def _optional(hint: Any) -> Any:
-    """``X`` if ``hint`` is ``X | None``, else None."""
+# --- the field types: each helper returns None when the hint is not its kind ---------------------
+
+
+def _union(hint: Any) -> tuple[Any, ...] | None:
+    """The members of a union type, else None."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        rest = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(rest) == 1:
-            return rest[0]
+        return typing.get_args(hint)
     return None
+
+
+def _optional(hint: Any) -> Any:
+    """``X`` if ``hint`` is ``X | None`` (``X`` a union if several types remain), else None."""
+    members = _union(hint)
+    if members is None or type(None) not in members:
+        return None
+    rest = [m for m in members if m is not type(None)]
+    return rest[0] if len(rest) == 1 else typing.Union[tuple(rest)]  # noqa: UP007
+
+
+def _alternatives(hint: Any) -> list[Any] | None:
+    """The members of a union without None, string literals first (the most specific), else None."""
+    members = _union(hint)
+    if members is None or type(None) in members:
+        return None
+    return sorted(members, key=lambda m: _literals(m) is None)
+
+
+def _literals(hint: Any) -> tuple[object, ...] | None:
+    """The values of ``Literal["a", "b", ...]``, else None."""
+    return typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else None
 
 
 def _tuple_item(hint: Any) -> Any:
@@ -463,6 +534,15 @@ def _tuple_item(hint: Any) -> Any:
     args = typing.get_args(hint)
     if typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis:
         return args[0]
+    return None
+
+
+def _table_value(hint: Any) -> Any:
+    """``X`` if ``hint`` is ``tuple[tuple[str, X], ...]``, a TOML table ``name = X``, else None."""
+    pair = _tuple_item(hint)
+    args = typing.get_args(pair)
+    if typing.get_origin(pair) is tuple and len(args) == 2 and args[0] is str:
+        return None if args[1] is Ellipsis else args[1]
     return None
 
 
@@ -474,20 +554,71 @@ _EXPECTED = {
     Path: "a non-empty path",
     Address: "an address 'host:port'",
 }
-"""The types the loader reads, and how an error message names a value of each."""
+"""The plain types the loader reads, and how an error message names a value of each."""
+
+
+def _readable(hint: Any) -> bool:
+    if (literals := _literals(hint)) is not None:
+        return all(isinstance(x, str) for x in literals)
+    if (members := _alternatives(hint)) is not None:
+        return all(_readable(m) for m in members)
+    if (value := _table_value(hint)) is not None:
+        return _readable(value)
+    inner = _optional(hint) or _tuple_item(hint)
+    return hint in _EXPECTED if inner is None else _readable(inner)
+
+
+def _expected(hint: Any) -> str:
+    """How an error message names a value of a type the loader reads, as found in TOML."""
+    if (literals := _literals(hint)) is not None:
+        return "one of " + ", ".join(map(repr, literals))
+    if (members := _alternatives(hint)) is not None:
+        return " or ".join(_expected(m) for m in members)
+    if (value := _table_value(hint)) is not None:
+        return f"a table of name = value, each value {_expected(value)}"
+    if (item := _tuple_item(hint)) is not None:
+        return f"an array, each item {_expected(item)}"
+    if (inner := _optional(hint)) is not None:
+        return _expected(inner)
+    return _EXPECTED[hint]
+
+
+# --- reading values ------------------------------------------------------------------------------
 
 
 def _from_toml(raw: object, hint: Any, base_dir: Path | None) -> object:
     """Check a TOML value against a field type and convert it.
 
-    Lists become tuples, integers floats where a float is expected, and strings paths (relative
-    ones resolved against ``base_dir``) or addresses.
+    ``""`` becomes None where None is allowed, lists become tuples, tables sorted tuples of
+    ``(name, value)`` pairs, integers floats where a float is expected, and strings paths
+    (relative ones resolved against ``base_dir``) or addresses.
     """
     if (inner := _optional(hint)) is not None:
-        return None if raw is None else _from_toml(raw, inner, base_dir)
+        return None if raw is None or raw == "" else _from_toml(raw, inner, base_dir)
+    if (literals := _literals(hint)) is not None:
+        if isinstance(raw, str) and raw in literals:
+            return raw
+        raise _Invalid(f"expected {_expected(hint)}")
+    if (members := _alternatives(hint)) is not None:
+        for member in members:
+            try:
+                return _from_toml(raw, member, base_dir)
+            except _Invalid:
+                pass
+        raise _Invalid(f"expected {_expected(hint)}")
+    if (value := _table_value(hint)) is not None:
+        if not isinstance(raw, dict):
+            raise _Invalid(f"expected {_expected(hint)}")
+        pairs = []
+        for name, x in sorted(raw.items()):
+            try:
+                pairs.append((name, _from_toml(x, value, base_dir)))
+            except _Invalid as e:
+                raise _Invalid(f"entry {name!r} ({x!r}): {e}") from None
+        return tuple(pairs)
     if (item := _tuple_item(hint)) is not None:
         if not isinstance(raw, list):
-            raise _Invalid(f"expected an array, each item {_EXPECTED[item]}")
+            raise _Invalid(f"expected {_expected(hint)}")
         converted = []
         for i, x in enumerate(raw):
             try:
@@ -512,12 +643,7 @@ def _from_toml(raw: object, hint: Any, base_dir: Path | None) -> object:
             return Address.parse(raw)
         except ConfigurationError:
             pass
-    raise _Invalid(f"expected {_EXPECTED[hint]}")
-
-
-def _readable(hint: Any) -> bool:
-    inner = _optional(hint) or _tuple_item(hint)
-    return hint in _EXPECTED if inner is None else _readable(inner)
+    raise _Invalid(f"expected {_expected(hint)}")
 
 
 _TRUE = frozenset({"true", "1", "yes"})
@@ -528,6 +654,30 @@ def _from_text(text: str, hint: Any) -> object:
     """An environment variable's text as the TOML value it stands for."""
     if (inner := _optional(hint)) is not None:
         return None if text == "" else _from_text(text, inner)
+    if (members := _alternatives(hint)) is not None:
+        for member in members:
+            try:
+                raw = _from_text(text, member)
+                _from_toml(raw, member, None)  # the first member the text is a value of wins
+                return raw
+            except _Invalid:
+                pass
+        raise _Invalid(f"expected {_expected(hint)}")
+    if (value := _table_value(hint)) is not None:
+        table: dict[str, object] = {}
+        for entry in (e.strip() for e in text.split(",")):
+            if not entry:
+                continue
+            name, equals, x = (part.strip() for part in entry.partition("="))
+            if not equals or not name:
+                raise _Invalid(f"entry {entry!r}: expected name=value, e.g. a=1,b=2")
+            if name in table:
+                raise _Invalid(f"entry {entry!r}: {name!r} is given twice")
+            try:
+                table[name] = _from_text(x, value)
+            except _Invalid as e:
+                raise _Invalid(f"entry {name!r} ({x!r}): {e}") from None
+        return table
     if (item := _tuple_item(hint)) is not None:
         return [_from_text(part.strip(), item) for part in text.split(",") if part.strip()]
     try:
@@ -541,7 +691,7 @@ def _from_text(text: str, hint: Any) -> object:
         if hint is float:
             return float(text)
     except ValueError:
-        raise _Invalid(f"expected {_EXPECTED[hint]}") from None
+        raise _Invalid(f"expected {_expected(hint)}") from None
     return text
 
 
@@ -549,16 +699,30 @@ def _from_text(text: str, hint: Any) -> object:
 
 
 def _toml_lines(obj: object, prefix: str) -> list[str]:
-    """``obj``'s plain fields as ``key = value`` lines, then its nested classes as tables."""
+    """``obj``'s plain fields as ``key = value`` lines, then its nested classes as tables.
+
+    None is left out when it is the default; otherwise it is written as ``""``, which ``load``
+    reads as None.
+    """
     lines: list[str] = []
     tables: list[str] = []
-    for field, _ in _fields(type(obj)):
+    for field, hint in _fields(type(obj)):
         name, value = field.name, getattr(obj, field.name)
-        if attrs.has(type(value)):
+        if value is None:
+            if field.default is not None:
+                lines.append(f'{name} = ""')
+        elif attrs.has(type(value)):
             tables += ["", f"[{prefix}{name}]", *_toml_lines(value, f"{prefix}{name}.")]
-        elif value is not None:
+        elif _table_value(_optional(hint) or hint) is not None:
+            entries = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value]
+            tables += ["", f"[{prefix}{name}]", *entries]
+        else:
             lines.append(f"{name} = {_toml_value(value)}")
     return lines + tables
+
+
+def _toml_key(name: str) -> str:
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else _toml_string(name)
 
 
 def _toml_value(value: object) -> str:

@@ -123,7 +123,10 @@ class LocalCluster:
                 children[name] = subprocess.Popen(
                     [sys.executable, "-m", "p2pshard", "node", "--config", str(path)]
                 )
-            listing = ", ".join(f"{n} {a}" for n, a in zip(children, self.addresses(), strict=True))
+            listing = ", ".join(
+                f"{n} {a} (pid {c.pid})"
+                for (n, c), a in zip(children.items(), self.addresses(), strict=True)
+            )
             print(
                 f"local cluster {self.cluster!r}: {listing}; data in {self.data_dir}; "
                 + (f"stops after {duration:g} s" if duration else "Ctrl-C stops it"),

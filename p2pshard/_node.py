@@ -2,33 +2,31 @@
 
 Theory of operation: a node is one incarnation of a cluster member. ``open_node`` opens its
 transport (TCP with mutual TLS from the configuration, or one handed in, such as a simulated
-network's), starts the node's background tasks in a nursery it owns, yields a :class:`Node`,
-and on leaving the block stops them and closes the transport gracefully (queued frames are
-flushed, bounded by ``transport.shutdown_flush_timeout``).
+network's), starts the node's services in a nursery it owns, and yields a :class:`Node`. One
+dispatcher task reads the transport and hands each message to the service it belongs to; today
+that is membership (``node.cluster``: gossip, heartbeats, split brain resolver).
 
-Today the node keeps links to its seed nodes and to every peer that contacts it, and logs the set
-of peers it is linked to whenever that set changes. Gossip membership replaces the contact loop
-with the join protocol and heartbeats; the node facade keeps the same shape.
+Leaving the block leaves the cluster gracefully, as Akka's coordinated shutdown does: the node
+asks to leave, waits (up to ``shutdown_timeout``) until it has gone through Leaving and Exiting
+and was removed, then stops its services and closes the transport, which flushes what is queued.
+A node that is downed, or removed without having asked, stops its services at once:
+``node.terminated`` is set and ``node.cluster.termination_reason`` says why.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
+import random
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import attrs
 import trio
 
-from membership import (
-    Address,
-    SendQueueFull,
-    Transport,
-    TransportStatistics,
-    UniqueAddress,
-    message,
-)
+from membership import Transport, TransportStatistics, UniqueAddress
+from membership._cluster import Cluster
+from membership._events import LeaderChanged, MemberEvent, ReachableMember, UnreachableMember
 from membership._tcp import open_tcp_transport
 from membership._tls import TlsIdentity
 from membership._trioutil import single_error
@@ -36,15 +34,6 @@ from membership._trioutil import single_error
 from ._config import NodeConfig
 
 logger = logging.getLogger("p2pshard.node")
-
-CONTACT_INTERVAL = 1.0
-"""Seconds between contact messages to seed nodes and known peers."""
-
-
-@message(name="p2pshard.node.Contact")
-@attrs.frozen
-class Contact:
-    """Sent to seed nodes and known peers to open and keep the links to them."""
 
 
 @attrs.define(eq=False)
@@ -54,12 +43,13 @@ class Node:
     Example:
         >>> async def main(config: NodeConfig) -> None:
         ...     async with open_node(config) as node:
-        ...         print(node.address, node.linked_peers())
+        ...         await node.cluster.wait_up()
+        ...         print([m.node.name for m in node.cluster.members])
     """
 
     _config: NodeConfig
     _transport: Transport
-    _known: dict[Address, None] = attrs.field(factory=dict)
+    _cluster: Cluster
 
     @property
     def config(self) -> NodeConfig:
@@ -72,9 +62,19 @@ class Node:
         return self._transport.local_address
 
     @property
+    def cluster(self) -> Cluster:
+        """Membership: members, leader, oldest, events, leave and down."""
+        return self._cluster
+
+    @property
     def transport(self) -> Transport:
         """The node's transport (for diagnostics and the layers built on it)."""
         return self._transport
+
+    @property
+    def terminated(self) -> trio.Event:
+        """Set once this node is out of the cluster (left, downed or removed)."""
+        return self._cluster.terminated
 
     def linked_peers(self) -> list[UniqueAddress]:
         """Peers this node has an established outbound link to, ordered by address."""
@@ -84,36 +84,35 @@ class Node:
         """The transport's counters: links, frames, refused handshakes, dropped messages."""
         return self._transport.statistics()
 
-    def _contact_targets(self) -> list[Address]:
-        own = self.address.address
-        targets = dict.fromkeys(self._config.seed_nodes)
-        targets.update(self._known)
-        return [a for a in targets if a != own]
-
-    async def _keep_contact(self) -> None:
-        reported: list[UniqueAddress] | None = None
-        while True:
-            for target in self._contact_targets():
-                # Unreachable for a while: its queue holds what it can; try again next round.
-                with contextlib.suppress(SendQueueFull):
-                    self._transport.send_nowait(target, Contact())
-            peers = self.linked_peers()
-            if peers != reported:
-                names = ", ".join(f"{p.name} ({p.address})" for p in peers) or "none"
-                logger.info("%s: linked to %d peer(s): %s", self.address.name, len(peers), names)
-                reported = peers
-            await trio.sleep(CONTACT_INTERVAL)
-
     async def _dispatch(self) -> None:
         async for envelope in self._transport:
-            self._known.setdefault(envelope.sender.address)
-            if not isinstance(envelope.message, Contact):
+            if not self._cluster.handle(envelope):
                 logger.debug(
                     "%s: no service handles %s from %s",
                     self.address.name,
                     type(envelope.message).__name__,
                     envelope.sender,
                 )
+
+    async def _log_membership(self) -> None:
+        """Log member changes as one line of the whole membership, and reachability changes."""
+        name = self.address.name
+        logged = ""
+        async with self._cluster.subscribe() as events:
+            async for event in events:
+                if isinstance(event, MemberEvent):
+                    members = ", ".join(
+                        f"{m.node.name} {m.status.name}" for m in self._cluster.members
+                    )
+                    if members != logged:  # one gossip change often brings several events
+                        logger.info("%s: members: %s", name, members or "none")
+                        logged = members
+                elif isinstance(event, UnreachableMember):
+                    logger.warning("%s: %s is unreachable", name, event.member.node)
+                elif isinstance(event, ReachableMember):
+                    logger.info("%s: %s is reachable again", name, event.member.node)
+                elif isinstance(event, LeaderChanged):
+                    logger.info("%s: leader is %s", name, event.leader or "nobody")
 
 
 def _tls_identity(config: NodeConfig) -> TlsIdentity:
@@ -124,26 +123,29 @@ def _tls_identity(config: NodeConfig) -> TlsIdentity:
 
 @asynccontextmanager
 async def open_node(
-    config: NodeConfig, *, transport: Transport | None = None
+    config: NodeConfig, *, transport: Transport | None = None, rng: random.Random | None = None
 ) -> AsyncIterator[Node]:
-    """Start a node; leaving the block stops it gracefully.
+    """Start a node and join the cluster through its seed nodes; leaving the block leaves.
 
     Args:
         config: the node's configuration.
         transport: a transport to use instead of opening TCP from ``config`` (the simulated
             network's, in tests). The caller keeps ownership of it.
+        rng: the source of the node's random choices (gossip targets); a seeded one makes a
+            simulated run replayable.
 
     Example:
         >>> async def main() -> None:
         ...     async with open_node(NodeConfig.load("node.toml")) as node:
-        ...         await trio.sleep_forever()
+        ...         await node.cluster.wait_up()
+        ...         await node.terminated.wait()
 
     Raises:
         ConfigurationError: unreadable certificate files.
         OSError: the bind address is not available.
     """
     if transport is not None:
-        async with _run(config, transport) as node:
+        async with _run(config, transport, rng, wall_offset=0.0) as node:
             yield node
         return
     async with (
@@ -154,20 +156,52 @@ async def open_node(
             canonical=config.canonical_address,
             settings=config.transport,
         ) as tcp,
-        _run(config, tcp) as node,
+        _run(config, tcp, rng, wall_offset=time.time() - trio.current_time()) as node,
     ):
         yield node
 
 
 @asynccontextmanager
-async def _run(config: NodeConfig, transport: Transport) -> AsyncIterator[Node]:
-    node = Node(config, transport)
+async def _run(
+    config: NodeConfig, transport: Transport, rng: random.Random | None, *, wall_offset: float
+) -> AsyncIterator[Node]:
+    cluster = Cluster(
+        transport,
+        settings=config.cluster,
+        failure_detector=config.failure_detector,
+        split_brain_resolver=config.split_brain_resolver,
+        seed_nodes=config.seed_nodes,
+        roles=config.roles,
+        rng=rng,
+        wall_offset=wall_offset,
+    )
+    node = Node(config, transport, cluster)
     with single_error():
         async with trio.open_nursery() as nursery:
             nursery.start_soon(node._dispatch)
-            nursery.start_soon(node._keep_contact)
+            nursery.start_soon(node._log_membership)
+            await nursery.start(cluster.run)
             try:
                 yield node
             finally:
+                with trio.CancelScope(shield=True):
+                    await _leave(node)
                 nursery.cancel_scope.cancel()
-    logger.info("%s: stopped", node.address.name)
+    logger.info("%s: stopped (%s)", node.address.name, cluster.termination_reason or "left")
+
+
+async def _leave(node: Node) -> None:
+    """Leave gracefully, bounded by ``shutdown_timeout``."""
+    cluster = node.cluster
+    if cluster.terminated.is_set() or not cluster.gossip.has_member(cluster.self_address):
+        return  # out already, or never got in: nothing to hand over
+    logger.info("%s: leaving the cluster", node.address.name)
+    cluster.leave()
+    with trio.move_on_after(node.config.shutdown_timeout) as scope:
+        await cluster.terminated.wait()
+    if scope.cancelled_caught:
+        logger.warning(
+            "%s: not removed within shutdown_timeout (%g s); stopping anyway",
+            node.address.name,
+            node.config.shutdown_timeout,
+        )

@@ -15,6 +15,7 @@ import pytest
 from cryptography import x509
 
 from p2pshard._cli import main
+from p2pshard._localcluster import LocalCluster
 
 PYTHON = [sys.executable, "-m", "p2pshard"]
 
@@ -99,7 +100,7 @@ def test_node_with_missing_certificate_files_says_which(
 
 
 def test_local_cluster_links_every_node_and_stops_cleanly(tmp_path: Path) -> None:
-    """The README's main job, end to end: three processes, TLS, every node linked to the rest."""
+    """The README's main job, end to end: three processes form a cluster over TLS, then leave."""
     base = free_port_block(3)
     started = time.monotonic()
     result = subprocess.run(
@@ -113,7 +114,7 @@ def test_local_cluster_links_every_node_and_stops_cleanly(tmp_path: Path) -> Non
             "--dir",
             str(tmp_path),
             "--duration",
-            "6",
+            "12",
         ],
         capture_output=True,
         text=True,
@@ -123,8 +124,8 @@ def test_local_cluster_links_every_node_and_stops_cleanly(tmp_path: Path) -> Non
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     for i in (1, 2, 3):
-        assert f"node-{i}: linked to 2 peer(s)" in output, output
-        assert f"node-{i}: stopped" in output, output
+        assert f"node-{i}: members: node-1 UP, node-2 UP, node-3 UP" in output, output
+        assert f"node-{i}: stopped (removed from the cluster)" in output, output
     assert time.monotonic() - started < 60
     assert "Traceback" not in output
 
@@ -153,8 +154,61 @@ def test_node_process_stops_on_sigterm(tmp_path: Path) -> None:
                 assert time.monotonic() < deadline
             child.send_signal(signal.SIGTERM)
             assert child.wait(timeout=30) == 0
-            assert "SIGTERM received, stopping" in child.stderr.read()
+            assert "SIGTERM received, leaving the cluster" in child.stderr.read()
         finally:
             if child.poll() is None:
                 child.kill()
                 child.wait()
+
+
+def test_three_processes_remove_a_node_killed_with_sigkill(tmp_path: Path) -> None:
+    """Real processes over TLS: kill -9 one node; the other two detect, down and remove it."""
+    base = free_port_block(3)
+    plan = LocalCluster(nodes=3, data_dir=tmp_path, base_port=base)
+    configs = plan.prepare()
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "P2PSHARD_SPLIT_BRAIN_RESOLVER__STABLE_AFTER": "3",
+    }
+    logs = [tmp_path / f"node-{i}.log" for i in (1, 2, 3)]
+    children = []
+    try:
+        for config, log in zip(configs, logs, strict=True):
+            with log.open("w") as out:
+                children.append(
+                    subprocess.Popen(
+                        [*PYTHON, "node", "--config", str(config)], stderr=out, env=env
+                    )
+                )
+        everyone = "members: node-1 UP, node-2 UP, node-3 UP"
+        wait_for_lines(logs, everyone, limit=60)
+        children[2].send_signal(signal.SIGKILL)
+        children[2].wait(timeout=10)
+        wait_for_lines(logs[:2], "members: node-1 UP, node-2 UP", after=everyone, limit=60)
+        for log in logs[:2]:
+            text = log.read_text()
+            assert "node-3@" in text.split(everyone, 1)[1]
+            assert "is unreachable" in text
+            assert "node-3 DOWN" in text  # downed by the split brain resolver, then removed
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in children:
+            try:
+                child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+
+def wait_for_lines(logs: list[Path], text: str, *, limit: float, after: str = "") -> None:
+    """Wait until every log contains ``text`` (after the first ``after``)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        contents = [log.read_text() for log in logs]
+        if all(text in (c.split(after, 1)[-1] if after else c) for c in contents):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"not in every log within {limit} s: {text!r}\n" + "\n".join(contents))

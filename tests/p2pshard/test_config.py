@@ -3,11 +3,15 @@ from __future__ import annotations
 import re
 import textwrap
 from pathlib import Path
+from typing import Literal
 
 import attrs
 import pytest
 
 from membership import Address, ConfigurationError, TransportSettings
+from membership._cluster_core import ClusterSettings
+from membership._failure_detector import FailureDetectorSettings
+from membership._sbr import SplitBrainResolverSettings
 from p2pshard import NodeConfig, TlsFiles
 
 TLS = TlsFiles(
@@ -53,6 +57,9 @@ def test_defaults_and_addresses() -> None:
     assert config.seed_nodes == ()
     assert config.roles == ()
     assert config.transport == TransportSettings()
+    assert config.cluster == ClusterSettings()
+    assert config.failure_detector == FailureDetectorSettings()
+    assert config.split_brain_resolver == SplitBrainResolverSettings()
     assert config.log_level == "INFO"
     assert config.shutdown_timeout == 10.0
 
@@ -97,6 +104,15 @@ def test_canonical_address_differs_from_bind_address() -> None:
         ({"roles": ("a,b",)}, "NodeConfig.roles = ('a,b',) is invalid"),
         ({"tls": "certs"}, "NodeConfig.tls = 'certs' is invalid: must be a TlsFiles"),
         ({"transport": {}}, "NodeConfig.transport = {} is invalid: must be a TransportSettings"),
+        ({"cluster": None}, "NodeConfig.cluster = None is invalid: must be a ClusterSettings"),
+        (
+            {"failure_detector": FailureDetectorSettings},
+            "NodeConfig.failure_detector = <class 'membership._failure_detector.FailureDetector",
+        ),
+        (
+            {"split_brain_resolver": ClusterSettings()},
+            "is invalid: must be a SplitBrainResolverSettings",
+        ),
         (
             {"log_level": "debug"},
             "NodeConfig.log_level = 'debug' is invalid: must be one of DEBUG,",
@@ -134,17 +150,62 @@ def test_round_trip_of_every_field(tmp_path: Path) -> None:
         roles=("backend", "eu-west"),
         tls=TlsFiles(ca_file=odd / "ca.pem", cert_file=odd / "n.pem", key_file=odd / "n\t.key"),
         transport=TransportSettings(max_frame_size=2 << 20, connect_timeout=0.25),
+        cluster=ClusterSettings(
+            gossip_interval=0.5,
+            weakly_up_after=None,  # the default is 7.0: written as ""
+            min_nr_of_members=3,
+            min_nr_of_members_of_role=(("backend", 2), ("eu.west", 1), ('q"uote', 4)),
+            prune_gossip_tombstones_after=3600.0,
+        ),
+        failure_detector=FailureDetectorSettings(
+            threshold=12.0, acceptable_heartbeat_pause=6.0, max_sample_size=200
+        ),
+        split_brain_resolver=SplitBrainResolverSettings(
+            active_strategy="static-quorum",
+            quorum_size=3,
+            down_all_when_unstable=15.0,
+            role="backend",
+            down_if_alone=False,
+            lease_name="shop-lease",
+        ),
         log_level="DEBUG",
         shutdown_timeout=2.5,
     )
-    path = write(tmp_path, config.to_toml())
-    assert NodeConfig.load(path, environ={}) == config
+    text = config.to_toml()
+    assert '\nweakly_up_after = ""\n' in text
+    assert '\n[cluster.min_nr_of_members_of_role]\nbackend = 2\n"eu.west" = 1\n' in text
+    assert NodeConfig.load(write(tmp_path, text), environ={}) == config
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        SplitBrainResolverSettings(active_strategy="keep-oldest", down_all_when_unstable="off"),
+        SplitBrainResolverSettings(active_strategy="down-all", down_all_when_unstable=4),
+        SplitBrainResolverSettings(active_strategy="lease-majority", stable_after=7.0),
+    ],
+)
+def test_round_trip_of_split_brain_resolver(
+    tmp_path: Path, settings: SplitBrainResolverSettings
+) -> None:
+    config = NodeConfig(
+        cluster_name="shop", node_name="node-1", tls=TLS, split_brain_resolver=settings
+    )
+    loaded = NodeConfig.load(write(tmp_path, config.to_toml()), environ={})
+    assert loaded == config
+    assert loaded.split_brain_resolver.down_all_when_unstable_after == (
+        settings.down_all_when_unstable_after
+    )
 
 
 def test_round_trip_of_defaults(tmp_path: Path) -> None:
     config = NodeConfig(cluster_name="shop", node_name="node-1", tls=TLS)
     text = config.to_toml()
-    assert "canonical_host" not in text  # None is left out: TOML has no null
+    assert "canonical_host" not in text  # None is left out when it is the default: TOML has no null
+    assert "lease_name" not in text
+    assert "\nweakly_up_after = 7.0\n" in text
+    assert "\n[cluster.min_nr_of_members_of_role]\n\n[failure_detector]\n" in text  # empty table
+    assert '\n[split_brain_resolver]\nactive_strategy = "keep-majority"\n' in text
     assert NodeConfig.load(write(tmp_path, text), environ={}) == config
 
 
@@ -165,6 +226,9 @@ def test_example_file_in_docstring_loads(tmp_path: Path) -> None:
     assert config.canonical_address == Address("node-1.shop.internal", 25520)
     assert config.tls.ca_file == tmp_path / "certs" / "ca.pem"
     assert config.transport.max_frame_size == 2097152
+    assert config.cluster.min_nr_of_members_of_role == (("backend", 2),)
+    assert config.failure_detector.threshold == 8.0
+    assert config.split_brain_resolver.down_all_when_unstable == "on"
 
 
 def test_relative_paths_are_relative_to_the_file(
@@ -321,7 +385,10 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
         f"unknown key 'bind_prot' at the top level of {tmp_path / 'node.toml'} "
         "(did you mean bind_port?); allowed: cluster_name, node_name, bind_host, bind_port, "
     )
-    assert message.endswith("tls, transport, log_level, shutdown_timeout")
+    assert message.endswith(
+        "tls, transport, cluster, failure_detector, split_brain_resolver, log_level, "
+        "shutdown_timeout"
+    )
 
 
 def test_unknown_nested_key(tmp_path: Path) -> None:
@@ -346,6 +413,10 @@ def test_unknown_table(tmp_path: Path) -> None:
             " (did you mean P2PSHARD_TRANSPORT__MAX_FRAME_SIZE?)",
         ),
         ("P2PSHARD_TLS", ""),  # a table, not a value
+        (
+            "P2PSHARD_CLUSTER_GOSSIP_INTERVAL",
+            " (did you mean P2PSHARD_CLUSTER__GOSSIP_INTERVAL?)",
+        ),
         ("P2PSHARD_BIND_PORT__X", ""),
     ],
 )
@@ -356,6 +427,7 @@ def test_unknown_env_var(tmp_path: Path, name: str, suggestion: str) -> None:
     assert "allowed: P2PSHARD_CLUSTER_NAME, " in message
     assert "P2PSHARD_TLS__CA_FILE" in message
     assert "P2PSHARD_TRANSPORT__MAX_FRAME_SIZE" in message
+    assert "P2PSHARD_SPLIT_BRAIN_RESOLVER__ACTIVE_STRATEGY" in message
 
 
 @pytest.mark.parametrize(
@@ -480,6 +552,253 @@ def test_invalid_combination_of_defaults(tmp_path: Path) -> None:
     assert message.endswith(f"(loading {tmp_path / 'node.toml'})")
 
 
+# --- cluster, failure detector and split brain resolver settings --------------------------------
+
+STRATEGIES = "'keep-majority', 'static-quorum', 'keep-oldest', 'down-all', 'lease-majority'"
+
+
+def test_settings_tables_in_file(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        MINIMAL
+        + """
+[cluster]
+gossip_interval = 2
+weakly_up_after = 3
+
+[cluster.min_nr_of_members_of_role]
+frontend = 1
+backend = 2
+
+[failure_detector]
+threshold = 10.0
+monitored_by_nr_of_members = 5
+
+[split_brain_resolver]
+active_strategy = "keep-oldest"
+down_all_when_unstable = "off"
+""",
+    )
+    assert config.cluster == ClusterSettings(
+        gossip_interval=2.0,
+        weakly_up_after=3.0,
+        min_nr_of_members_of_role=(("backend", 2), ("frontend", 1)),  # sorted by role
+    )
+    assert isinstance(config.cluster.weakly_up_after, float)
+    assert config.failure_detector == FailureDetectorSettings(
+        threshold=10.0, monitored_by_nr_of_members=5
+    )
+    assert config.split_brain_resolver == SplitBrainResolverSettings(
+        active_strategy="keep-oldest", down_all_when_unstable="off"
+    )
+
+
+def test_settings_in_env(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        MINIMAL + "\n[cluster.min_nr_of_members_of_role]\nold = 5\n",
+        P2PSHARD_CLUSTER__GOSSIP_INTERVAL="0.5",
+        P2PSHARD_CLUSTER__WEAKLY_UP_AFTER="",
+        P2PSHARD_CLUSTER__MIN_NR_OF_MEMBERS_OF_ROLE=" frontend = 1 ,backend=2,",
+        P2PSHARD_FAILURE_DETECTOR__MAX_SAMPLE_SIZE="100",
+        P2PSHARD_SPLIT_BRAIN_RESOLVER__ACTIVE_STRATEGY="down-all",
+        P2PSHARD_SPLIT_BRAIN_RESOLVER__DOWN_ALL_WHEN_UNSTABLE="12",
+    )
+    assert config.cluster == ClusterSettings(
+        gossip_interval=0.5,
+        weakly_up_after=None,
+        min_nr_of_members_of_role=(("backend", 2), ("frontend", 1)),  # replaces the file's
+    )
+    assert config.failure_detector == FailureDetectorSettings(max_sample_size=100)
+    assert config.split_brain_resolver == SplitBrainResolverSettings(
+        active_strategy="down-all", down_all_when_unstable=12.0
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [('"on"', "on"), ('"off"', "off"), ("12", 12.0), ("2.5", 2.5), ("1e3", 1000.0)],
+)
+def test_down_all_when_unstable_in_file(tmp_path: Path, line: str, expected: object) -> None:
+    text = f"{MINIMAL}\n[split_brain_resolver]\ndown_all_when_unstable = {line}\n"
+    value = load(tmp_path, text).split_brain_resolver.down_all_when_unstable
+    assert value == expected
+    assert type(value) is type(expected)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("on", "on"), ("off", "off"), ("12", 12.0), (" 2.5 ", 2.5)]
+)
+def test_down_all_when_unstable_in_env(tmp_path: Path, text: str, expected: object) -> None:
+    config = load(tmp_path, MINIMAL, P2PSHARD_SPLIT_BRAIN_RESOLVER__DOWN_ALL_WHEN_UNSTABLE=text)
+    value = config.split_brain_resolver.down_all_when_unstable
+    assert value == expected
+    assert type(value) is type(expected)
+
+
+def test_min_nr_of_members_of_role_as_inline_table_and_empty(tmp_path: Path) -> None:
+    text = MINIMAL + '\n[cluster]\nmin_nr_of_members_of_role = { backend = 2, "eu.west" = 3 }\n'
+    config = load(tmp_path, text)
+    assert config.cluster.min_nr_of_members_of_role == (("backend", 2), ("eu.west", 3))
+    config = load(tmp_path, text, P2PSHARD_CLUSTER__MIN_NR_OF_MEMBERS_OF_ROLE="")
+    assert config.cluster.min_nr_of_members_of_role == ()
+
+
+def test_empty_string_sets_optional_field_to_none(tmp_path: Path) -> None:
+    config = load(
+        tmp_path, 'canonical_host = ""\n' + MINIMAL + '\n[cluster]\nweakly_up_after = ""\n'
+    )
+    assert config.canonical_host is None
+    assert config.cluster.weakly_up_after is None
+    config = load(tmp_path, MINIMAL, P2PSHARD_CLUSTER__WEAKLY_UP_AFTER="2")
+    assert config.cluster.weakly_up_after == 2.0
+
+
+@pytest.mark.parametrize(
+    ("table", "expected"),
+    [
+        (
+            '[split_brain_resolver]\nactive_strategy = "keep-minority"',
+            "split_brain_resolver.active_strategy = 'keep-minority' is invalid: expected one of "
+            + STRATEGIES,
+        ),
+        (
+            "[split_brain_resolver]\nactive_strategy = 1",
+            f"split_brain_resolver.active_strategy = 1 is invalid: expected one of {STRATEGIES}",
+        ),
+        (
+            '[split_brain_resolver]\ndown_all_when_unstable = "maybe"',
+            "split_brain_resolver.down_all_when_unstable = 'maybe' is invalid: expected one of "
+            "'on', 'off' or a number",
+        ),
+        (
+            "[split_brain_resolver]\ndown_all_when_unstable = true",
+            "split_brain_resolver.down_all_when_unstable = True is invalid: expected one of "
+            "'on', 'off' or a number",
+        ),
+        (
+            "[split_brain_resolver]\ndown_all_when_unstable = -1",
+            "split_brain_resolver.down_all_when_unstable = -1.0 is invalid: must be 'on', 'off' "
+            "or seconds above 0 (up to 604800)",
+        ),
+        (
+            '[cluster.min_nr_of_members_of_role]\nbackend = "two"',
+            "cluster.min_nr_of_members_of_role = {'backend': 'two'} is invalid: entry 'backend' "
+            "('two'): expected an integer",
+        ),
+        (
+            "[cluster.min_nr_of_members_of_role]\nbackend = 1.5",
+            "cluster.min_nr_of_members_of_role = {'backend': 1.5} is invalid: entry 'backend' "
+            "(1.5): expected an integer",
+        ),
+        (
+            "[cluster.min_nr_of_members_of_role]\nbackend = 0",
+            "cluster.min_nr_of_members_of_role['backend'] = 0 is invalid: "
+            "must be an integer of at least 1",
+        ),
+        (
+            '[cluster]\nmin_nr_of_members_of_role = ["backend=2"]',
+            "cluster.min_nr_of_members_of_role = ['backend=2'] is invalid: expected a table of "
+            "name = value, each value an integer",
+        ),
+        (
+            "[cluster]\ngossip_interval = 0",
+            "cluster.gossip_interval = 0.0 is invalid: must be a number from 0.001 to 60",
+        ),
+        (
+            '[cluster]\nweakly_up_after = "off"',
+            "cluster.weakly_up_after = 'off' is invalid: expected a number",
+        ),
+        (
+            "[failure_detector]\nmax_sample_size = 0",
+            "failure_detector.max_sample_size = 0 is invalid: must be an integer from 1 to 1000000",
+        ),
+    ],
+)
+def test_bad_settings_in_file(tmp_path: Path, table: str, expected: str) -> None:
+    message = load_error(tmp_path, f"{MINIMAL}\n{table}\n")
+    assert message == f"{expected} (in {tmp_path / 'node.toml'})"
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        (
+            "P2PSHARD_SPLIT_BRAIN_RESOLVER__ACTIVE_STRATEGY",
+            "majority",
+            "P2PSHARD_SPLIT_BRAIN_RESOLVER__ACTIVE_STRATEGY='majority' is invalid: expected one "
+            f"of {STRATEGIES}",
+        ),
+        (
+            "P2PSHARD_SPLIT_BRAIN_RESOLVER__DOWN_ALL_WHEN_UNSTABLE",
+            "maybe",
+            "P2PSHARD_SPLIT_BRAIN_RESOLVER__DOWN_ALL_WHEN_UNSTABLE='maybe' is invalid: expected "
+            "one of 'on', 'off' or a number",
+        ),
+        (
+            "P2PSHARD_SPLIT_BRAIN_RESOLVER__DOWN_ALL_WHEN_UNSTABLE",
+            "0",
+            "split_brain_resolver.down_all_when_unstable = 0.0 is invalid: must be 'on', 'off' or "
+            "seconds above 0 (up to 604800) "
+            "(from P2PSHARD_SPLIT_BRAIN_RESOLVER__DOWN_ALL_WHEN_UNSTABLE)",
+        ),
+        (
+            "P2PSHARD_CLUSTER__MIN_NR_OF_MEMBERS_OF_ROLE",
+            "backend=2,frontend",
+            "P2PSHARD_CLUSTER__MIN_NR_OF_MEMBERS_OF_ROLE='backend=2,frontend' is invalid: entry "
+            "'frontend': expected name=value, e.g. a=1,b=2",
+        ),
+        (
+            "P2PSHARD_CLUSTER__MIN_NR_OF_MEMBERS_OF_ROLE",
+            "=2",
+            "P2PSHARD_CLUSTER__MIN_NR_OF_MEMBERS_OF_ROLE='=2' is invalid: entry '=2': expected "
+            "name=value, e.g. a=1,b=2",
+        ),
+        (
+            "P2PSHARD_CLUSTER__MIN_NR_OF_MEMBERS_OF_ROLE",
+            "backend=two",
+            "P2PSHARD_CLUSTER__MIN_NR_OF_MEMBERS_OF_ROLE='backend=two' is invalid: entry "
+            "'backend' ('two'): expected an integer",
+        ),
+        (
+            "P2PSHARD_CLUSTER__MIN_NR_OF_MEMBERS_OF_ROLE",
+            "backend=1,backend=2",
+            "P2PSHARD_CLUSTER__MIN_NR_OF_MEMBERS_OF_ROLE='backend=1,backend=2' is invalid: entry "
+            "'backend=2': 'backend' is given twice",
+        ),
+        (
+            "P2PSHARD_CLUSTER__MIN_NR_OF_MEMBERS_OF_ROLE",
+            "backend=0",
+            "cluster.min_nr_of_members_of_role['backend'] = 0 is invalid: "
+            "must be an integer of at least 1 (from P2PSHARD_CLUSTER__MIN_NR_OF_MEMBERS_OF_ROLE)",
+        ),
+        (
+            "P2PSHARD_CLUSTER__GOSSIP_INTERVAL",
+            "120",
+            "cluster.gossip_interval = 120.0 is invalid: must be a number from 0.001 to 60 "
+            "(from P2PSHARD_CLUSTER__GOSSIP_INTERVAL)",
+        ),
+        (
+            "P2PSHARD_CLUSTER__GOSSIP_INTERVAL",
+            "1s",
+            "P2PSHARD_CLUSTER__GOSSIP_INTERVAL='1s' is invalid: expected a number",
+        ),
+    ],
+)
+def test_bad_settings_in_env(tmp_path: Path, name: str, text: str, expected: str) -> None:
+    assert load_error(tmp_path, MINIMAL, **{name: text}) == expected
+
+
+def test_invalid_split_brain_resolver_combination(tmp_path: Path) -> None:
+    message = load_error(
+        tmp_path, MINIMAL, P2PSHARD_SPLIT_BRAIN_RESOLVER__ACTIVE_STRATEGY="static-quorum"
+    )
+    assert message == (
+        "split_brain_resolver.quorum_size = None is invalid: must be an integer of at least 1 "
+        f"when active_strategy is 'static-quorum' (loading {tmp_path / 'node.toml'})"
+    )
+
+
 # --- the loader is generic: a later package's settings nest the same way -------------------------
 
 
@@ -564,3 +883,27 @@ def test_unsupported_field_type_is_a_programming_error(tmp_path: Path) -> None:
     path = write(tmp_path, MINIMAL)
     with pytest.raises(TypeError, match=r"cannot read weights: dict\[str, int\]"):
         UnsupportedConfig.load(path, environ={})
+
+
+@attrs.frozen(kw_only=True)
+class IntLiteralConfig(NodeConfig):
+    level: Literal[1, 2] = 1
+
+
+@attrs.frozen(kw_only=True)
+class IntKeyTableConfig(NodeConfig):
+    weights: tuple[tuple[int, int], ...] = ()
+
+
+@pytest.mark.parametrize(
+    ("cls", "expected"),
+    [
+        (IntLiteralConfig, r"cannot read level: typing\.Literal\[1, 2\]"),
+        (IntKeyTableConfig, r"cannot read weights: tuple\[tuple\[int, int\], \.\.\.\]"),
+    ],
+)
+def test_literals_must_be_strings_and_table_keys_too(
+    tmp_path: Path, cls: type[NodeConfig], expected: str
+) -> None:
+    with pytest.raises(TypeError, match=expected):
+        cls.load(write(tmp_path, MINIMAL), environ={})

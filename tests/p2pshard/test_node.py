@@ -1,70 +1,120 @@
-"""open_node on the simulated network: nodes find their seeds and each other."""
+"""open_node on the simulated network: nodes form a cluster, leave gracefully, get downed."""
 
 from __future__ import annotations
 
+import random
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 import trio.testing
 
 from membership import Address, LinkConditions, SimNetwork
-from p2pshard import NodeConfig, TlsFiles, open_node
+from membership._member import MemberStatus
+from membership._sbr import SplitBrainResolverSettings
+from p2pshard import Node, NodeConfig, TlsFiles, open_node
 
 TLS = TlsFiles(
     ca_file=Path("unused-ca.pem"), cert_file=Path("unused.pem"), key_file=Path("unused.key")
 )
+SEEDS = (Address("10.0.0.1", 1), Address("10.0.0.1", 2))
 
 
-def config(name: str, port: int, seeds: list[Address]) -> NodeConfig:
+def config(i: int) -> NodeConfig:
     return NodeConfig(
         cluster_name="sim",
-        node_name=name,
+        node_name=f"n{i}",
         bind_host="10.0.0.1",
-        bind_port=port,
-        seed_nodes=tuple(seeds),
+        bind_port=i,
+        seed_nodes=SEEDS,
         tls=TLS,
+        split_brain_resolver=SplitBrainResolverSettings(stable_after=5.0),
     )
 
 
-async def test_nodes_link_to_seeds_and_to_peers_that_contact_them(
+@attrs.define
+class Nodes:
+    net: SimNetwork
+    nursery: trio.Nursery
+    nodes: dict[int, Node] = attrs.field(factory=dict)
+    stops: dict[int, trio.Event] = attrs.field(factory=dict)
+    stopped: dict[int, trio.Event] = attrs.field(factory=dict)
+
+    async def start(self, i: int) -> Node:
+        return await self.nursery.start(self._run, i)  # type: ignore[no-any-return]
+
+    async def _run(self, i: int, *, task_status: trio.TaskStatus[Node]) -> None:
+        self.stops[i], self.stopped[i] = trio.Event(), trio.Event()
+        try:
+            async with (
+                self.net.transport(Address("10.0.0.1", i), f"n{i}") as transport,
+                open_node(config(i), transport=transport, rng=random.Random(i)) as node,
+            ):
+                self.nodes[i] = node
+                task_status.started(node)
+                await self.stops[i].wait()
+        finally:
+            self.stopped[i].set()
+
+    async def stop(self, i: int) -> None:
+        self.stops[i].set()
+        await self.stopped[i].wait()
+
+
+@asynccontextmanager
+async def nodes(seed: int) -> AsyncIterator[Nodes]:
+    net = SimNetwork(seed, conditions=LinkConditions(delay_min=0.001, delay_max=0.005))
+    async with trio.open_nursery() as nursery:
+        yield Nodes(net, nursery)
+        nursery.cancel_scope.cancel()
+
+
+async def eventually(predicate: Callable[[], bool], limit: float = 120) -> None:
+    with trio.fail_after(limit):
+        while not predicate():  # noqa: ASYNC110 - polls cluster state on the mock clock
+            await trio.sleep(0.1)
+
+
+def view(node: Node) -> dict[str, MemberStatus]:
+    return {m.node.name: m.status for m in node.cluster.members}
+
+
+async def test_nodes_form_a_cluster_and_one_leaves_gracefully(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    net = SimNetwork(seed=7, conditions=LinkConditions(delay_min=0.001, delay_max=0.01))
-    seed = Address("10.0.0.1", 1)
-    addresses = [seed, Address("10.0.0.1", 2), Address("10.0.0.1", 3)]
-    with trio.fail_after(60):
-        async with (
-            net.transport(addresses[0], "n1") as t1,
-            net.transport(addresses[1], "n2") as t2,
-            net.transport(addresses[2], "n3") as t3,
-            open_node(config("n1", 1, [seed]), transport=t1) as n1,
-            open_node(config("n2", 2, [seed]), transport=t2) as n2,
-            open_node(config("n3", 3, [seed]), transport=t3) as n3,
-        ):
-            # n2 and n3 know only the seed; the seed learns them from their contact and links
-            # back. n2 and n3 never learn of each other yet: that is gossip's job.
-            while len(n1.linked_peers()) < 2:  # noqa: ASYNC110 - links have no event to await
-                await trio.sleep(0.1)
-            assert [p.name for p in n1.linked_peers()] == ["n2", "n3"]
-            assert [p.name for p in n2.linked_peers()] == ["n1"]
-            assert [p.name for p in n3.linked_peers()] == ["n1"]
-            net.isolate(addresses[2])
-            await trio.sleep(5)
-            assert [p.name for p in n1.linked_peers()] == ["n2"]
-            net.heal()
-            await trio.sleep(5)
-            assert [p.name for p in n1.linked_peers()] == ["n2", "n3"]
+    async with nodes(seed=3) as c:
+        for i in (1, 2, 3):
+            await c.start(i)
+        up = {f"n{i}": MemberStatus.UP for i in (1, 2, 3)}
+        await eventually(lambda: all(view(c.nodes[i]) == up for i in (1, 2, 3)))
+        member = await c.nodes[3].cluster.wait_up()
+        assert member.status is MemberStatus.UP
+        await c.stop(2)  # leaving the block: Leaving -> Exiting -> Removed
+        assert c.nodes[2].terminated.is_set()
+        assert c.nodes[2].cluster.termination_reason == "removed from the cluster"
+        await eventually(lambda: view(c.nodes[1]) == {"n1": MemberStatus.UP, "n3": MemberStatus.UP})
+
+
+async def test_a_downed_node_terminates(autojump_clock: trio.testing.MockClock) -> None:
+    async with nodes(seed=4) as c:
+        for i in (1, 2):
+            await c.start(i)
+        await eventually(lambda: len(view(c.nodes[1])) == 2 and c.nodes[1].cluster.has_converged())
+        c.nodes[1].cluster.down(c.nodes[2].address.address)
+        await eventually(lambda: c.nodes[2].terminated.is_set())
+        assert c.nodes[2].cluster.termination_reason == "downed"
 
 
 async def test_an_error_in_the_block_comes_out_as_itself(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     net = SimNetwork(seed=1)
-    address = Address("10.0.0.1", 1)
     with pytest.raises(ValueError, match="boom"):
         async with (
-            net.transport(address, "n1") as transport,
-            open_node(config("n1", 1, []), transport=transport),
+            net.transport(Address("10.0.0.1", 1), "n1") as transport,
+            open_node(config(1), transport=transport),
         ):
             raise ValueError("boom")
