@@ -4,7 +4,8 @@ Theory of operation: a node is one incarnation of a cluster member. ``open_node`
 transport (TCP with mutual TLS from the configuration, or one handed in, such as a simulated
 network's), starts the node's services in a nursery it owns, and yields a :class:`Node`. One
 dispatcher task reads the transport and hands each message to the service it belongs to; today
-that is membership (``node.cluster``: gossip, heartbeats, split brain resolver).
+that is membership (``node.cluster``: gossip, heartbeats, split brain resolver) and cluster
+singletons (``node.singletons``).
 
 Leaving the block leaves the cluster gracefully, as Akka's coordinated shutdown does: the node
 asks to leave, waits (up to ``shutdown_timeout``) until it has gone through Leaving and Exiting
@@ -25,8 +26,9 @@ import attrs
 import trio
 
 from membership import Transport, TransportStatistics, UniqueAddress
-from membership._cluster import Cluster
+from membership._cluster import Cluster, DowningLease
 from membership._events import LeaderChanged, MemberEvent, ReachableMember, UnreachableMember
+from membership._singleton import Singletons
 from membership._tcp import open_tcp_transport
 from membership._tls import TlsIdentity
 from membership._trioutil import single_error
@@ -50,6 +52,7 @@ class Node:
     _config: NodeConfig
     _transport: Transport
     _cluster: Cluster
+    _singletons: Singletons | None = None
 
     @property
     def config(self) -> NodeConfig:
@@ -65,6 +68,12 @@ class Node:
     def cluster(self) -> Cluster:
         """Membership: members, leader, oldest, events, leave and down."""
         return self._cluster
+
+    @property
+    def singletons(self) -> Singletons:
+        """Cluster singletons: run one instance on the oldest member; proxies to reach it."""
+        assert self._singletons is not None
+        return self._singletons
 
     @property
     def transport(self) -> Transport:
@@ -85,8 +94,9 @@ class Node:
         return self._transport.statistics()
 
     async def _dispatch(self) -> None:
+        singletons = self.singletons
         async for envelope in self._transport:
-            if not self._cluster.handle(envelope):
+            if not (self._cluster.handle(envelope) or singletons.handle(envelope)):
                 logger.debug(
                     "%s: no service handles %s from %s",
                     self.address.name,
@@ -123,7 +133,11 @@ def _tls_identity(config: NodeConfig) -> TlsIdentity:
 
 @asynccontextmanager
 async def open_node(
-    config: NodeConfig, *, transport: Transport | None = None, rng: random.Random | None = None
+    config: NodeConfig,
+    *,
+    transport: Transport | None = None,
+    rng: random.Random | None = None,
+    downing_lease: DowningLease | None = None,
 ) -> AsyncIterator[Node]:
     """Start a node and join the cluster through its seed nodes; leaving the block leaves.
 
@@ -133,6 +147,7 @@ async def open_node(
             network's, in tests). The caller keeps ownership of it.
         rng: the source of the node's random choices (gossip targets); a seeded one makes a
             simulated run replayable.
+        downing_lease: the lease the ``lease-majority`` split brain strategy competes for.
 
     Example:
         >>> async def main() -> None:
@@ -145,7 +160,7 @@ async def open_node(
         OSError: the bind address is not available.
     """
     if transport is not None:
-        async with _run(config, transport, rng, wall_offset=0.0) as node:
+        async with _run(config, transport, rng, downing_lease, wall_offset=0.0) as node:
             yield node
         return
     async with (
@@ -156,14 +171,21 @@ async def open_node(
             canonical=config.canonical_address,
             settings=config.transport,
         ) as tcp,
-        _run(config, tcp, rng, wall_offset=time.time() - trio.current_time()) as node,
+        _run(
+            config, tcp, rng, downing_lease, wall_offset=time.time() - trio.current_time()
+        ) as node,
     ):
         yield node
 
 
 @asynccontextmanager
 async def _run(
-    config: NodeConfig, transport: Transport, rng: random.Random | None, *, wall_offset: float
+    config: NodeConfig,
+    transport: Transport,
+    rng: random.Random | None,
+    downing_lease: DowningLease | None,
+    *,
+    wall_offset: float,
 ) -> AsyncIterator[Node]:
     cluster = Cluster(
         transport,
@@ -173,19 +195,26 @@ async def _run(
         seed_nodes=config.seed_nodes,
         roles=config.roles,
         rng=rng,
+        downing_lease=downing_lease,
         wall_offset=wall_offset,
     )
     node = Node(config, transport, cluster)
     with single_error():
         async with trio.open_nursery() as nursery:
+            node._singletons = Singletons(transport, cluster, nursery)
             nursery.start_soon(node._dispatch)
             nursery.start_soon(node._log_membership)
             await nursery.start(cluster.run)
             try:
                 yield node
+            except Exception:
+                await _leave(node)  # an error in the block: still hand over, then re-raise
+                raise
+            else:
+                await _leave(node)
             finally:
-                with trio.CancelScope(shield=True):
-                    await _leave(node)
+                # Cancellation skips the leave on purpose: it means "stop now", like a crash;
+                # the others will find this node unreachable and down it.
                 nursery.cancel_scope.cancel()
     logger.info("%s: stopped (%s)", node.address.name, cluster.termination_reason or "left")
 

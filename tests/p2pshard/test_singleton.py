@@ -1,0 +1,250 @@
+"""Cluster singletons across leaving, crashing and restarting nodes, on the simulated network.
+
+Every instance records when it ran; the check is that no two intervals ever overlap (at most one
+instance at any moment) and that one runs again within a bound after each disruption.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import attrs
+import pytest
+import trio
+import trio.testing
+
+from membership import Address, LinkConditions, SimNetwork
+from membership._member import MemberStatus
+from membership._sbr import SplitBrainResolverSettings
+from membership._singleton import SingletonContext, SingletonUnavailable
+from p2pshard import Node, NodeConfig, TlsFiles, open_node
+
+TLS = TlsFiles(ca_file=Path("ca.pem"), cert_file=Path("n.pem"), key_file=Path("n.key"))
+SEEDS = (Address("10.0.0.1", 1), Address("10.0.0.1", 2))
+BOUND = 60.0  # seconds until a singleton runs again after a disruption (mock clock)
+
+
+def addr(i: int) -> Address:
+    return Address("10.0.0.1", i)
+
+
+@attrs.define
+class InMemoryLease:
+    """A downing lease shared by the nodes of one test: the first to ask gets it."""
+
+    holder: list[str]
+    owner: str
+
+    async def acquire(self) -> bool:
+        await trio.lowlevel.checkpoint()
+        if not self.holder:
+            self.holder.append(self.owner)
+        return self.holder == [self.owner]
+
+    async def release(self) -> bool:
+        await trio.lowlevel.checkpoint()
+        if self.holder == [self.owner]:
+            self.holder.clear()
+            return True
+        return False
+
+
+@attrs.define
+class Interval:
+    node: str
+    start: float
+    end: float | None = None
+
+
+@attrs.define
+class Harness:
+    net: SimNetwork
+    nursery: trio.Nursery
+    sbr: SplitBrainResolverSettings
+    nodes: dict[int, Node] = attrs.field(factory=dict)
+    scopes: dict[int, trio.CancelScope] = attrs.field(factory=dict)
+    leave: dict[int, trio.Event] = attrs.field(factory=dict)
+    done: dict[int, trio.Event] = attrs.field(factory=dict)
+    runs: list[Interval] = attrs.field(factory=list)
+    lease_holder: list[str] = attrs.field(factory=list)
+
+    def singleton(self, name: str) -> Callable[[SingletonContext], object]:
+        async def counter(ctx: SingletonContext) -> None:
+            interval = Interval(name, trio.current_time())
+            self.runs.append(interval)
+            try:
+                async for request in ctx:
+                    request.reply((name, request.message))
+            finally:
+                interval.end = trio.current_time()
+
+        return counter
+
+    async def start(self, i: int) -> Node:
+        return await self.nursery.start(self._run, i)  # type: ignore[no-any-return]
+
+    async def _run(self, i: int, *, task_status: trio.TaskStatus[Node]) -> None:
+        config = NodeConfig(
+            cluster_name="sim",
+            node_name=f"n{i}",
+            bind_host="10.0.0.1",
+            bind_port=i,
+            seed_nodes=SEEDS,
+            tls=TLS,
+            split_brain_resolver=self.sbr,
+        )
+        self.leave[i], self.done[i] = trio.Event(), trio.Event()
+        try:
+            with trio.CancelScope() as scope:
+                self.scopes[i] = scope
+                async with (
+                    self.net.transport(addr(i), f"n{i}") as transport,
+                    open_node(
+                        config,
+                        transport=transport,
+                        rng=random.Random(i),
+                        downing_lease=InMemoryLease(self.lease_holder, f"n{i}"),
+                    ) as node,
+                ):
+                    self.nodes[i] = node
+                    await node.singletons.start("counter", self.singleton(f"n{i}"))  # type: ignore[arg-type]
+                    task_status.started(node)
+                    await self.leave[i].wait()
+        finally:
+            self.done[i].set()
+
+    def crash(self, i: int) -> None:
+        self.net.crash(addr(i))
+        self.scopes[i].cancel()
+
+    async def graceful_leave(self, i: int) -> None:
+        self.leave[i].set()
+        await self.done[i].wait()
+
+    def check_at_most_one(self) -> None:
+        spans = sorted(self.runs, key=lambda r: r.start)
+        for a, b in itertools.pairwise(spans):
+            assert a.end is not None and a.end <= b.start, f"overlap: {a} and {b}"
+
+    def running(self) -> list[Interval]:
+        return [r for r in self.runs if r.end is None]
+
+    async def wait_running(self, exclude: set[str] = frozenset()) -> Interval:  # type: ignore[assignment]
+        with trio.fail_after(BOUND):
+            while True:
+                live = [r for r in self.running() if r.node not in exclude]
+                if live:
+                    return live[0]
+                await trio.sleep(0.1)
+
+
+@asynccontextmanager
+async def harness(
+    seed: int, sbr: SplitBrainResolverSettings | None = None
+) -> AsyncIterator[Harness]:
+    print(f"seed={seed}")
+    net = SimNetwork(seed, conditions=LinkConditions(delay_min=0.001, delay_max=0.005))
+    async with trio.open_nursery() as nursery:
+        h = Harness(net, nursery, sbr or SplitBrainResolverSettings(stable_after=5.0))
+        yield h
+        h.check_at_most_one()
+        nursery.cancel_scope.cancel()
+
+
+async def all_up(h: Harness, nodes: list[int]) -> None:
+    want = {f"n{i}": MemberStatus.UP for i in nodes}
+    with trio.fail_after(BOUND):
+        while not all(
+            {m.node.name: m.status for m in h.nodes[i].cluster.members} == want for i in nodes
+        ):
+            await trio.sleep(0.1)
+
+
+async def test_singleton_runs_on_the_oldest_and_proxies_reach_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with harness(1) as h:
+        for i in (1, 2, 3):
+            await h.start(i)
+        await all_up(h, [1, 2, 3])
+        running = await h.wait_running()
+        assert running.node == "n1"
+        for i in (1, 2, 3):
+            proxy = h.nodes[i].singletons.proxy("counter")
+            assert await proxy.ask(f"hello from n{i}", timeout=10) == ("n1", f"hello from n{i}")
+        assert len(h.runs) == 1
+
+
+async def test_hand_over_when_the_oldest_leaves(autojump_clock: trio.testing.MockClock) -> None:
+    async with harness(2) as h:
+        for i in (1, 2, 3):
+            await h.start(i)
+        await all_up(h, [1, 2, 3])
+        await h.wait_running()
+        await h.graceful_leave(1)
+        running = await h.wait_running(exclude={"n1"})
+        assert running.node == "n2"
+        assert h.runs[0].end is not None
+        proxy = h.nodes[3].singletons.proxy("counter")
+        assert await proxy.ask("after", timeout=20) == ("n2", "after")
+
+
+async def test_take_over_when_the_oldest_crashes(autojump_clock: trio.testing.MockClock) -> None:
+    async with harness(3) as h:
+        for i in (1, 2, 3):
+            await h.start(i)
+        await all_up(h, [1, 2, 3])
+        await h.wait_running()
+        h.crash(1)
+        running = await h.wait_running(exclude={"n1"})
+        assert running.node == "n2"
+        # Only after n1 was downed and removed: never while it might still run.
+        assert all(m.node.name != "n1" for m in h.nodes[2].cluster.members)
+
+
+async def test_three_oldest_of_six_crash_at_once(autojump_clock: trio.testing.MockClock) -> None:
+    # keep-majority and keep-oldest would down the survivors here (3|3 with the lowest address
+    # and the oldest gone), and static-quorum downs everyone above 2*quorum-1 members. With
+    # lease-majority the side that is alive takes the lease and carries on.
+    sbr = SplitBrainResolverSettings(active_strategy="lease-majority", stable_after=5.0)
+    async with harness(4, sbr) as h:
+        for i in range(1, 7):
+            await h.start(i)
+        await all_up(h, list(range(1, 7)))
+        await h.wait_running()
+        for i in (1, 2, 3):
+            h.crash(i)
+        running = await h.wait_running(exclude={"n1", "n2", "n3"})
+        assert running.node == "n4"
+        assert await h.nodes[6].singletons.proxy("counter").ask("x", timeout=20) == ("n4", "x")
+
+
+async def test_quick_restart_on_the_same_host_and_port(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with harness(5) as h:
+        for i in (1, 2, 3):
+            await h.start(i)
+        await all_up(h, [1, 2, 3])
+        await h.wait_running()
+        h.crash(1)
+        await h.done[1].wait()
+        await h.start(1)  # a new process at n1's host:port, right away
+        running = await h.wait_running(exclude={"n1"})
+        assert running.node == "n2"
+        await all_up(h, [1, 2, 3])  # the new incarnation is in, as the youngest
+        assert [r.node for r in h.running()] == ["n2"]
+
+
+async def test_ask_without_any_eligible_member_times_out(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with harness(6) as h:
+        node = await h.start(1)
+        proxy = node.singletons.proxy("counter", role="nobody-has-this")
+        with pytest.raises(SingletonUnavailable, match="did not answer within 2 s"):
+            await proxy.ask("x", timeout=2)
