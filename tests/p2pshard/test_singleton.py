@@ -128,12 +128,13 @@ class Harness:
     def check_at_most_one(self) -> None:
         spans = sorted(self.runs, key=lambda r: r.start)
         for a, b in itertools.pairwise(spans):
-            assert a.end is not None and a.end <= b.start, f"overlap: {a} and {b}"
+            assert a.end is not None, f"two still running: {a} and {b}"
+            assert a.end <= b.start, f"overlap: {a} and {b}"
 
     def running(self) -> list[Interval]:
         return [r for r in self.runs if r.end is None]
 
-    async def wait_running(self, exclude: set[str] = frozenset()) -> Interval:  # type: ignore[assignment]
+    async def wait_running(self, exclude: frozenset[str] = frozenset()) -> Interval:
         with trio.fail_after(BOUND):
             while True:
                 live = [r for r in self.running() if r.node not in exclude]
@@ -158,7 +159,7 @@ async def harness(
 async def all_up(h: Harness, nodes: list[int]) -> None:
     want = {f"n{i}": MemberStatus.UP for i in nodes}
     with trio.fail_after(BOUND):
-        while not all(
+        while not all(  # noqa: ASYNC110 - polls cluster state on the mock clock
             {m.node.name: m.status for m in h.nodes[i].cluster.members} == want for i in nodes
         ):
             await trio.sleep(0.1)
@@ -186,7 +187,7 @@ async def test_hand_over_when_the_oldest_leaves(autojump_clock: trio.testing.Moc
         await all_up(h, [1, 2, 3])
         await h.wait_running()
         await h.graceful_leave(1)
-        running = await h.wait_running(exclude={"n1"})
+        running = await h.wait_running(exclude=frozenset({"n1"}))
         assert running.node == "n2"
         assert h.runs[0].end is not None
         proxy = h.nodes[3].singletons.proxy("counter")
@@ -200,7 +201,7 @@ async def test_take_over_when_the_oldest_crashes(autojump_clock: trio.testing.Mo
         await all_up(h, [1, 2, 3])
         await h.wait_running()
         h.crash(1)
-        running = await h.wait_running(exclude={"n1"})
+        running = await h.wait_running(exclude=frozenset({"n1"}))
         assert running.node == "n2"
         # Only after n1 was downed and removed: never while it might still run.
         assert all(m.node.name != "n1" for m in h.nodes[2].cluster.members)
@@ -218,7 +219,7 @@ async def test_three_oldest_of_six_crash_at_once(autojump_clock: trio.testing.Mo
         await h.wait_running()
         for i in (1, 2, 3):
             h.crash(i)
-        running = await h.wait_running(exclude={"n1", "n2", "n3"})
+        running = await h.wait_running(exclude=frozenset({"n1", "n2", "n3"}))
         assert running.node == "n4"
         assert await h.nodes[6].singletons.proxy("counter").ask("x", timeout=20) == ("n4", "x")
 
@@ -234,7 +235,7 @@ async def test_quick_restart_on_the_same_host_and_port(
         h.crash(1)
         await h.done[1].wait()
         await h.start(1)  # a new process at n1's host:port, right away
-        running = await h.wait_running(exclude={"n1"})
+        running = await h.wait_running(exclude=frozenset({"n1"}))
         assert running.node == "n2"
         await all_up(h, [1, 2, 3])  # the new incarnation is in, as the youngest
         assert [r.node for r in h.running()] == ["n2"]
