@@ -44,7 +44,7 @@ def _check_host(instance: object, attribute: attrs.Attribute[str], value: str) -
 
 
 @message(name="p2pshard.Address")
-@attrs.frozen(order=True)
+@attrs.frozen(order=True, cache_hash=True)
 class Address:
     """Where a node can be reached: ``host:port``.
 
@@ -78,7 +78,7 @@ def _check_uid(instance: object, attribute: attrs.Attribute[int], value: int) ->
 
 
 @message(name="p2pshard.UniqueAddress")
-@attrs.frozen(order=True)
+@attrs.frozen(order=True, cache_hash=True)
 class UniqueAddress:
     """One incarnation of a node: its address, its name and a uid drawn at process start."""
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 import abc
 import collections
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import NamedTuple
 
 import attrs
 import trio
@@ -46,10 +47,16 @@ from ._settings import TransportSettings
 
 logger = logging.getLogger("membership.transport")
 
+RECEIVE_YIELD_EVERY = 64
+"""``receive`` yields to other tasks at least once per this many messages taken."""
 
-@attrs.frozen
-class Envelope:
-    """A received message and the node incarnation that sent it."""
+
+class Envelope(NamedTuple):
+    """A received message and the node incarnation that sent it.
+
+    A named tuple rather than an attrs class: one is made per received message, and this is the
+    cheapest immutable value with named fields.
+    """
 
     sender: UniqueAddress
     message: object
@@ -156,15 +163,17 @@ class Outbox:
                 "slow or unreachable; use send() to wait for room"
             )
         self.frames.append(frame)
-        if self._data.statistics().tasks_waiting:
+        if len(self._data):
             self._data.unpark_all()
 
     async def put(self, frame: bytes) -> None:
+        # A cancel point always, but a schedule point only when it has to wait for room: a task
+        # that sends many messages fills the queue first, and the link then writes them in one
+        # batch. Yielding per message costs more than encoding it and defeats write coalescing.
         await trio.lowlevel.checkpoint_if_cancelled()
         while len(self.frames) >= self.capacity and not self.closed:
             await self._room.park()
         self.put_nowait(frame)
-        await trio.lowlevel.cancel_shielded_checkpoint()
 
     async def wait_for_frames(self) -> None:
         """Wait until a frame is queued (or the outbox closes)."""
@@ -180,9 +189,9 @@ class Outbox:
             frame = frames.popleft()
             batch.append(frame)
             size += len(frame)
-        if batch and self._room.statistics().tasks_waiting:
+        if batch and len(self._room):
             self._room.unpark(count=len(batch))
-        if not frames and self._empty.statistics().tasks_waiting:
+        if not frames and len(self._empty):
             self._empty.unpark_all()
         return batch
 
@@ -241,6 +250,8 @@ class Transport(abc.ABC):
         self._counters = _Counters()
         self._closed = False
         self._inbound_links = 0
+        self._received_without_yield = 0
+        self._handler: Callable[[Envelope], None] | None = None
 
     @property
     def local_address(self) -> UniqueAddress:
@@ -282,7 +293,10 @@ class Transport(abc.ABC):
             TransportClosed: the transport is closed.
         """
         address, frame = self._frame(to, message)
-        if address == self._local.address:
+        outbox = self._outboxes.get(address)
+        if outbox is not None:
+            outbox.put_nowait(frame)
+        elif address == self._local.address:
             self._deliver_local(frame)
         else:
             self._outbox(address).put_nowait(frame)
@@ -292,14 +306,45 @@ class Transport(abc.ABC):
 
         Returns once the message is queued, not when it is delivered. Raises as
         :meth:`send_nowait`, except that a full queue means waiting instead of SendQueueFull.
+        It is always a cancel point but yields to other tasks only when it has to wait: a loop
+        that only sends runs until the queue is full, and the link then writes it all at once.
         """
         address, frame = self._frame(to, message)
-        if address == self._local.address:
+        outbox = self._outboxes.get(address)
+        if outbox is not None:
+            await outbox.put(frame)
+        elif address == self._local.address:
             await trio.lowlevel.checkpoint_if_cancelled()
             self._deliver_local(frame)
             await trio.lowlevel.cancel_shielded_checkpoint()
         else:
             await self._outbox(address).put(frame)
+
+    def set_handler(self, handler: Callable[[Envelope], None] | None) -> None:
+        """Deliver received messages by calling ``handler`` instead of queueing them.
+
+        The handler runs in the link's task as each message is decoded, so it must not block;
+        it saves the trip through the inbox and another task (the node's dispatcher uses it).
+        An exception in it is logged and the message counts as delivered. ``None`` goes back to
+        the inbox (``receive`` and ``async for``).
+        """
+        self._handler = handler
+
+    def _hand_over(self, envelope: Envelope) -> bool:
+        """Give ``envelope`` to the handler, if there is one; False if the inbox should take it."""
+        handler = self._handler
+        if handler is None:
+            return False
+        try:
+            handler(envelope)
+        except Exception:
+            logger.exception(
+                "%s: handler failed on %s from %s",
+                self._local,
+                type(envelope.message).__name__,
+                envelope.sender,
+            )
+        return True
 
     def _deliver_local(self, frame: bytes) -> None:
         # A message to ourselves still goes through the codec, so the receiver never shares a
@@ -308,7 +353,7 @@ class Transport(abc.ABC):
             envelope = self._decode(frame[4:], self._local)
         except ProtocolError as exc:  # pragma: no cover - we just encoded it
             raise AssertionError(f"own frame did not decode: {exc}") from exc
-        if envelope is not None:
+        if envelope is not None and not self._hand_over(envelope):
             try:
                 self._inbox_send.send_nowait(envelope)
             except trio.WouldBlock:
@@ -364,7 +409,7 @@ class Transport(abc.ABC):
         """
         for payload in payloads:
             envelope = self._decode(payload, sender)
-            if envelope is not None:
+            if envelope is not None and not self._hand_over(envelope):
                 try:
                     try:
                         self._inbox_send.send_nowait(envelope)
@@ -389,6 +434,19 @@ class Transport(abc.ABC):
         Raises:
             TransportClosed: the transport is closed (messages still in the inbox are discarded).
         """
+        # Fast path: take a waiting message without a trip through the scheduler (one trip per
+        # message costs more than decoding it), but still yield every so often so that a
+        # steady stream cannot starve the node's other tasks.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._received_without_yield += 1
+        if self._received_without_yield < RECEIVE_YIELD_EVERY:
+            try:
+                return self._inbox_receive.receive_nowait()
+            except trio.WouldBlock:
+                pass
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                raise TransportClosed("transport is closed") from None
+        self._received_without_yield = 0
         try:
             return await self._inbox_receive.receive()
         except (trio.EndOfChannel, trio.ClosedResourceError):

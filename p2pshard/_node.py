@@ -2,8 +2,8 @@
 
 Theory of operation: a node is one incarnation of a cluster member. ``open_node`` opens its
 transport (TCP with mutual TLS from the configuration, or one handed in, such as a simulated
-network's), starts the node's services in a nursery it owns, and yields a :class:`Node`. One
-dispatcher task reads the transport and hands each message to the service it belongs to; today
+network's), starts the node's services in a nursery it owns, and yields a :class:`Node`. The
+transport hands each received message straight to the service it belongs to; today
 that is membership (``node.cluster``: gossip, heartbeats, split brain resolver) and cluster
 singletons (``node.singletons``).
 
@@ -25,7 +25,7 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
-from membership import Transport, TransportStatistics, UniqueAddress
+from membership import Envelope, Transport, TransportStatistics, UniqueAddress
 from membership._cluster import Cluster, DowningLease
 from membership._events import LeaderChanged, MemberEvent, ReachableMember, UnreachableMember
 from membership._singleton import Singletons
@@ -93,16 +93,15 @@ class Node:
         """The transport's counters: links, frames, refused handshakes, dropped messages."""
         return self._transport.statistics()
 
-    async def _dispatch(self) -> None:
-        singletons = self.singletons
-        async for envelope in self._transport:
-            if not (self._cluster.handle(envelope) or singletons.handle(envelope)):
-                logger.debug(
-                    "%s: no service handles %s from %s",
-                    self.address.name,
-                    type(envelope.message).__name__,
-                    envelope.sender,
-                )
+    def _dispatch(self, envelope: Envelope) -> None:
+        """Hand one received message to the service it belongs to (runs in the link task)."""
+        if not (self._cluster.handle(envelope) or self.singletons.handle(envelope)):
+            logger.debug(
+                "%s: no service handles %s from %s",
+                self.address.name,
+                type(envelope.message).__name__,
+                envelope.sender,
+            )
 
     async def _log_membership(self) -> None:
         """Log member changes as one line of the whole membership, and reachability changes."""
@@ -202,7 +201,7 @@ async def _run(
     with single_error():
         async with trio.open_nursery() as nursery:
             node._singletons = Singletons(transport, cluster, nursery)
-            nursery.start_soon(node._dispatch)
+            transport.set_handler(node._dispatch)
             nursery.start_soon(node._log_membership)
             await nursery.start(cluster.run)
             try:
@@ -215,6 +214,7 @@ async def _run(
             finally:
                 # Cancellation skips the leave on purpose: it means "stop now", like a crash;
                 # the others will find this node unreachable and down it.
+                transport.set_handler(None)
                 nursery.cancel_scope.cancel()
     logger.info("%s: stopped (%s)", node.address.name, cluster.termination_reason or "left")
 
