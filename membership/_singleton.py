@@ -190,7 +190,7 @@ class _Manager:
         for effect in effects:
             match effect:
                 case SendTo(to=to, message=msg):
-                    self.s.send(to, msg)
+                    self.s._send(to, msg)
                 case StartInstance():
                     assert self.nursery is not None
                     self.instance_done = trio.Event()
@@ -253,7 +253,7 @@ class _Manager:
         ):
             self.buffer.append((sender, envelope))
         else:
-            self.s.send(
+            self.s._send(
                 sender,
                 SingletonNotHere(
                     name=self.name, payload=envelope.payload, request_id=envelope.request_id
@@ -267,12 +267,12 @@ class _Manager:
             rid = envelope.request_id
 
             def reply(value: object) -> None:
-                self.s.send(sender, SingletonReply(request_id=rid, payload=value))
+                self.s._send(sender, SingletonReply(request_id=rid, payload=value))
 
         try:
             self.inbox_send.send_nowait(SingletonRequest(envelope.payload, sender, reply))
         except trio.WouldBlock:
-            self.s.send(
+            self.s._send(
                 sender,
                 SingletonNotHere(
                     name=self.name, payload=envelope.payload, request_id=envelope.request_id
@@ -319,7 +319,7 @@ class SingletonProxy:
             SerializationError: the message cannot travel.
             SingletonUnavailable: the proxy's buffer is full.
         """
-        self._s.check_serializable(payload)
+        self._s._check_serializable(payload)
         await trio.lowlevel.checkpoint()
         self._enqueue(payload, 0)
 
@@ -331,8 +331,8 @@ class SingletonProxy:
                 processed), or the buffer is full.
             ClusterError: the singleton raised an error while answering.
         """
-        self._s.check_serializable(payload)
-        rid, slot = self._s.new_request()
+        self._s._check_serializable(payload)
+        rid, slot = self._s._new_request()
         try:
             self._enqueue(payload, rid)
             with trio.move_on_after(timeout):
@@ -345,13 +345,13 @@ class SingletonProxy:
                 raise ClusterError(f"singleton {self.name!r} failed: {slot.error}")
             return slot.value
         finally:
-            self._s.forget_request(rid)
+            self._s._forget_request(rid)
 
-    def returned(self, payload: object, request_id: int) -> None:
+    def _returned(self, payload: object, request_id: int) -> None:
         self.statistics_returned += 1
         self._enqueue(payload, request_id, front=True)
 
-    async def run(self) -> None:
+    async def _run(self) -> None:
         cluster = self._s.cluster
         while True:
             await self._wakeup.wait()
@@ -364,7 +364,7 @@ class SingletonProxy:
             while self._buffer:
                 payload, rid = self._buffer.popleft()
                 self.statistics_sent += 1
-                self._s.send(
+                self._s._send(
                     target.node, SingletonEnvelope(name=self.name, payload=payload, request_id=rid)
                 )
             await trio.sleep(0.1)  # returned messages: let the cluster view move on first
@@ -437,7 +437,7 @@ class Singletons:
         if proxy is None:
             proxy = SingletonProxy(self, name, role, buffer_size)
             self._proxies[key] = proxy
-            self._nursery.start_soon(proxy.run)
+            self._nursery.start_soon(proxy._run)
         return proxy
 
     def state(self, name: str) -> SingletonState | None:
@@ -447,21 +447,21 @@ class Singletons:
 
     # ---- plumbing ----
 
-    def check_serializable(self, payload: object) -> None:
+    def _check_serializable(self, payload: object) -> None:
         from . import _wire
 
         _wire.encode(payload, max_size=self._transport.settings.max_frame_size - 64)
 
-    def new_request(self) -> tuple[int, _Pending]:
+    def _new_request(self) -> tuple[int, _Pending]:
         rid = next(self._ids)
         pending = _Pending()
         self._requests[rid] = pending
         return rid, pending
 
-    def forget_request(self, rid: int) -> None:
+    def _forget_request(self, rid: int) -> None:
         self._requests.pop(rid, None)
 
-    def send(self, to: UniqueAddress, msg: object) -> None:
+    def _send(self, to: UniqueAddress, msg: object) -> None:
         try:
             self._transport.send_nowait(to, msg)
         except SendQueueFull:
@@ -476,7 +476,7 @@ class Singletons:
         if isinstance(msg, SingletonEnvelope):
             manager = self._managers.get(msg.name)
             if manager is None:
-                self.send(
+                self._send(
                     sender,
                     SingletonNotHere(name=msg.name, payload=msg.payload, request_id=msg.request_id),
                 )
@@ -493,7 +493,7 @@ class Singletons:
             for (name, _), proxy in self._proxies.items():
                 if name == msg.name:
                     try:
-                        proxy.returned(msg.payload, msg.request_id)
+                        proxy._returned(msg.payload, msg.request_id)
                     except SingletonUnavailable:
                         logger.warning("singleton %r: message dropped, proxy buffer full", name)
                     break
@@ -505,7 +505,7 @@ class Singletons:
             elif isinstance(msg, HAND_OVER_MESSAGES[0]):  # HandOverToMe: nothing runs here
                 from ._singleton_core import HandOverDone
 
-                self.send(sender, HandOverDone(name=msg.name))
+                self._send(sender, HandOverDone(name=msg.name))
             return True
         return False
 

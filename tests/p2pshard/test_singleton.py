@@ -249,3 +249,16 @@ async def test_ask_without_any_eligible_member_times_out(
         proxy = node.singletons.proxy("counter", role="nobody-has-this")
         with pytest.raises(SingletonUnavailable, match="did not answer within 2 s"):
             await proxy.ask("x", timeout=2)
+
+
+async def test_ask_for_a_singleton_started_nowhere_times_out(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with harness(7) as h:
+        for i in (1, 2):
+            await h.start(i)
+        await all_up(h, [1, 2])
+        proxy = h.nodes[2].singletons.proxy("never-started")
+        with pytest.raises(SingletonUnavailable, match="did not answer within 3 s"):
+            await proxy.ask("x", timeout=3)
+        assert proxy.statistics_returned >= 1  # the oldest sent it back: nothing runs there
