@@ -262,3 +262,25 @@ async def test_ask_for_a_singleton_started_nowhere_times_out(
         with pytest.raises(SingletonUnavailable, match="did not answer within 3 s"):
             await proxy.ask("x", timeout=3)
         assert proxy.statistics_returned >= 1  # the oldest sent it back: nothing runs there
+
+
+async def test_singleton_with_a_lease_starts_only_once_it_holds_the_lease(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with harness(8) as h:
+        node = await h.start(1)
+        holder = ["someone-else"]
+        lease = InMemoryLease(holder, "n1")
+        started = trio.Event()
+
+        async def guarded(ctx: SingletonContext) -> None:
+            started.set()
+            await trio.sleep_forever()
+
+        await node.singletons.start("guarded", guarded, lease=lease)
+        await trio.sleep(30)
+        assert not started.is_set()  # refused: another owner holds it
+        holder.clear()  # the other owner lets go
+        with trio.fail_after(10):
+            await started.wait()
+        assert holder == ["n1"]
