@@ -73,14 +73,18 @@ from multiprocessing.context import SpawnContext, SpawnProcess
 from pathlib import Path
 from typing import Any, Literal
 
-import attrs
-import msgpack
-import trio
+# Run as a script, Python puts this directory first on sys.path, where benchmarks/membership.py
+# would shadow the membership package: take it out before importing the project.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
-from membership import Address, Envelope, UniqueAddress, message
-from membership._certs import create_cluster_ca, create_node_certificate
-from membership._tcp import open_tcp_transport
-from membership._tls import TlsIdentity
+import attrs  # noqa: E402
+import msgpack  # noqa: E402
+import trio  # noqa: E402
+
+from membership import Address, Envelope, UniqueAddress, message  # noqa: E402
+from membership._certs import create_cluster_ca, create_node_certificate  # noqa: E402
+from membership._tcp import open_tcp_transport  # noqa: E402
+from membership._tls import TlsIdentity  # noqa: E402
 
 CLUSTER = "bench"
 SERVER_NODE = "bench-server"
