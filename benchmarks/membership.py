@@ -268,8 +268,9 @@ def make_plan(*, quick: bool, max_n: int) -> Plan:
             skipped[n] = f"skipped: N={n} is above --max-n {max_n}"
         elif not any(r.n == n for r in runs):
             skipped[n] = (
-                f"skipped by --quick: forming {n} nodes takes "
-                f"{'about 30 s' if n <= 100 else 'about 2 min'} of wall-clock time"
+                f"skipped by --quick: an N={n} run takes "
+                f"{'5-10 min' if n <= 100 else 'about 5 min'} of wall-clock time "
+                f"(forming {n} nodes alone {'30-40 s' if n <= 100 else 'about 100 s'})"
             )
     kept = tuple(r for r in runs if r.n <= max_n)
     return Plan(
@@ -934,8 +935,9 @@ def summarize(
         "Join accepted) until every node's gossip converged with it Up, polled every "
         f"{JOIN_POLL:g} s; rounds = seconds / gossip_interval ({GOSSIP_INTERVAL:g} s); p50 "
         "is the median of all samples, the target is checked against the slowest. Detection: "
-        "from the crash to the first (detect_p*) and to the last (all_p*) UnreachableMember "
-        "event, nearest-rank percentiles over every crash. Traffic: transport bytes and frames "
+        "from the crash to the first (detect_p*) and to the last (detect.<N>.all_p*) "
+        "UnreachableMember event, nearest-rank percentiles over every crash. Traffic: "
+        "transport bytes and frames "
         f"sent per node per second over {STEADY_WINDOW:g} s of a quiet cluster (heartbeats "
         "included; gossip_only_* in traffic counts gossip messages alone)"
     )

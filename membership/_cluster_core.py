@@ -45,7 +45,7 @@ from typing import Any
 
 import attrs
 
-from ._address import Address, UniqueAddress
+from ._address import Address, UniqueAddress, node_order
 from ._errors import ConfigurationError
 from ._events import ClusterEvent, diff
 from ._gossip import (
@@ -301,7 +301,7 @@ Effect = Send | Publish | StartExiting | Shutdown
 
 def seen_digest(gossip: Gossip) -> bytes:
     """A digest of who has seen ``gossip`` (Akka's seenDigest)."""
-    text = ",".join(f"{n.address}-{n.uid:x}" for n in sorted(gossip.seen))
+    text = ",".join(f"{n.address}-{n.uid:x}" for n in sorted(gossip.seen, key=node_order))
     return hashlib.sha1(text.encode(), usedforsecurity=False).digest()
 
 

@@ -32,7 +32,7 @@ from collections.abc import Collection, Iterable
 
 import attrs
 
-from ._address import UniqueAddress
+from ._address import UniqueAddress, node_order
 from ._member import (
     CONVERGENCE_STATUSES,
     LEADER_STATUSES,
@@ -48,7 +48,7 @@ from ._wire import message
 
 
 def _sorted_members(members: Iterable[Member]) -> tuple[Member, ...]:
-    return tuple(sorted(members, key=lambda m: m.node))
+    return tuple(sorted(members, key=lambda m: node_order(m.node)))
 
 
 def _node_set(nodes: Iterable[UniqueAddress]) -> frozenset[UniqueAddress]:
