@@ -94,7 +94,9 @@ class UniqueAddress:
 
 
 def node_order(node: UniqueAddress) -> tuple[str, int, int]:
-    """Sort key with the same order as comparing :class:`UniqueAddress` values, but much cheaper
-    (the attrs-generated comparison builds tuples on every call; gossip sorts often).
+    """Sort key with the same order as comparing :class:`UniqueAddress` values.
+
+    Much cheaper: the attrs-generated comparison builds tuples on every call, and gossip sorts
+    often.
     """
     return (node.address.host, node.address.port, node.uid)
