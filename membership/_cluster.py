@@ -228,10 +228,7 @@ class Cluster:
 
         Leaving -> Exiting -> Removed; this node then stops (``terminated`` is set).
         """
-        target = address or self._node.address
-        now = trio.current_time()
-        if self._core.phase is Phase.MEMBER:
-            self._apply(self._core.leave(target, now))
+        self._apply(self._core.leave(address or self._node.address, trio.current_time()))
 
     def down(self, address: Address | UniqueAddress) -> None:
         """Mark the member at ``address`` Down: it is removed once unreachable.

@@ -331,7 +331,6 @@ class ClusterCore:
     _next_leader_actions: float = 0.0
     _first_non_convergence: float | None = None
     _exiting_started: bool = False
-    _shutdown_reason: str | None = None
 
     # ---- public state ----
 
@@ -673,7 +672,6 @@ class ClusterCore:
             return []
         logger.warning("%s: leaving the cluster: %s", self.self_node, reason)
         self.phase = Phase.SHUT_DOWN
-        self._shutdown_reason = reason
         return [Shutdown(reason)]
 
     def _leader_actions(self, now: float) -> list[Effect]:
@@ -715,7 +713,7 @@ class ClusterCore:
         # Removed nodes learn it from the tombstone; exiting ones are told at once, and so are
         # the two oldest members, where singletons run and must take over.
         tell = {m.node for m in result.removed} | {m.node for m in result.exiting}
-        ages = sorted((m for m in self.gossip.members if m.up_number), key=Member.age_key)
+        ages = sorted(self.gossip.members, key=Member.age_key)
         tell |= {m.node for m in ages[:2]} if result.exiting else set()
         for node in sorted(tell - {self.self_node}):
             effects.append(self._full_gossip_to(node))

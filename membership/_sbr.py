@@ -429,14 +429,8 @@ class DowningView:
         excluding_possibly_exiting: bool = False,
     ) -> tuple[Member, ...]:
         """:meth:`counted` members not in :attr:`unreachable`."""
-        return tuple(
-            m
-            for m in self.counted(
-                role,
-                including_possibly_up=including_possibly_up,
-                excluding_possibly_exiting=excluding_possibly_exiting,
-            )
-            if m.node not in self.unreachable
+        return self._counted_where(
+            role, including_possibly_up, excluding_possibly_exiting, unreachable=False
         )
 
     def counted_unreachable(
@@ -447,15 +441,24 @@ class DowningView:
         excluding_possibly_exiting: bool = False,
     ) -> tuple[Member, ...]:
         """:meth:`counted` members in :attr:`unreachable`."""
-        return tuple(
-            m
-            for m in self.counted(
-                role,
-                including_possibly_up=including_possibly_up,
-                excluding_possibly_exiting=excluding_possibly_exiting,
-            )
-            if m.node in self.unreachable
+        return self._counted_where(
+            role, including_possibly_up, excluding_possibly_exiting, unreachable=True
         )
+
+    def _counted_where(
+        self,
+        role: str | None,
+        including_possibly_up: bool,
+        excluding_possibly_exiting: bool,
+        *,
+        unreachable: bool,
+    ) -> tuple[Member, ...]:
+        counted = self.counted(
+            role,
+            including_possibly_up=including_possibly_up,
+            excluding_possibly_exiting=excluding_possibly_exiting,
+        )
+        return tuple(m for m in counted if (m.node in self.unreachable) is unreachable)
 
     @property
     def downable(self) -> frozenset[UniqueAddress]:

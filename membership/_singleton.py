@@ -25,11 +25,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import attrs
 import trio
 
+from . import _wire
 from ._address import UniqueAddress
 from ._cluster import Cluster, DowningLease
 from ._errors import ClusterError, ConfigurationError, SendQueueFull, TransportClosed
+from ._member import MemberStatus
 from ._singleton_core import (
     HAND_OVER_MESSAGES,
+    HandOverDone,
+    HandOverToMe,
     SendTo,
     SingletonEffect,
     SingletonManagerCore,
@@ -41,6 +45,11 @@ from ._transport import Envelope, Transport
 from ._wire import message
 
 logger = logging.getLogger("membership.singleton")
+
+_SUCCESSOR_STATUSES = frozenset(
+    {MemberStatus.UP, MemberStatus.LEAVING, MemberStatus.WEAKLY_UP, MemberStatus.JOINING}
+)
+"""Members that could take a singleton over from an exiting node."""
 
 RESTART_BACKOFF = 1.0
 """Seconds before a crashed singleton instance is started again."""
@@ -247,10 +256,7 @@ class _Manager:
     def receive(self, sender: UniqueAddress, envelope: SingletonEnvelope) -> None:
         if self.inbox_send is not None and self.core.running:
             self._deliver(sender, envelope)
-        elif (
-            self.core.state in (SingletonState.BECOMING_OLDEST, SingletonState.OLDEST)
-            and len(self.buffer) < self.buffer_size
-        ):
+        elif self.core.takes_messages and len(self.buffer) < self.buffer_size:
             self.buffer.append((sender, envelope))
         else:
             self.s._send(
@@ -448,8 +454,6 @@ class Singletons:
     # ---- plumbing ----
 
     def _check_serializable(self, payload: object) -> None:
-        from . import _wire
-
         _wire.encode(payload, max_size=self._transport.settings.max_frame_size - 64)
 
     def _new_request(self) -> tuple[int, _Pending]:
@@ -502,9 +506,7 @@ class Singletons:
             manager = self._managers.get(msg.name)
             if manager is not None:
                 manager._apply(manager.core.receive(sender, msg, now))
-            elif isinstance(msg, HAND_OVER_MESSAGES[0]):  # HandOverToMe: nothing runs here
-                from ._singleton_core import HandOverDone
-
+            elif isinstance(msg, HandOverToMe):  # nothing runs here: the requester may start
                 self._send(sender, HandOverDone(name=msg.name))
             return True
         return False
@@ -519,7 +521,7 @@ class Singletons:
                 for m in self.cluster.members
                 if m.node != self.cluster.self_address
                 and m.has_role(manager.role)
-                and m.status.name in ("UP", "LEAVING", "WEAKLY_UP", "JOINING")
+                and m.status in _SUCCESSOR_STATUSES
             ]
             with trio.move_on_after(10 if others else 0):
                 await manager.handed_over.wait()

@@ -236,6 +236,14 @@ class SingletonManagerCore:
         return [StopInstance()] if was_running else []
 
     @property
+    def takes_messages(self) -> bool:
+        """Whether messages for the singleton belong here: running, or about to start (buffer).
+
+        Anywhere else they go back to the sender's proxy to be routed again.
+        """
+        return self.state in (SingletonState.BECOMING_OLDEST, SingletonState.OLDEST)
+
+    @property
     def running(self) -> bool:
         """Whether this node should have the instance running (or stopping)."""
         return self.state in (SingletonState.OLDEST, SingletonState.HANDING_OVER)

@@ -220,11 +220,15 @@ def _pack_nested(value: Any) -> bytes:
     return packed
 
 
+def _new_packer() -> msgpack.Packer:
+    return msgpack.Packer(default=_default, use_bin_type=True, strict_types=True)
+
+
 class _Local(threading.local):
     def __init__(self) -> None:
         # One Packer per thread: reusing it is five times cheaper than msgpack.packb, but a Packer
         # is neither thread-safe nor re-entrant (nested objects use _pack_nested instead).
-        self.packer = msgpack.Packer(default=_default, use_bin_type=True, strict_types=True)
+        self.packer = _new_packer()
         self.depth = 0
 
 
@@ -247,13 +251,11 @@ def encode(message: object, *, to_uid: int = 0, max_size: int | None = None) -> 
         else:
             body = _local.packer.pack(message)
             kind = KIND_PLAIN
-    except SerializationError as exc:
+    except (SerializationError, TypeError, ValueError, OverflowError) as exc:
         # A fresh Packer: a failed pack leaves the shared one with a half-written buffer.
-        _local.packer = msgpack.Packer(default=_default, use_bin_type=True, strict_types=True)
-        raise SerializationError(f"cannot send {_describe(message)}: {exc}") from None
-    except (TypeError, ValueError, OverflowError) as exc:
-        _local.packer = msgpack.Packer(default=_default, use_bin_type=True, strict_types=True)
-        raise SerializationError(f"cannot send {_describe(message)}: {exc}") from exc
+        _local.packer = _new_packer()
+        cause = None if isinstance(exc, SerializationError) else exc
+        raise SerializationError(f"cannot send {_describe(message)}: {exc}") from cause
     payload: bytes = HEADER.pack(WIRE_VERSION, kind, to_uid) + body
     if max_size is not None and len(payload) > max_size:
         raise MessageTooLarge(
