@@ -33,6 +33,8 @@ from typing import Any, Self, TypeVar
 
 import attrs
 
+from crdt import ReplicatorSettings
+
 # Imported at run time, not under TYPE_CHECKING: the loader resolves the field annotations.
 from membership import Address, ConfigurationError, TransportSettings
 from membership._address import check_name
@@ -283,6 +285,12 @@ class NodeConfig:
     """How unreachable members are downed after a partition (default
     ``SplitBrainResolverSettings()``; ``[split_brain_resolver]`` in a file)."""
 
+    replicator: ReplicatorSettings = attrs.field(
+        factory=ReplicatorSettings, validator=_instance_of(ReplicatorSettings)
+    )
+    """The node's replicated keys: gossip, notifications, durable keys (default
+    ``ReplicatorSettings()``; ``[replicator]`` in a file)."""
+
     log_level: str = attrs.field(default="INFO", validator=_check_log_level)
     """The least severe log records to emit: DEBUG, INFO, WARNING or ERROR (default INFO)."""
 
@@ -291,6 +299,13 @@ class NodeConfig:
     stops anyway (default 10)."""
 
     def __attrs_post_init__(self) -> None:
+        if self.replicator.max_message_bytes > self.transport.max_frame_size // 2:
+            raise ConfigurationError(
+                f"{type(self).__name__}.replicator.max_message_bytes = "
+                f"{self.replicator.max_message_bytes} is invalid: must be at most half of "
+                f"transport.max_frame_size ({self.transport.max_frame_size}), to leave room for "
+                "the message around the payload"
+            )
         if self.canonical_host is None and self.bind_host in _WILDCARD_HOSTS:
             raise ConfigurationError(
                 f"{type(self).__name__}.canonical_host = None is invalid: it is required when "

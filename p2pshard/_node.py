@@ -25,6 +25,7 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
+from crdt import Replicator, open_replicator
 from membership import Envelope, Transport, TransportStatistics, UniqueAddress
 from membership._cluster import Cluster, DowningLease
 from membership._events import LeaderChanged, MemberEvent, ReachableMember, UnreachableMember
@@ -53,6 +54,7 @@ class Node:
     _transport: Transport
     _cluster: Cluster
     _singletons: Singletons | None = None
+    _replicator: Replicator | None = None
 
     @property
     def config(self) -> NodeConfig:
@@ -76,6 +78,12 @@ class Node:
         return self._singletons
 
     @property
+    def replicator(self) -> Replicator:
+        """Replicated keys holding pycrdt documents, with majority reads and writes."""
+        assert self._replicator is not None
+        return self._replicator
+
+    @property
     def transport(self) -> Transport:
         """The node's transport (for diagnostics and the layers built on it)."""
         return self._transport
@@ -95,7 +103,11 @@ class Node:
 
     def _dispatch(self, envelope: Envelope) -> None:
         """Hand one received message to the service it belongs to (runs in the link task)."""
-        if not (self._cluster.handle(envelope) or self.singletons.handle(envelope)):
+        if not (
+            self._cluster.handle(envelope)
+            or self.singletons.handle(envelope)
+            or (self._replicator is not None and self._replicator.handle(envelope))
+        ):
             logger.debug(
                 "%s: no service handles %s from %s",
                 self.address.name,
@@ -205,12 +217,16 @@ async def _run(
             nursery.start_soon(node._log_membership)
             await nursery.start(cluster.run)
             try:
-                yield node
-            except Exception:
-                await _leave(node)  # an error in the block: still hand over, then re-raise
-                raise
-            else:
-                await _leave(node)
+                async with open_replicator(
+                    transport, cluster, config.replicator, rng=rng
+                ) as node._replicator:
+                    try:
+                        yield node
+                    except Exception:
+                        await _leave(node)  # an error in the block: still hand over, re-raise
+                        raise
+                    else:
+                        await _leave(node)
             finally:
                 # Cancellation skips the leave on purpose: it means "stop now", like a crash;
                 # the others will find this node unreachable and down it.
