@@ -118,11 +118,14 @@ class Send:
 class Persist:
     """Effect: append to the durable store, then call ``persisted(ticket, error)``.
 
-    ``entries`` maps a key to a yrs update to append, or to None: the key was deleted.
+    ``entries`` maps a key to a yrs update to append, or to None: the key was deleted. With
+    ``snapshot`` each update is the key's full state and replaces what is stored (after a
+    failed append, the next change of the key is stored this way).
     """
 
     ticket: int
     entries: tuple[tuple[str, bytes | None], ...]
+    snapshot: bool = False
 
 
 @attrs.frozen
@@ -203,6 +206,8 @@ class _Op:
 
 @attrs.define(eq=False)
 class _Ticket:
+    keys: tuple[str, ...]
+    snapshot: bool
     ops: list[int] = attrs.Factory(list)
     sends: list[Send] = attrs.Factory(list)
 
@@ -249,6 +254,8 @@ class ReplicatorCore:
         self._ops: dict[int, _Op] = {}
         self._next_id = 1
         self._tickets: dict[int, _Ticket] = {}
+        self._unpersisted: dict[str, int] = {}  # key -> its latest ticket not yet on disk
+        self._disk_stale: set[str] = set()  # keys whose disk copy missed a failed append
         self._deltas: dict[str, list[bytes]] = {}
         self._changed: set[str] = set()
         # Anti-entropy bookkeeping: each key's contribution to its bucket's hash.
@@ -295,6 +302,7 @@ class ReplicatorCore:
         check_key(key)
         if key in self._deleted:
             raise DataDeleted(f"key {key!r} was deleted and cannot be updated or reused")
+        created = key not in self._docs
         entry = self._entry(key)
         entry.captured.clear()
         try:
@@ -311,11 +319,16 @@ class ReplicatorCore:
             delta = self._take_captured(entry)
             if delta is not None:
                 self._local_change(key, entry, delta, now, replicate=True)
+            elif created:
+                self._forget(key)  # nothing was written: leave no empty key behind
             raise
         delta = self._take_captured(entry)
         op_id = self._new_op_id()
         local = isinstance(consistency, WriteLocal)
-        ticket = self._local_change(key, entry, delta, now, replicate=local) if delta else None
+        if delta:
+            ticket = self._local_change(key, entry, delta, now, replicate=local)
+        else:  # nothing changed; still, what this write returns on must be on disk
+            ticket = self._unpersisted.get(key)
         targets, needed = self._quorum(consistency)
         op = _Op(
             "write",
@@ -434,9 +447,21 @@ class ReplicatorCore:
         changed, self._changed = self._changed, set()
         return changed
 
-    def set_peers(self, peers: Peers) -> None:
-        """The cluster changed: these are the peers now. Operations under way keep theirs."""
+    def set_peers(self, peers: Peers, now: float) -> None:
+        """The cluster changed: these are the peers now. Operations under way keep theirs.
+
+        A peer that was not there before gets a gossip round at once, so a node that joins
+        catches up without waiting for the random choice to fall on it.
+        """
+        old = self._peers
         self._peers = peers
+        new = (peers.replicas | peers.weakly_up) - peers.unreachable
+        known = (old.replicas | old.weakly_up) - old.unreachable
+        joined = sorted(new - known, key=lambda n: (n.address.host, n.address.port, n.uid))
+        if joined:
+            self._refresh()
+            for node in joined:
+                self._send_status(node)
 
     def abandon(self, op_id: int) -> None:
         """Forget an operation whose caller stopped waiting (its effects are not undone)."""
@@ -473,6 +498,16 @@ class ReplicatorCore:
         waiting = self._tickets.pop(ticket, None)
         if waiting is None:
             return
+        for key in waiting.keys:
+            if self._unpersisted.get(key) == ticket:
+                del self._unpersisted[key]
+            if error is not None:
+                self._disk_stale.add(key)
+            elif waiting.snapshot:
+                self._disk_stale.discard(key)
+            elif key in self._disk_stale:
+                # Stored after an append of this key failed: on disk it would build on a hole.
+                error = StoreFailure(f"an earlier write of {key!r} to the durable store failed")
         for op_id in waiting.ops:
             op = self._ops.get(op_id)
             if op is None:
@@ -522,7 +557,10 @@ class ReplicatorCore:
             case Delete(key=key, request_id=op_id):
                 check_key(key)
                 reply = Send(sender, DeleteAck(replicator=self._name, request_id=op_id))
-                ticket = self._delete_local(key) if key not in self._deleted else None
+                if key in self._deleted:
+                    ticket = self._unpersisted.get(key)  # its tombstone may be on its way
+                else:
+                    ticket = self._delete_local(key)
                 self._after(ticket, reply)
             case DeleteAck(request_id=op_id):
                 op = self._answered(sender, op_id, "delete")
@@ -558,6 +596,8 @@ class ReplicatorCore:
             return
         required = decode_state_vector(message.required)
         ticket = self._apply(key, message.update)
+        if ticket is None:  # nothing new, but what it holds may not be on disk yet
+            ticket = self._unpersisted.get(key)
         state = self._docs[key].doc.get_state()
         if covers(decode_state_vector(state), required):
             reply: ReplicatorMessage = WriteAck(
@@ -635,12 +675,11 @@ class ReplicatorCore:
         if not peers:
             return
         self._refresh()
+        self._send_status(self._rng.choice(peers))
+
+    def _send_status(self, to: UniqueAddress) -> None:
         buckets = b"".join(h.to_bytes(8, "big") for h in self._bucket_hash)
-        self._gossip_send(
-            self._rng.choice(peers),
-            Status(replicator=self.settings.name, buckets=buckets),
-            len(buckets),
-        )
+        self._gossip_send(to, Status(replicator=self._name, buckets=buckets), len(buckets))
 
     def _on_status(self, sender: UniqueAddress, message: Status) -> None:
         count = self.settings.digest_buckets
@@ -722,6 +761,9 @@ class ReplicatorCore:
             if entry is None:
                 if message.reply:
                     parts.append(_SyncPart(key, state=EMPTY_STATE))
+                continue
+            if state == EMPTY_STATE:  # the sender has nothing of it: all, no comparison
+                parts.append(_SyncPart(key, update=entry.doc.get_update()))
                 continue
             part = _SyncPart(key)
             mine = entry.doc.get_state()
@@ -828,6 +870,9 @@ class ReplicatorCore:
     def _persist_update(self, key: str, entry: _Entry, delta: bytes) -> int | None:
         if not entry.durable:
             return None
+        if key in self._disk_stale:
+            entry.appended = 0
+            return self._persist(((key, entry.doc.get_update()),), snapshot=True)
         ticket = self._persist(((key, delta),))
         entry.appended += 1
         if entry.appended >= self.settings.compact_after:
@@ -835,10 +880,15 @@ class ReplicatorCore:
             self.effects.append(Compact(key, entry.doc.get_update()))
         return ticket
 
-    def _persist(self, entries: tuple[tuple[str, bytes | None], ...]) -> int:
+    def _persist(
+        self, entries: tuple[tuple[str, bytes | None], ...], *, snapshot: bool = False
+    ) -> int:
         ticket = self._new_op_id()
-        self._tickets[ticket] = _Ticket()
-        self.effects.append(Persist(ticket, entries))
+        keys = tuple(key for key, _ in entries)
+        self._tickets[ticket] = _Ticket(keys, snapshot)
+        for key in keys:
+            self._unpersisted[key] = ticket
+        self.effects.append(Persist(ticket, entries, snapshot))
         return ticket
 
     def _delete_local(self, key: str) -> int | None:
@@ -928,10 +978,11 @@ class ReplicatorCore:
                 "(this node included) within its timeout"
             )
         what = "update" if op.kind == "write" else "delete"
+        disk = "" if op.persisted else "; its write to the local durable store had not finished"
         return UpdateTimeout(
             f"{what} of {op.key!r} was confirmed by {got + 1} of the {wanted + 1} replicas it "
-            "needs (this node included) within its timeout; it stays in the local replica and "
-            "spreads by gossip"
+            f"needs (this node included) within its timeout{disk}; it stays in the local "
+            "replica and spreads by gossip"
         )
 
     def _new_op_id(self) -> int:

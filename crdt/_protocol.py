@@ -16,11 +16,16 @@ Deltas: recent local-only writes pushed to every peer every ``delta_interval``.
 
 from __future__ import annotations
 
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import attrs
 
 from membership import message
+
+
+def _of(kind: type | tuple[type, ...]) -> Any:
+    """A validator: a peer's message with a field of the wrong type is rejected when decoded."""
+    return attrs.validators.instance_of(kind)
 
 
 @message(name="p2pshard.ddata.Read")
@@ -28,10 +33,10 @@ from membership import message
 class Read:
     """Ask for what the recipient holds of ``key`` beyond the reader's ``state`` vector."""
 
-    replicator: str
-    key: str
-    request_id: int
-    state: bytes
+    replicator: str = attrs.field(validator=_of(str))
+    key: str = attrs.field(validator=_of(str))
+    request_id: int = attrs.field(validator=_of(int))
+    state: bytes = attrs.field(validator=_of(bytes))
 
 
 @message(name="p2pshard.ddata.ReadResult")
@@ -39,10 +44,10 @@ class Read:
 class ReadResult:
     """The answer to a Read: a yrs update (None: no such key here), or the key is deleted."""
 
-    replicator: str
-    request_id: int
-    update: bytes | None = None
-    deleted: bool = False
+    replicator: str = attrs.field(validator=_of(str))
+    request_id: int = attrs.field(validator=_of(int))
+    update: bytes | None = attrs.field(default=None, validator=_of((bytes, type(None))))
+    deleted: bool = attrs.field(default=False, validator=_of(bool))
 
 
 @message(name="p2pshard.ddata.Write")
@@ -50,11 +55,11 @@ class ReadResult:
 class Write:
     """Apply ``update`` to ``key``; acknowledge once the replica covers the ``required`` state."""
 
-    replicator: str
-    key: str
-    request_id: int
-    update: bytes
-    required: bytes
+    replicator: str = attrs.field(validator=_of(str))
+    key: str = attrs.field(validator=_of(str))
+    request_id: int = attrs.field(validator=_of(int))
+    update: bytes = attrs.field(validator=_of(bytes))
+    required: bytes = attrs.field(validator=_of(bytes))
 
 
 @message(name="p2pshard.ddata.WriteAck")
@@ -62,8 +67,8 @@ class Write:
 class WriteAck:
     """The replica's state covers the write (and, for a durable key, it is on disk)."""
 
-    replicator: str
-    request_id: int
+    replicator: str = attrs.field(validator=_of(str))
+    request_id: int = attrs.field(validator=_of(int))
 
 
 @message(name="p2pshard.ddata.WriteNack")
@@ -74,10 +79,10 @@ class WriteNack:
     ``state`` is the replica's state vector: the writer sends what lies beyond it.
     """
 
-    replicator: str
-    request_id: int
-    state: bytes = b""
-    deleted: bool = False
+    replicator: str = attrs.field(validator=_of(str))
+    request_id: int = attrs.field(validator=_of(int))
+    state: bytes = attrs.field(default=b"", validator=_of(bytes))
+    deleted: bool = attrs.field(default=False, validator=_of(bool))
 
 
 @message(name="p2pshard.ddata.Delete")
@@ -85,9 +90,9 @@ class WriteNack:
 class Delete:
     """Delete ``key`` for good."""
 
-    replicator: str
-    key: str
-    request_id: int
+    replicator: str = attrs.field(validator=_of(str))
+    key: str = attrs.field(validator=_of(str))
+    request_id: int = attrs.field(validator=_of(int))
 
 
 @message(name="p2pshard.ddata.DeleteAck")
@@ -95,8 +100,8 @@ class Delete:
 class DeleteAck:
     """The key is deleted on the replica (and, for a durable key, on its disk)."""
 
-    replicator: str
-    request_id: int
+    replicator: str = attrs.field(validator=_of(str))
+    request_id: int = attrs.field(validator=_of(int))
 
 
 @message(name="p2pshard.ddata.Status")
@@ -104,8 +109,8 @@ class DeleteAck:
 class Status:
     """One 8-byte hash per digest bucket: the XOR of the digests of the keys in it."""
 
-    replicator: str
-    buckets: bytes
+    replicator: str = attrs.field(validator=_of(str))
+    buckets: bytes = attrs.field(validator=_of(bytes))
 
 
 @message(name="p2pshard.ddata.KeyDigests")
@@ -113,9 +118,9 @@ class Status:
 class KeyDigests:
     """Per-key digests of every key in ``buckets`` (the buckets whose hashes differed)."""
 
-    replicator: str
-    buckets: tuple[int, ...]
-    digests: dict[str, bytes]
+    replicator: str = attrs.field(validator=_of(str))
+    buckets: tuple[int, ...] = attrs.field(validator=_of(tuple))
+    digests: dict[str, bytes] = attrs.field(validator=_of(dict))
 
 
 @message(name="p2pshard.ddata.Sync")
@@ -128,12 +133,12 @@ class Sync:
     ``reply`` is set.
     """
 
-    replicator: str
-    updates: dict[str, bytes] = attrs.field(factory=dict)
-    states: dict[str, bytes] = attrs.field(factory=dict)
-    delete_sets: dict[str, bytes] = attrs.field(factory=dict)
-    deleted: tuple[str, ...] = ()
-    reply: bool = False
+    replicator: str = attrs.field(validator=_of(str))
+    updates: dict[str, bytes] = attrs.field(factory=dict, validator=_of(dict))
+    states: dict[str, bytes] = attrs.field(factory=dict, validator=_of(dict))
+    delete_sets: dict[str, bytes] = attrs.field(factory=dict, validator=_of(dict))
+    deleted: tuple[str, ...] = attrs.field(default=(), validator=_of(tuple))
+    reply: bool = attrs.field(default=False, validator=_of(bool))
 
 
 @message(name="p2pshard.ddata.Deltas")
@@ -141,8 +146,8 @@ class Sync:
 class Deltas:
     """Recent local writes, one merged yrs update per key."""
 
-    replicator: str
-    updates: dict[str, bytes]
+    replicator: str = attrs.field(validator=_of(str))
+    updates: dict[str, bytes] = attrs.field(validator=_of(dict))
 
 
 ReplicatorMessage: TypeAlias = (

@@ -201,6 +201,7 @@ class Replicator:
         ](math.inf)
         self._store_send = store_send
         self._dropped = 0
+        self._closed = False
         self._store_batches = 0
         self._store_failures = 0
 
@@ -226,9 +227,11 @@ class Replicator:
         Raises:
             GetFailure: not enough replicas answered within the timeout.
             DataDeleted: the key was deleted.
+            ReplicationError: the replicator stopped (its node left or stopped).
             ValueError: an invalid key. TypeError: not a read consistency.
         """
         consistency = check_read(ReadLocal() if consistency is None else consistency)
+        self._check_running()
         op = self._core.get(key, consistency, trio.current_time())
         return await self._wait(op)  # type: ignore[return-value]
 
@@ -257,10 +260,12 @@ class Replicator:
                 spreads by gossip).
             StoreFailure: a durable key could not be written to disk.
             DataDeleted: the key was deleted.
+            ReplicationError: the replicator stopped (its node left or stopped).
             ValueError: an invalid key. TypeError: not a write consistency, or an async modify.
         """
         consistency = check_write(WriteLocal() if consistency is None else consistency)
         check_key(key)
+        self._check_running()
         try:
             op = self._core.update(key, modify, consistency, trio.current_time())
         except BaseException:
@@ -277,6 +282,7 @@ class Replicator:
             DataDeleted: the key was deleted already.
         """
         consistency = check_write(WriteLocal() if consistency is None else consistency)
+        self._check_running()
         op = self._core.delete(key, consistency, trio.current_time())
         await self._wait(op)
 
@@ -377,8 +383,10 @@ class Replicator:
             elif member.status is MemberStatus.WEAKLY_UP:
                 weakly_up.add(member.node)
         self._core.set_peers(
-            Peers(frozenset(replicas), frozenset(leaving), frozenset(weakly_up), unreachable)
+            Peers(frozenset(replicas), frozenset(leaving), frozenset(weakly_up), unreachable),
+            trio.current_time(),
         )
+        self._drain()
 
     async def _notify_loop(self) -> None:
         while True:
@@ -414,11 +422,16 @@ class Replicator:
                     self._core.persisted(ticket, error)
             self._drain()
 
+    def _check_running(self) -> None:
+        if self._closed:
+            raise ReplicationError("the replicator has stopped (its node left or stopped)")
+
     async def _wait(self, op: int) -> object:
         waiter = _Waiter()
         self._waiters[op] = waiter
         self._drain()
-        self._wakeup.set()  # the new operation's deadline may come before the timer's
+        if not waiter.done.is_set():
+            self._wakeup.set()  # its deadline may come before the timer's
         try:
             await waiter.done.wait()
         finally:
@@ -427,6 +440,14 @@ class Replicator:
         if waiter.error is not None:
             raise waiter.error
         return waiter.value
+
+    def _stopped(self) -> None:
+        """Fail every call still waiting: nothing will complete them now."""
+        self._closed = True
+        for waiter in self._waiters.values():
+            waiter.error = ReplicationError("the replicator stopped before the operation ended")
+            waiter.done.set()
+        self._waiters.clear()
 
     def _drain(self) -> None:
         effects = self._core.effects
@@ -515,6 +536,7 @@ async def open_replicator(
                 yield replicator
             finally:
                 nursery.cancel_scope.cancel()
+                replicator._stopped()
     finally:
         if store is not None:
             store.close()

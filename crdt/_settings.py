@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 
 from membership import ConfigurationError
-from membership._address import check_name
+from membership._address import NAME_PATTERN
 from membership._settings import in_range
 
 
@@ -24,8 +24,31 @@ def _check_patterns(instance: object, attribute: attrs.Attribute[Any], value: ob
         )
 
 
-def _check_name(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
-    check_name(f"ReplicatorSettings.{attribute.name}", value)
+def _invalid(attribute: attrs.Attribute[Any], value: object, allowed: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"ReplicatorSettings.{attribute.name} = {value!r} is invalid: {allowed}"
+    )
+
+
+def _check_name(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str) or NAME_PATTERN.fullmatch(value) is None:
+        raise _invalid(
+            attribute,
+            value,
+            "use 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit",
+        )
+
+
+def _check_role(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and (
+        not isinstance(value, str) or not value or "," in value or any(c.isspace() for c in value)
+    ):
+        raise _invalid(attribute, value, "must be None or a role name without ',' or spaces")
+
+
+def _check_path(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and (not isinstance(value, Path) or value == Path()):
+        raise _invalid(attribute, value, "must be None or a non-empty path to an SQLite file")
 
 
 def _as_tuple(value: object) -> object:
@@ -33,7 +56,7 @@ def _as_tuple(value: object) -> object:
 
 
 def _as_path(value: object) -> object:
-    return Path(value) if isinstance(value, str) and value else value
+    return Path(value) if isinstance(value, str) and value else None if value == "" else value
 
 
 @attrs.frozen(kw_only=True)
@@ -44,7 +67,7 @@ class ReplicatorSettings:
     """The replicator's name (default ``ddata``). Replicators with the same name on different
     nodes are replicas of each other; a node may run several under different names."""
 
-    role: str | None = None
+    role: str | None = attrs.field(default=None, validator=_check_role)
     """Only members with this role hold replicas (default: every member)."""
 
     gossip_interval: float = attrs.field(default=2.0, validator=in_range(0.01, 3600.0))
@@ -74,7 +97,7 @@ class ReplicatorSettings:
     """Glob patterns (``fnmatch``) of keys kept in the durable store (default none). A write to a
     durable key is on disk before it is acknowledged; durable keys survive a full restart."""
 
-    durable_path: Path | None = attrs.field(default=None, converter=_as_path)
+    durable_path: Path | None = attrs.field(default=None, converter=_as_path, validator=_check_path)
     """SQLite file of the durable store (default none; needed when ``durable_keys`` is set)."""
 
     compact_after: int = attrs.field(default=500, validator=in_range(1, 1 << 30, integer=True))

@@ -82,14 +82,14 @@ class DurableStore:
         except (OSError, sqlite3.Error) as error:
             raise ConfigurationError(f"cannot open the durable store {path}: {error}") from None
         try:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, SCHEMA_VERSION):
+            if version not in (0, SCHEMA_VERSION):  # checked before changing anything
                 raise ConfigurationError(
                     f"{path} is a durable store of schema version {version}; this version of "
                     f"p2pshard reads version {SCHEMA_VERSION}"
                 )
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except sqlite3.DatabaseError as error:

@@ -535,8 +535,12 @@ class ClusterCore:
         if existing is not None:
             # Our Welcome was lost, or it retried: welcome it again.
             return [Send(node, Welcome(sender=self.self_node, gossip=gossip))]
-        for m in gossip.members:
-            if m.node.address == node.address:
+        old = [m for m in gossip.members if m.node.address == node.address]
+        if old:
+            # A node restarted quickly may leave several old incarnations: down every one of
+            # them (not only the first), then the joiner's retries get in once they are removed.
+            effects = []
+            for m in old:
                 logger.info(
                     "%s: new incarnation %s of %s; the old one is downed and removed first",
                     self.self_node,
@@ -544,10 +548,12 @@ class ClusterCore:
                     m.node,
                 )
                 if m.status is MemberStatus.DOWN:
-                    return []
+                    continue
+                gossip = self.gossip
                 terminated = gossip.reachability.terminated(self.self_node, m.node)
-                effects = self._update(attrs.evolve(gossip, reachability=terminated), now)
-                return effects + self._downing(m.node, now)
+                effects += self._update(attrs.evolve(gossip, reachability=terminated), now)
+                effects += self._downing(m.node, now)
+            return effects
         logger.info(
             "%s: %s is joining with roles %s", self.self_node, node, sorted(roles) or "none"
         )

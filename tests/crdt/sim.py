@@ -94,7 +94,15 @@ class Cluster:
                     return False
             return True
 
-        await eventually(up)
+        try:
+            await eventually(up)
+        except trio.TooSlowError:
+            for i in numbers:  # what each node saw, to tell why
+                node = self.nodes[i]
+                members = [f"{m.node} {m.status.name}" for m in node.cluster.members]
+                unreachable = [str(m.node) for m in node.cluster.unreachable]
+                print(f"n{i}: members {members}, unreachable {unreachable}")
+            raise
 
 
 @asynccontextmanager
