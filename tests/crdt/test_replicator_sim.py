@@ -12,6 +12,9 @@ import trio
 import trio.testing
 
 from crdt import (
+    Changed,
+    DataDeleted,
+    Deleted,
     GetFailure,
     ReadConsistency,
     ReadLocal,
@@ -23,9 +26,10 @@ from crdt import (
     WriteMajority,
 )
 from crdt._digest import decode_state_vector
-from membership import Address
+from membership import Address, LinkConditions, deterministic_scheduling
 
 from .sim import HOST, cluster, content, eventually, setter
+from .sim import Cluster as SimCluster
 
 
 async def test_majority_write_is_seen_by_a_majority_read_elsewhere(
@@ -233,3 +237,158 @@ async def test_replicas_end_identical_after_one_node_restarts_100_times_under_wr
             writers |= decode_state_vector(doc.get_state()).keys()
         assert len(writers & client_ids) > 10  # many incarnations of n3 wrote, none collided
         print(f"writes={written}")
+
+
+def replicas_identical(c: SimCluster, numbers: tuple[int, ...]) -> bool:
+    cores = [c.nodes[i].replicator._core for i in numbers]
+    keys = cores[0].held_keys()
+    return (
+        all(core.held_keys() == keys for core in cores)
+        and all(core.deleted_keys() == cores[0].deleted_keys() for core in cores)
+        and all(len({core.digest(k) for core in cores}) == 1 for k in keys)
+    )
+
+
+async def test_write_majority_without_a_majority_times_out_then_arrives_after_heal(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with cluster(seed=5) as c:
+        for i in range(1, 6):
+            await c.start(i)
+        await c.all_up(*range(1, 6))
+        c.net.partition([Address(HOST, 1), Address(HOST, 2)], [Address(HOST, i) for i in (3, 4, 5)])
+        started = trio.current_time()
+        with pytest.raises(UpdateTimeout, match="confirmed by 2 of the 3 replicas"):
+            await c.nodes[1].replicator.update(
+                "k", setter("a", "minority"), WriteMajority(timeout=1.5)
+            )
+        assert trio.current_time() - started == pytest.approx(1.5)
+        assert content(await c.nodes[1].replicator.get("k")) == {"a": "minority"}  # kept
+        with pytest.raises(GetFailure):
+            await c.nodes[1].replicator.get("k", ReadMajority(timeout=1.0))
+        assert await c.nodes[4].replicator.get("k", ReadMajority(timeout=1.0)) is None
+        c.net.heal()
+        await eventually(
+            lambda: all(
+                content(c.nodes[i].replicator._core.snapshot("k")) == {"a": "minority"}
+                for i in range(1, 6)
+            ),
+            limit=30,
+        )
+
+
+async def test_replicas_converge_over_lossy_duplicating_reordering_links_after_heal(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    seed = 21
+    print(f"seed={seed}")
+    rng = random.Random(seed)
+    bad = LinkConditions(drop=0.2, duplicate=0.1, reorder=0.3, delay_min=0.001, delay_max=0.05)
+    async with cluster(seed) as c:
+        for i in (1, 2, 3):
+            await c.start(i)
+        await c.all_up(1, 2, 3)
+        c.net.set_conditions(bad)
+        for step in range(300):
+            node = c.nodes[rng.randint(1, 3)].replicator
+            key = f"k{rng.randrange(15)}"
+            if rng.random() < 0.02 and key in set(node.keys()):
+                with contextlib.suppress(DataDeleted):
+                    await node.delete(key)
+            else:
+                with contextlib.suppress(DataDeleted):
+                    await node.update(key, setter(f"f{rng.randrange(5)}", step))
+            await trio.sleep(rng.uniform(0, 0.05))
+        assert not replicas_identical(c, (1, 2, 3))  # the faults did leave them apart
+        c.net.set_conditions(LinkConditions(delay_min=0.001, delay_max=0.005))
+        await eventually(lambda: replicas_identical(c, (1, 2, 3)), limit=60)
+        contents = [
+            {
+                k: content(c.nodes[i].replicator._core.snapshot(k))
+                for k in list(c.nodes[1].replicator.keys())
+            }
+            for i in (1, 2, 3)
+        ]
+        assert contents[0] == contents[1] == contents[2]
+
+
+async def test_a_node_that_joins_catches_up_and_subscribers_see_changes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with cluster(seed=8) as c:
+        for i in (1, 2):
+            await c.start(i)
+        await c.all_up(1, 2)
+        for k in range(300):
+            await c.nodes[1].replicator.update(f"k{k}", setter("v", k))
+        await c.nodes[1].replicator.delete("k0", WriteMajority())
+        await c.start(3)
+        await eventually(lambda: replicas_identical(c, (1, 2, 3)), limit=30)
+        assert len(c.nodes[3].replicator.keys()) == 299
+        assert c.nodes[3].replicator._core.is_deleted("k0")
+
+        seen: list[Changed | Deleted] = []
+        async with c.nodes[3].replicator.subscribe("k5") as changes:
+
+            async def collect() -> None:
+                async for change in changes:
+                    seen.append(change)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(collect)
+                await eventually(lambda: len(seen) == 1)  # the current value first
+                for v in range(10):  # ten quick changes coalesce
+                    await c.nodes[1].replicator.update("k5", setter("v", 100 + v))
+                await eventually(
+                    lambda: (
+                        content(seen[-1].doc) == {"v": 109}
+                        if isinstance(seen[-1], Changed)
+                        else False
+                    )
+                )
+                assert 2 <= len(seen) < 11
+                await c.nodes[2].replicator.delete("k5", WriteMajority())
+                await eventually(lambda: isinstance(seen[-1], Deleted))
+                nursery.cancel_scope.cancel()
+        assert isinstance(seen[0], Changed)
+        assert content(seen[0].doc) == {"v": 5}
+        with pytest.raises(DataDeleted):
+            await c.nodes[3].replicator.update("k5", setter("v", 1))
+        stats = c.nodes[3].replicator.statistics()
+        assert stats.keys == 298
+        assert stats.deleted_keys == 2
+        assert stats.gossip_messages_received > 0
+        assert stats.pending_writes == 0
+
+
+def run_replicated_scenario(seed: int) -> tuple[str, dict[str, bytes | None]]:
+    """Writes over flaky links, then heal: the trace hash and the final digests of n1."""
+
+    async def scenario() -> tuple[str, dict[str, bytes | None]]:
+        rng = random.Random(seed)
+        bad = LinkConditions(drop=0.1, duplicate=0.1, reorder=0.2, delay_min=0.001, delay_max=0.02)
+        async with cluster(seed) as c:
+            for i in (1, 2, 3):
+                await c.start(i)
+            await c.all_up(1, 2, 3)
+            c.net.set_conditions(bad)
+            for step in range(60):
+                node = c.nodes[rng.randint(1, 3)].replicator
+                with contextlib.suppress(UpdateTimeout):
+                    await node.update(
+                        f"k{rng.randrange(5)}", setter("v", step), WriteMajority(timeout=0.5)
+                    )
+            c.net.set_conditions(LinkConditions(delay_min=0.001, delay_max=0.005))
+            await eventually(lambda: replicas_identical(c, (1, 2, 3)), limit=60)
+            core = c.nodes[1].replicator._core
+            return c.net.trace_hash(), {k: core.digest(k) for k in core.held_keys()}
+
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    with deterministic_scheduling(seed):
+        return trio.run(scenario, clock=clock)
+
+
+def test_same_seed_replays_the_same_replicated_run() -> None:
+    first = run_replicated_scenario(31)
+    assert run_replicated_scenario(31) == first  # same trace, same client ids, same documents
+    assert run_replicated_scenario(32)[0] != first[0]
