@@ -599,7 +599,7 @@ class ReplicatorCore:
         if ticket is None:  # nothing new, but what it holds may not be on disk yet
             ticket = self._unpersisted.get(key)
         state = self._docs[key].doc.get_state()
-        if covers(decode_state_vector(state), required):
+        if state == message.required or covers(decode_state_vector(state), required):
             reply: ReplicatorMessage = WriteAck(
                 replicator=self._name, request_id=message.request_id
             )

@@ -25,8 +25,8 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
-from crdt import Replicator, open_replicator
-from membership import Envelope, Transport, TransportStatistics, UniqueAddress
+from crdt import Replicator, ReplicatorSettings, open_replicator
+from membership import ConfigurationError, Envelope, Transport, TransportStatistics, UniqueAddress
 from membership._cluster import Cluster, DowningLease
 from membership._events import LeaderChanged, MemberEvent, ReachableMember, UnreachableMember
 from membership._singleton import Singletons
@@ -55,6 +55,9 @@ class Node:
     _cluster: Cluster
     _singletons: Singletons | None = None
     _replicator: Replicator | None = None
+    _replicators: dict[str, Replicator] = attrs.Factory(dict)
+    _nursery: trio.Nursery | None = None
+    _rng: random.Random = attrs.Factory(random.Random)
 
     @property
     def config(self) -> NodeConfig:
@@ -83,6 +86,44 @@ class Node:
         assert self._replicator is not None
         return self._replicator
 
+    async def start_replicator(self, settings: ReplicatorSettings) -> Replicator:
+        """Start another replicator on this node (for a role, say), running until the node stops.
+
+        Each replicator keeps its own keys; replicators with the same ``name`` on different nodes
+        are replicas of each other. Start it on every node that should hold its keys.
+
+        Example:
+            >>> async def backend_state(node: Node) -> Replicator:
+            ...     return await node.start_replicator(
+            ...         ReplicatorSettings(name="backend", role="backend")
+            ...     )
+
+        Raises:
+            ConfigurationError: the name is taken on this node, or this node lacks the role.
+        """
+        if settings.name in self._replicators:
+            raise ConfigurationError(
+                f"a replicator named {settings.name!r} already runs on this node; give "
+                "ReplicatorSettings.name another value"
+            )
+        _check_role(self._cluster, settings)
+        assert self._nursery is not None, "the node is not running"
+        replicator: Replicator = await self._nursery.start(self._run_replicator, settings)
+        return replicator
+
+    async def _run_replicator(
+        self, settings: ReplicatorSettings, *, task_status: trio.TaskStatus[Replicator]
+    ) -> None:
+        async with open_replicator(
+            self._transport, self._cluster, settings, rng=self._rng
+        ) as replicator:
+            self._replicators[settings.name] = replicator
+            try:
+                task_status.started(replicator)
+                await trio.sleep_forever()
+            finally:
+                del self._replicators[settings.name]
+
     @property
     def transport(self) -> Transport:
         """The node's transport (for diagnostics and the layers built on it)."""
@@ -106,7 +147,7 @@ class Node:
         if not (
             self._cluster.handle(envelope)
             or self.singletons.handle(envelope)
-            or (self._replicator is not None and self._replicator.handle(envelope))
+            or self._to_replicator(envelope)
         ):
             logger.debug(
                 "%s: no service handles %s from %s",
@@ -114,6 +155,11 @@ class Node:
                 type(envelope.message).__name__,
                 envelope.sender,
             )
+
+    def _to_replicator(self, envelope: Envelope) -> bool:
+        name = getattr(envelope.message, "replicator", None)
+        replicator = self._replicators.get(name) if isinstance(name, str) else None
+        return replicator is not None and replicator.handle(envelope)
 
     async def _log_membership(self) -> None:
         """Log member changes as one line of the whole membership, and reachability changes."""
@@ -134,6 +180,16 @@ class Node:
                     logger.info("%s: %s is reachable again", name, event.member.node)
                 elif isinstance(event, LeaderChanged):
                     logger.info("%s: leader is %s", name, event.leader or "nobody")
+
+
+def _check_role(cluster: Cluster, settings: ReplicatorSettings) -> None:
+    role = settings.role
+    if role is not None and role not in cluster.self_member.roles:
+        raise ConfigurationError(
+            f"the replicator {settings.name!r} is for role {role!r}, which this node does not "
+            f"have (its roles: {sorted(cluster.self_member.roles) or 'none'}); start it only on "
+            "members with that role"
+        )
 
 
 def _tls_identity(config: NodeConfig) -> TlsIdentity:
@@ -209,7 +265,7 @@ async def _run(
         downing_lease=downing_lease,
         wall_offset=wall_offset,
     )
-    node = Node(config, transport, cluster)
+    node = Node(config, transport, cluster, rng=rng or random.Random())
     with single_error():
         async with trio.open_nursery() as nursery:
             node._singletons = Singletons(transport, cluster, nursery)
@@ -217,9 +273,12 @@ async def _run(
             nursery.start_soon(node._log_membership)
             await nursery.start(cluster.run)
             try:
+                node._nursery = nursery
+                _check_role(cluster, config.replicator)
                 async with open_replicator(
-                    transport, cluster, config.replicator, rng=rng
+                    transport, cluster, config.replicator, rng=node._rng
                 ) as node._replicator:
+                    node._replicators[config.replicator.name] = node._replicator
                     try:
                         yield node
                     except Exception:

@@ -24,7 +24,12 @@ TLS = TlsFiles(
 HOST = "10.0.0.1"
 
 
-def config(i: int, replicator: ReplicatorSettings, sbr: SplitBrainResolverSettings) -> NodeConfig:
+def config(
+    i: int,
+    replicator: ReplicatorSettings,
+    sbr: SplitBrainResolverSettings,
+    roles: tuple[str, ...] = (),
+) -> NodeConfig:
     return NodeConfig(
         cluster_name="sim",
         node_name=f"n{i}",
@@ -34,6 +39,7 @@ def config(i: int, replicator: ReplicatorSettings, sbr: SplitBrainResolverSettin
         tls=TLS,
         split_brain_resolver=sbr,
         replicator=replicator,
+        roles=roles,
     )
 
 
@@ -51,6 +57,7 @@ class Cluster:
     stops: dict[int, trio.Event] = attrs.field(factory=dict)
     stopped: dict[int, trio.Event] = attrs.field(factory=dict)
     starts: int = 0
+    roles: dict[int, tuple[str, ...]] = attrs.field(factory=dict)
 
     async def start(self, i: int) -> Node:
         node: Node = await self.nursery.start(self._run, i)
@@ -66,7 +73,9 @@ class Cluster:
                 async with (
                     self.net.transport(Address(HOST, i), f"n{i}") as transport,
                     open_node(
-                        config(i, self.replicator, self.sbr), transport=transport, rng=rng
+                        config(i, self.replicator, self.sbr, self.roles.get(i, ())),
+                        transport=transport,
+                        rng=rng,
                     ) as node,
                 ):
                     self.nodes[i] = node

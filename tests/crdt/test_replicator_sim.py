@@ -20,13 +20,14 @@ from crdt import (
     ReadLocal,
     ReadMajority,
     ReplicationError,
+    ReplicatorSettings,
     UpdateTimeout,
     WriteConsistency,
     WriteLocal,
     WriteMajority,
 )
 from crdt._digest import decode_state_vector
-from membership import Address, LinkConditions, deterministic_scheduling
+from membership import Address, ConfigurationError, LinkConditions, deterministic_scheduling
 
 from .sim import HOST, cluster, content, eventually, setter
 from .sim import Cluster as SimCluster
@@ -392,3 +393,29 @@ def test_same_seed_replays_the_same_replicated_run() -> None:
     first = run_replicated_scenario(31)
     assert run_replicated_scenario(31) == first  # same trace, same client ids, same documents
     assert run_replicated_scenario(32)[0] != first[0]
+
+
+async def test_a_replicator_for_a_role_keeps_its_keys_on_members_with_the_role(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    backend = ReplicatorSettings(name="backend", role="backend", gossip_interval=0.5)
+    async with cluster(seed=9) as c:
+        c.roles = {1: ("backend",), 2: ("backend",)}
+        for i in (1, 2, 3):
+            await c.start(i)
+        await c.all_up(1, 2, 3)
+        first = await c.nodes[1].start_replicator(backend)
+        second = await c.nodes[2].start_replicator(backend)
+        with pytest.raises(ConfigurationError, match="role 'backend', which this node does not"):
+            await c.nodes[3].start_replicator(backend)
+        with pytest.raises(ConfigurationError, match="already runs on this node"):
+            await c.nodes[1].start_replicator(backend)
+        # Two replicas of the role: a majority is both of them, whatever the third node does.
+        c.net.isolate(Address(HOST, 3))
+        await first.update("shards", setter("s1", "n1"), WriteMajority(timeout=1))
+        assert content(await second.get("shards")) == {"s1": "n1"}
+        assert c.nodes[1].replicator.keys() == []  # the node's default replicator: separate keys
+        c.net.heal()
+        c.net.isolate(Address(HOST, 2))
+        with pytest.raises(UpdateTimeout, match="1 of the 2"):
+            await first.update("shards", setter("s2", "n1"), WriteMajority(timeout=1))
