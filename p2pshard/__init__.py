@@ -17,7 +17,15 @@ from membership import TransportSettings as TransportSettings
 from membership import UniqueAddress as UniqueAddress
 from membership import message as message
 
+from ._allocation import ClusterView as ClusterView
+from ._allocation import EntityId as EntityId
+from ._allocation import LeastShardAllocationStrategy as LeastShardAllocationStrategy
+from ._allocation import ShardAllocationStrategy as ShardAllocationStrategy
+from ._allocation import ShardId as ShardId
 from ._config import NodeConfig as NodeConfig
 from ._config import TlsFiles as TlsFiles
+from ._extractor import HashExtractor as HashExtractor
+from ._extractor import MessageExtractor as MessageExtractor
+from ._extractor import ShardingEnvelope as ShardingEnvelope
 from ._node import Node as Node
 from ._node import open_node as open_node

@@ -1,0 +1,264 @@
+"""The shard coordinator's state, folded from domain events, and its form in the replicator.
+
+Theory of operation: as Pekko's ``ShardCoordinator.State``, the state says which regions and
+region proxies are registered and where each shard lives, and changes only through
+:meth:`CoordinatorState.updated`, a pure function of one :class:`DomainEvent` that checks the
+event fits (registering a region twice, allocating to an unknown region, deallocating an
+unallocated shard are :class:`IllegalCoordinatorEvent`, and the state is left as it was). With
+remember-entities a terminated region's shards become *unallocated* rather than forgotten, so
+the new coordinator starts them elsewhere.
+
+In ddata mode the state lives in one replicator key as a pycrdt document of four maps (regions,
+proxies, shard homes, unallocated shards). :func:`apply_event` is the ``modify`` function that
+records one event in that document, and :meth:`CoordinatorState.from_document` reads it back; a
+region is written as ``name@host:port#uid`` (its node's incarnation). Map entries, not one
+serialized blob, so a write touches only what the event changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeAlias
+
+import attrs
+from pycrdt import Doc, Map
+
+from membership import Address, ClusterError, UniqueAddress
+
+from ._allocation import ShardId
+
+
+class IllegalCoordinatorEvent(ClusterError, ValueError):
+    """A domain event that does not fit the coordinator's state (a bug in the coordinator)."""
+
+
+@attrs.frozen
+class ShardRegionRegistered:
+    """A region (hosting entities) registered with the coordinator."""
+
+    region: UniqueAddress
+
+
+@attrs.frozen
+class ShardRegionProxyRegistered:
+    """A region proxy (hosting nothing) registered with the coordinator."""
+
+    proxy: UniqueAddress
+
+
+@attrs.frozen
+class ShardRegionTerminated:
+    """A region's node left the cluster; its shards are deallocated."""
+
+    region: UniqueAddress
+
+
+@attrs.frozen
+class ShardRegionProxyTerminated:
+    """A region proxy's node left the cluster."""
+
+    proxy: UniqueAddress
+
+
+@attrs.frozen
+class ShardHomeAllocated:
+    """``shard`` lives in ``region`` from now on."""
+
+    shard: ShardId
+    region: UniqueAddress
+
+
+@attrs.frozen
+class ShardHomeDeallocated:
+    """``shard`` has no home (it was handed off, or its region terminated)."""
+
+    shard: ShardId
+
+
+DomainEvent: TypeAlias = (
+    ShardRegionRegistered
+    | ShardRegionProxyRegistered
+    | ShardRegionTerminated
+    | ShardRegionProxyTerminated
+    | ShardHomeAllocated
+    | ShardHomeDeallocated
+)
+
+
+@attrs.frozen
+class CoordinatorState:
+    """Regions, proxies and shard homes. Build new states with :meth:`updated`.
+
+    Example:
+        >>> region = UniqueAddress(Address("10.0.0.1", 1), "n1", 7)
+        >>> state = CoordinatorState().updated(ShardRegionRegistered(region))
+        >>> state.updated(ShardHomeAllocated(ShardId("3"), region)).shards
+        {'3': UniqueAddress(address=Address(host='10.0.0.1', port=1), name='n1', uid=7)}
+    """
+
+    shards: Mapping[ShardId, UniqueAddress] = attrs.field(factory=dict)
+    regions: Mapping[UniqueAddress, tuple[ShardId, ...]] = attrs.field(factory=dict)
+    region_proxies: frozenset[UniqueAddress] = frozenset()
+    unallocated_shards: frozenset[ShardId] = frozenset()
+    remember_entities: bool = False
+
+    def updated(self, event: DomainEvent) -> CoordinatorState:
+        """The state after ``event``.
+
+        Raises:
+            IllegalCoordinatorEvent: the event does not fit this state (nothing changes).
+        """
+        match event:
+            case ShardRegionRegistered(region=region):
+                self._require(region not in self.regions, f"region {region} already registered")
+                return attrs.evolve(self, regions={**self.regions, region: ()})
+            case ShardRegionProxyRegistered(proxy=proxy):
+                self._require(
+                    proxy not in self.region_proxies, f"region proxy {proxy} already registered"
+                )
+                return attrs.evolve(self, region_proxies=self.region_proxies | {proxy})
+            case ShardRegionTerminated(region=region):
+                self._require(region in self.regions, f"terminated region {region} unknown")
+                lost = self.regions[region]
+                unallocated = self.unallocated_shards
+                if self.remember_entities:
+                    unallocated = unallocated | frozenset(lost)
+                return attrs.evolve(
+                    self,
+                    regions={r: s for r, s in self.regions.items() if r != region},
+                    shards={s: r for s, r in self.shards.items() if r != region},
+                    unallocated_shards=unallocated,
+                )
+            case ShardRegionProxyTerminated(proxy=proxy):
+                self._require(
+                    proxy in self.region_proxies, f"terminated region proxy {proxy} unknown"
+                )
+                return attrs.evolve(self, region_proxies=self.region_proxies - {proxy})
+            case ShardHomeAllocated(shard=shard, region=region):
+                self._require(region in self.regions, f"region {region} not registered")
+                self._require(
+                    shard not in self.shards,
+                    f"shard {shard!r} already allocated to {self.shards.get(shard)}",
+                )
+                return attrs.evolve(
+                    self,
+                    shards={**self.shards, shard: region},
+                    regions={**self.regions, region: (*self.regions[region], shard)},
+                    unallocated_shards=self.unallocated_shards - {shard},
+                )
+            case ShardHomeDeallocated(shard=shard):
+                self._require(shard in self.shards, f"shard {shard!r} not allocated")
+                region = self.shards[shard]
+                unallocated = self.unallocated_shards
+                if self.remember_entities:
+                    unallocated = unallocated | {shard}
+                return attrs.evolve(
+                    self,
+                    shards={s: r for s, r in self.shards.items() if s != shard},
+                    regions={
+                        **self.regions,
+                        region: tuple(s for s in self.regions[region] if s != shard),
+                    },
+                    unallocated_shards=unallocated,
+                )
+        raise IllegalCoordinatorEvent(f"{event!r} is not a coordinator domain event")
+
+    def _require(self, condition: bool, problem: str) -> None:
+        if not condition:
+            raise IllegalCoordinatorEvent(f"{problem}: {self.summary()}")
+
+    def summary(self) -> str:
+        """A one-line description for errors and logs."""
+        return (
+            f"{len(self.regions)} regions, {len(self.region_proxies)} proxies, "
+            f"{len(self.shards)} shards allocated, {len(self.unallocated_shards)} unallocated"
+        )
+
+    @classmethod
+    def from_document(cls, doc: Doc[Any], *, remember_entities: bool = False) -> CoordinatorState:
+        """Read the state that :func:`apply_event` recorded in ``doc``.
+
+        A shard whose region is not registered (possible only if two coordinators wrote at
+        once, as in a split brain) is left out, so the result always satisfies the invariants.
+        """
+        regions_map, proxies_map, shards_map, unallocated_map = _maps(doc)
+        regions: dict[UniqueAddress, list[ShardId]] = {
+            decode_region(key): [] for key in sorted(regions_map.keys())
+        }
+        shards: dict[ShardId, UniqueAddress] = {}
+        for shard in sorted(shards_map.keys()):
+            region = decode_region(str(shards_map[shard]))
+            if region in regions:
+                shards[ShardId(shard)] = region
+                regions[region].append(ShardId(shard))
+        return cls(
+            shards=shards,
+            regions={region: tuple(ids) for region, ids in regions.items()},
+            region_proxies=frozenset(decode_region(key) for key in list(proxies_map.keys())),
+            unallocated_shards=frozenset(
+                ShardId(s) for s in list(unallocated_map.keys()) if s not in shards
+            )
+            if remember_entities
+            else frozenset(),
+            remember_entities=remember_entities,
+        )
+
+
+def encode_region(region: UniqueAddress) -> str:
+    """``name@host:port#uid``, the form a region takes in the replicated document."""
+    return f"{region.name}@{region.address.host}:{region.address.port}#{region.uid:x}"
+
+
+def decode_region(text: str) -> UniqueAddress:
+    """The region written by :func:`encode_region`.
+
+    Raises:
+        IllegalCoordinatorEvent: ``text`` is not such a form.
+    """
+    try:
+        name, rest = text.split("@", 1)
+        address, uid = rest.rsplit("#", 1)
+        return UniqueAddress(Address.parse(address), name, int(uid, 16))
+    except (ValueError, ClusterError) as error:
+        raise IllegalCoordinatorEvent(f"{text!r} is not a region: {error}") from None
+
+
+def _maps(doc: Doc[Any]) -> tuple[Map[Any], Map[Any], Map[Any], Map[Any]]:
+    return (
+        doc.get("regions", type=Map),
+        doc.get("proxies", type=Map),
+        doc.get("shards", type=Map),
+        doc.get("unallocated", type=Map),
+    )
+
+
+def apply_event(doc: Doc[Any], event: DomainEvent) -> None:
+    """Record ``event`` in the replicated document (a replicator ``modify`` function).
+
+    The caller checks the event against the state first (:meth:`CoordinatorState.updated`).
+    """
+    regions, proxies, shards, unallocated = _maps(doc)
+    match event:
+        case ShardRegionRegistered(region=region):
+            regions[encode_region(region)] = True
+        case ShardRegionProxyRegistered(proxy=proxy):
+            proxies[encode_region(proxy)] = True
+        case ShardRegionTerminated(region=region):
+            key = encode_region(region)
+            if key in regions:
+                del regions[key]
+            for shard in [s for s in list(shards.keys()) if shards[s] == key]:
+                del shards[shard]
+                unallocated[shard] = True
+        case ShardRegionProxyTerminated(proxy=proxy):
+            key = encode_region(proxy)
+            if key in proxies:
+                del proxies[key]
+        case ShardHomeAllocated(shard=shard, region=region):
+            shards[shard] = encode_region(region)
+            if shard in unallocated:
+                del unallocated[shard]
+        case ShardHomeDeallocated(shard=shard):
+            if shard in shards:
+                del shards[shard]
+            unallocated[shard] = True
