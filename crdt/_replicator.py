@@ -26,6 +26,7 @@ from pycrdt import Doc
 
 from membership import (
     Cluster,
+    ClusterError,
     Envelope,
     MemberStatus,
     SendQueueFull,
@@ -363,10 +364,15 @@ class Replicator:
                 self._drain()
 
     async def _watch_members(self) -> None:
-        async with self._cluster.subscribe() as events:
-            self._update_peers()
-            async for _ in events:
-                self._update_peers()
+        while True:
+            try:
+                async with self._cluster.subscribe() as events:
+                    self._update_peers()
+                    async for _ in events:
+                        self._update_peers()
+                return  # the cluster stopped publishing: this node is out
+            except ClusterError as error:  # fell behind: the view is rebuilt from scratch
+                logger.warning("replicator %s: %s", self._settings.name, error)
 
     def _update_peers(self) -> None:
         role = self._settings.role

@@ -1,0 +1,501 @@
+"""The shard coordinator, sans-IO: Akka's ``ShardCoordinator`` in ddata mode.
+
+Theory of operation. One coordinator per entity type runs as a cluster singleton on the oldest
+member (of the role). It knows the regions and proxies, decides shard homes with the allocation
+strategy and moves shards with rebalance workers. Its state (:class:`CoordinatorState`) lives in
+the replicator; the shell reads it with a majority read before the core does anything
+(:meth:`ShardCoordinatorCore.state_loaded`) and writes each domain event with a majority write
+(:class:`UpdateState` effect, answered by :meth:`ShardCoordinatorCore.state_updated`). An event
+is applied, and what depends on it is sent, only once its write succeeded; commands that arrive
+meanwhile wait in order (Akka's stash). A failed write is tried again.
+
+::
+
+    LOADING ──state_loaded──▶ ACTIVE ⇄ UPDATING (one event being written, commands wait)
+
+*Allocation.* GetShardHome for an unallocated shard allocates it once ``min_nr_of_members``
+regions registered, among regions not shutting down; then the owner gets HostShard (resent every
+``shard_start_timeout`` until ShardStarted) and the asker ShardHome.
+
+*Rebalance.* Every ``rebalance_interval`` the strategy names shards to move; for each a worker
+sends BeginHandOff to every region and proxy, waits for all acknowledgements (a region that is
+gone counts as acknowledged), sends HandOff to the owner and waits for ShardStopped, then
+deallocates the shard. GetShardHome for a shard in hand-off waits and is answered when the
+hand-off ends. A worker gives up after ``handoff_timeout`` (the shard stays where it was). Unlike
+Akka, a worker whose owner region disappears completes at once (akka#29034, #27259): the region's
+termination deallocates its shards.
+
+*Regions leaving.* A region's node that is removed or downed terminates the region: its shards
+are deallocated (remembered as unallocated with remember-entities, to start elsewhere at once). A
+region in graceful shutdown gets no new shards and all of its shards are handed off.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Iterable
+from typing import TypeAlias
+
+import attrs
+
+from membership import MemberStatus, UniqueAddress
+
+from ._allocation import ClusterView, ShardAllocationStrategy, ShardId
+from ._coordinator_state import (
+    CoordinatorState,
+    DomainEvent,
+    ShardHomeAllocated,
+    ShardHomeDeallocated,
+    ShardRegionProxyRegistered,
+    ShardRegionProxyTerminated,
+    ShardRegionRegistered,
+    ShardRegionTerminated,
+)
+from ._protocol import (
+    BeginHandOff,
+    BeginHandOffAck,
+    CoordinatorCommand,
+    CoordinatorMessage,
+    GetShardHome,
+    GracefulShutdownReq,
+    HandOff,
+    HostShard,
+    RegionStopped,
+    Register,
+    RegisterAck,
+    RegisterProxy,
+    RegisterRefused,
+    ShardHome,
+    ShardStarted,
+    ShardStopped,
+)
+from ._settings import ShardingSettings
+
+logger = logging.getLogger("p2pshard.coordinator")
+
+_GONE = frozenset({MemberStatus.DOWN, MemberStatus.REMOVED})
+
+
+class CoordinatorPhase(enum.Enum):
+    """Where the coordinator is in its life."""
+
+    LOADING = "loading"
+    ACTIVE = "active"
+    UPDATING = "updating"
+
+
+@attrs.frozen
+class SendTo:
+    """Effect: send ``message`` to the region (or proxy) on node ``to``."""
+
+    to: UniqueAddress
+    message: CoordinatorMessage
+
+
+@attrs.frozen
+class UpdateState:
+    """Effect: write ``event`` to the replicated state, then call ``state_updated``."""
+
+    event: DomainEvent
+
+
+CoordinatorEffect: TypeAlias = SendTo | UpdateState
+
+
+@attrs.define(eq=False)
+class _Worker:
+    shard: ShardId
+    owner: UniqueAddress
+    waiting_acks: set[UniqueAddress]
+    deadline: float
+    handing_off: bool = False
+
+
+@attrs.define(eq=False)
+class _Pending:
+    """An event being written, and what to do once it is."""
+
+    event: DomainEvent
+    reply_to: UniqueAddress | None = None
+
+
+class ShardCoordinatorCore:
+    """One entity type's coordinator. See the module docstring."""
+
+    def __init__(
+        self,
+        type_name: str,
+        self_node: UniqueAddress,
+        number_of_shards: int,
+        settings: ShardingSettings,
+        strategy: ShardAllocationStrategy,
+        now: float,
+    ) -> None:
+        """Build a coordinator that waits for :meth:`state_loaded`."""
+        self.type_name = type_name
+        self.self_node = self_node
+        self.number_of_shards = number_of_shards
+        self.settings = settings
+        self.strategy = strategy
+        self.phase = CoordinatorPhase.LOADING
+        self.state = CoordinatorState(remember_entities=settings.remember_entities)
+        self.cluster = ClusterView()
+        self._stash: list[tuple[UniqueAddress, CoordinatorCommand]] = []
+        self._pending: _Pending | None = None
+        self._workers: dict[ShardId, _Worker] = {}
+        self._deferred: dict[ShardId, list[UniqueAddress]] = {}
+        self._unstarted: dict[ShardId, float] = {}  # HostShard sent, ShardStarted awaited
+        self._shutting_down: set[UniqueAddress] = set()
+        self._next_rebalance = now + settings.rebalance_interval
+        self._queue: list[_Pending] = []  # events decided while another was being written
+
+    # -- inputs -----------------------------------------------------------------------------
+
+    def state_loaded(self, state: CoordinatorState, now: float) -> list[CoordinatorEffect]:
+        """The majority read of the state finished: start serving."""
+        if self.phase is not CoordinatorPhase.LOADING:
+            return []
+        self.state = attrs.evolve(state, remember_entities=self.settings.remember_entities)
+        self.phase = CoordinatorPhase.ACTIVE
+        logger.info("coordinator %s: state loaded: %s", self.type_name, self.state.summary())
+        effects = self._terminate_gone(now)
+        effects += self._allocate_remembered(now)
+        effects += self._unstash(now)
+        return effects
+
+    def set_cluster(self, cluster: ClusterView, now: float) -> list[CoordinatorEffect]:
+        """The cluster changed: regions whose node is down or removed terminate."""
+        self.cluster = cluster
+        if self.phase is CoordinatorPhase.LOADING:
+            return []
+        return self._terminate_gone(now)
+
+    def receive(
+        self, sender: UniqueAddress, message: CoordinatorCommand, now: float
+    ) -> list[CoordinatorEffect]:
+        """Handle one command from a region or proxy."""
+        if self.phase is not CoordinatorPhase.ACTIVE:
+            self._stash.append((sender, message))
+            return []
+        return self._handle(sender, message, now)
+
+    def state_updated(self, event: DomainEvent, ok: bool, now: float) -> list[CoordinatorEffect]:
+        """The write of ``event`` ended; a failed one is tried again."""
+        pending = self._pending
+        if pending is None or pending.event != event:
+            return []
+        if not ok:
+            logger.warning("coordinator %s: writing %s failed; retrying", self.type_name, event)
+            return [UpdateState(event)]
+        self.state = self.state.updated(event)
+        effects: list[CoordinatorEffect] = []
+        if self._queue:  # decided before anything _after decides: written first
+            self._pending = self._queue.pop(0)
+            effects.append(UpdateState(self._pending.event))
+        else:
+            self._pending = None
+            self.phase = CoordinatorPhase.ACTIVE
+        effects += self._after(event, pending, now)
+        effects += self._allocate_remembered(now)
+        if self.phase is CoordinatorPhase.ACTIVE:
+            effects += self._unstash(now)
+        return effects
+
+    def tick(self, now: float) -> list[CoordinatorEffect]:
+        """Resend HostShard, time out hand-offs, rebalance when due."""
+        if self.phase is CoordinatorPhase.LOADING:
+            return []
+        effects: list[CoordinatorEffect] = []
+        for shard, due in list(self._unstarted.items()):
+            region = self.state.shards.get(shard)
+            if region is None:
+                del self._unstarted[shard]
+            elif now >= due:
+                self._unstarted[shard] = now + self.settings.shard_start_timeout
+                effects.append(self._send(region, HostShard(type_name=self.type_name, shard=shard)))
+        for shard, worker in list(self._workers.items()):
+            if now >= worker.deadline:
+                logger.warning(
+                    "coordinator %s: hand-off of shard %s from %s timed out; it stays there",
+                    self.type_name,
+                    shard,
+                    worker.owner,
+                )
+                effects += self._worker_done(shard, ok=False, now=now)
+        if now >= self._next_rebalance:
+            self._next_rebalance = now + self.settings.rebalance_interval
+            effects += self._rebalance(now)
+        effects += self._allocate_remembered(now)
+        return effects + self._unstash(now)
+
+    def next_deadline(self) -> float:
+        """When :meth:`tick` has something to do next."""
+        deadlines = [self._next_rebalance, *self._unstarted.values()]
+        deadlines += [w.deadline for w in self._workers.values()]
+        return min(deadlines)
+
+    def rebalance_in_progress(self) -> frozenset[ShardId]:
+        """Shards being handed off."""
+        return frozenset(self._workers)
+
+    # -- commands ---------------------------------------------------------------------------
+
+    def _handle(
+        self, sender: UniqueAddress, message: CoordinatorCommand, now: float
+    ) -> list[CoordinatorEffect]:
+        match message:
+            case Register(number_of_shards=shards) | RegisterProxy(number_of_shards=shards) if (
+                shards != self.number_of_shards
+            ):
+                reason = (
+                    f"entity type {self.type_name!r} runs with {self.number_of_shards} shards "
+                    f"in this cluster, and {sender} started it with {shards}"
+                )
+                logger.error("coordinator %s: %s", self.type_name, reason)
+                return [
+                    self._send(sender, RegisterRefused(type_name=self.type_name, reason=reason))
+                ]
+            case Register():
+                if sender in self.state.regions:
+                    return [self._ack(sender)]
+                if not self._is_member(sender):
+                    return []  # not (or no longer) in the cluster: it will retry if it should
+                return self._update(ShardRegionRegistered(sender), reply_to=sender)
+            case RegisterProxy():
+                if sender in self.state.region_proxies:
+                    return [self._ack(sender)]
+                if not self._is_member(sender):
+                    return []
+                return self._update(ShardRegionProxyRegistered(sender), reply_to=sender)
+            case GetShardHome(shard=shard):
+                return self._get_shard_home(sender, ShardId(shard), now)
+            case ShardStarted(shard=shard):
+                self._unstarted.pop(ShardId(shard), None)
+                return []
+            case BeginHandOffAck(shard=shard):
+                worker = self._workers.get(ShardId(shard))
+                if worker is not None:
+                    worker.waiting_acks.discard(sender)
+                    return self._maybe_hand_off(worker)
+                return []
+            case ShardStopped(shard=shard):
+                worker = self._workers.get(ShardId(shard))
+                if worker is not None and worker.owner == sender and worker.handing_off:
+                    return self._worker_done(ShardId(shard), ok=True, now=now)
+                return []  # a late answer to an earlier hand-off that timed out
+            case GracefulShutdownReq():
+                if sender not in self.state.regions:
+                    return []
+                self._shutting_down.add(sender)
+                effects: list[CoordinatorEffect] = []
+                for shard in self.state.regions[sender]:
+                    if shard not in self._workers:
+                        effects += self._start_worker(shard, now)
+                return effects
+            case RegionStopped():
+                if sender in self.state.regions:
+                    return self._update(ShardRegionTerminated(sender))
+                return []
+
+    def _get_shard_home(
+        self, sender: UniqueAddress, shard: ShardId, now: float
+    ) -> list[CoordinatorEffect]:
+        if shard in self._workers:
+            self._deferred.setdefault(shard, []).append(sender)  # answered when it ends
+            return []
+        region = self.state.shards.get(shard)
+        if region is not None:
+            return [self._send(sender, self._home(shard, region))]
+        candidates = {
+            r: shards for r, shards in self.state.regions.items() if r not in self._shutting_down
+        }
+        if len(self.state.regions) < self.settings.min_nr_of_members or not candidates:
+            return []  # the region asks again; min_nr_of_members gates the first allocation
+        requester = sender if sender in candidates else next(iter(candidates))
+        chosen = self.strategy.allocate_shard(requester, shard, candidates, self.cluster)
+        if chosen not in candidates:
+            logger.error(
+                "coordinator %s: the strategy allocated shard %s to %s, which is not an "
+                "available region; ignoring",
+                self.type_name,
+                shard,
+                chosen,
+            )
+            return []
+        return self._update(ShardHomeAllocated(shard, chosen), reply_to=sender)
+
+    def _allocate_remembered(self, now: float) -> list[CoordinatorEffect]:
+        """With remember-entities, give an unallocated shard a home without waiting to be asked.
+
+        Its entities restart there. One write at a time; the next when it is done.
+        """
+        if self.phase is not CoordinatorPhase.ACTIVE or not self.state.remember_entities:
+            return []
+        waiting = sorted(s for s in self.state.unallocated_shards if s not in self._workers)
+        candidates = {
+            r: shards for r, shards in self.state.regions.items() if r not in self._shutting_down
+        }
+        if (
+            not waiting
+            or not candidates
+            or len(self.state.regions) < self.settings.min_nr_of_members
+        ):
+            return []
+        shard = waiting[0]
+        requester = next(iter(candidates))
+        chosen = self.strategy.allocate_shard(requester, shard, candidates, self.cluster)
+        if chosen not in candidates:
+            return []
+        return self._update(ShardHomeAllocated(shard, chosen))
+
+    # -- rebalance --------------------------------------------------------------------------
+
+    def _rebalance(self, now: float) -> list[CoordinatorEffect]:
+        candidates = {
+            r: shards for r, shards in self.state.regions.items() if r not in self._shutting_down
+        }
+        if not candidates:
+            return []
+        chosen = self.strategy.rebalance(candidates, frozenset(self._workers), self.cluster)
+        effects: list[CoordinatorEffect] = []
+        for shard in sorted(chosen):
+            if shard in self.state.shards and shard not in self._workers:
+                effects += self._start_worker(shard, now)
+        return effects
+
+    def _start_worker(self, shard: ShardId, now: float) -> list[CoordinatorEffect]:
+        owner = self.state.shards[shard]
+        everyone = set(self.state.regions) | set(self.state.region_proxies)
+        worker = _Worker(shard, owner, everyone, now + self.settings.handoff_timeout)
+        self._workers[shard] = worker
+        logger.info("coordinator %s: moving shard %s off %s", self.type_name, shard, owner)
+        effects: list[CoordinatorEffect] = [
+            self._send(node, BeginHandOff(type_name=self.type_name, shard=shard))
+            for node in _ordered(everyone)
+        ]
+        return effects + self._maybe_hand_off(worker)
+
+    def _maybe_hand_off(self, worker: _Worker) -> list[CoordinatorEffect]:
+        if worker.waiting_acks or worker.handing_off:
+            return []
+        worker.handing_off = True
+        return [self._send(worker.owner, HandOff(type_name=self.type_name, shard=worker.shard))]
+
+    def _worker_done(self, shard: ShardId, *, ok: bool, now: float) -> list[CoordinatorEffect]:
+        worker = self._workers.get(shard)
+        if worker is None:
+            return []
+        if ok and self.state.shards.get(shard) == worker.owner:
+            worker.deadline = float("inf")  # ends when the deallocation is written
+            return self._update(ShardHomeDeallocated(shard))
+        del self._workers[shard]
+        return self._answer_deferred(shard, now)
+
+    def _answer_deferred(self, shard: ShardId, now: float) -> list[CoordinatorEffect]:
+        """Asks held during a hand-off go back in line (Akka sends them to itself).
+
+        So each is answered from the state as it is once the writes before it are done.
+        """
+        for asker in self._deferred.pop(shard, []):
+            self._stash.append((asker, GetShardHome(type_name=self.type_name, shard=shard)))
+        return []  # handled by the caller's unstash, after what it is doing
+
+    # -- events -----------------------------------------------------------------------------
+
+    def _update(
+        self, event: DomainEvent, reply_to: UniqueAddress | None = None
+    ) -> list[CoordinatorEffect]:
+        try:
+            (self.state if self._pending is None else self._projected()).updated(event)
+        except ValueError as error:  # a command that no longer fits: drop it, loudly
+            logger.error("coordinator %s: %s", self.type_name, error)
+            return []
+        if self._pending is not None:
+            self._queue.append(_Pending(event, reply_to))
+            return []
+        self._pending = _Pending(event, reply_to)
+        self.phase = CoordinatorPhase.UPDATING
+        return [UpdateState(event)]
+
+    def _projected(self) -> CoordinatorState:
+        state = self.state
+        if self._pending is not None:
+            state = state.updated(self._pending.event)
+        for queued in self._queue:
+            state = state.updated(queued.event)
+        return state
+
+    def _after(self, event: DomainEvent, pending: _Pending, now: float) -> list[CoordinatorEffect]:
+        effects: list[CoordinatorEffect] = []
+        match event:
+            case ShardRegionRegistered(region=region) | ShardRegionProxyRegistered(proxy=region):
+                effects.append(self._ack(region))
+            case ShardHomeAllocated(shard=shard, region=region):
+                self._unstarted[shard] = now + self.settings.shard_start_timeout
+                effects.append(self._send(region, HostShard(type_name=self.type_name, shard=shard)))
+                if pending.reply_to is not None and pending.reply_to != region:
+                    effects.append(self._send(pending.reply_to, self._home(shard, region)))
+            case ShardHomeDeallocated(shard=shard):
+                self._unstarted.pop(shard, None)
+                if shard in self._workers:
+                    del self._workers[shard]
+                    effects += self._answer_deferred(shard, now)
+            case ShardRegionTerminated(region=region):
+                logger.info("coordinator %s: region %s terminated", self.type_name, region)
+                self._shutting_down.discard(region)
+                effects += self._forget_region(region, now)
+            case ShardRegionProxyTerminated(proxy=proxy):
+                effects += self._forget_region(proxy, now)
+        return effects
+
+    def _forget_region(self, region: UniqueAddress, now: float) -> list[CoordinatorEffect]:
+        """A region or proxy is gone: it acknowledged every hand-off; its own hand-offs end."""
+        effects: list[CoordinatorEffect] = []
+        for shard, worker in list(self._workers.items()):
+            if worker.owner == region:
+                self._workers.pop(shard, None)  # its shards were deallocated with it
+                effects += self._answer_deferred(shard, now)
+            else:
+                worker.waiting_acks.discard(region)
+                effects += self._maybe_hand_off(worker)
+        return effects
+
+    def _terminate_gone(self, now: float) -> list[CoordinatorEffect]:
+        effects: list[CoordinatorEffect] = []
+        state = self._projected()  # not again for a termination already being written
+        for region in _ordered(state.regions):
+            if self._is_gone(region):
+                effects += self._update(ShardRegionTerminated(region))
+        for proxy in _ordered(state.region_proxies):
+            if self._is_gone(proxy):
+                effects += self._update(ShardRegionProxyTerminated(proxy))
+        return effects
+
+    def _unstash(self, now: float) -> list[CoordinatorEffect]:
+        effects: list[CoordinatorEffect] = []
+        while self._stash and self.phase is CoordinatorPhase.ACTIVE:
+            sender, message = self._stash.pop(0)
+            effects += self._handle(sender, message, now)
+        return effects
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _is_member(self, node: UniqueAddress) -> bool:
+        return self.cluster.members.get(node) not in (None, *_GONE)
+
+    def _is_gone(self, node: UniqueAddress) -> bool:
+        return self.cluster.members.get(node) in (None, *_GONE)
+
+    def _ack(self, region: UniqueAddress) -> SendTo:
+        return self._send(region, RegisterAck(type_name=self.type_name, coordinator=self.self_node))
+
+    def _home(self, shard: ShardId, region: UniqueAddress) -> ShardHome:
+        return ShardHome(type_name=self.type_name, shard=shard, region=region)
+
+    def _send(self, to: UniqueAddress, message: CoordinatorMessage) -> SendTo:
+        return SendTo(to, message)
+
+
+def _ordered(nodes: Iterable[UniqueAddress]) -> list[UniqueAddress]:
+    return sorted(nodes, key=lambda n: (n.address.host, n.address.port, n.uid))

@@ -1,0 +1,184 @@
+"""Messages between shard regions and their coordinator: Akka's sharding protocol.
+
+Every message names its entity type (``type_name``), since one node runs a region (or proxy) and
+maybe the coordinator for each entity type it started. Directions, as in Akka::
+
+    region ──Register / RegisterProxy──▶ coordinator ──RegisterAck──▶ region
+    region ──GetShardHome(shard)───────▶ coordinator ──ShardHome(shard, region)──▶ region
+                                          coordinator ──HostShard(shard)──▶ owner ──ShardStarted──▶
+    rebalance: coordinator ──BeginHandOff──▶ every region and proxy ──BeginHandOffAck──▶
+               coordinator ──HandOff──▶ owner (stops the shard's entities) ──ShardStopped──▶
+    shutdown:  region ──GracefulShutdownReq──▶ coordinator (hands all its shards off)
+               region ──RegionStopped──▶ coordinator
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeAlias
+
+import attrs
+
+from membership import UniqueAddress, message
+
+
+def _of(kind: type | tuple[type, ...]) -> Any:
+    return attrs.validators.instance_of(kind)
+
+
+def _name() -> Any:
+    return attrs.field(validator=_of(str))
+
+
+@message(name="p2pshard.sharding.Register")
+@attrs.frozen(kw_only=True)
+class Register:
+    """A region asks to be registered (sent until RegisterAck comes)."""
+
+    type_name: str = _name()
+    number_of_shards: int = attrs.field(validator=_of(int))
+
+
+@message(name="p2pshard.sharding.RegisterProxy")
+@attrs.frozen(kw_only=True)
+class RegisterProxy:
+    """A proxy (hosting nothing) asks to be registered, so it hears of hand-offs."""
+
+    type_name: str = _name()
+    number_of_shards: int = attrs.field(validator=_of(int))
+
+
+@message(name="p2pshard.sharding.RegisterAck")
+@attrs.frozen(kw_only=True)
+class RegisterAck:
+    """The coordinator registered the region; ``coordinator`` is where it runs."""
+
+    type_name: str = _name()
+    coordinator: UniqueAddress = attrs.field(validator=_of(UniqueAddress))
+
+
+@message(name="p2pshard.sharding.RegisterRefused")
+@attrs.frozen(kw_only=True)
+class RegisterRefused:
+    """The region cannot join this entity type, and why (a different number of shards)."""
+
+    type_name: str = _name()
+    reason: str = attrs.field(validator=_of(str))
+
+
+@message(name="p2pshard.sharding.GetShardHome")
+@attrs.frozen(kw_only=True)
+class GetShardHome:
+    """Where does ``shard`` live? (allocating it if it lives nowhere)."""
+
+    type_name: str = _name()
+    shard: str = attrs.field(validator=_of(str))
+
+
+@message(name="p2pshard.sharding.ShardHome")
+@attrs.frozen(kw_only=True)
+class ShardHome:
+    """``shard`` lives in the region on node ``region``."""
+
+    type_name: str = _name()
+    shard: str = attrs.field(validator=_of(str))
+    region: UniqueAddress = attrs.field(validator=_of(UniqueAddress))
+
+
+@message(name="p2pshard.sharding.HostShard")
+@attrs.frozen(kw_only=True)
+class HostShard:
+    """Start ``shard`` here (resent until ShardStarted comes)."""
+
+    type_name: str = _name()
+    shard: str = attrs.field(validator=_of(str))
+
+
+@message(name="p2pshard.sharding.ShardStarted")
+@attrs.frozen(kw_only=True)
+class ShardStarted:
+    """The region started ``shard``."""
+
+    type_name: str = _name()
+    shard: str = attrs.field(validator=_of(str))
+
+
+@message(name="p2pshard.sharding.BeginHandOff")
+@attrs.frozen(kw_only=True)
+class BeginHandOff:
+    """``shard`` is moving: forget its home and buffer its messages."""
+
+    type_name: str = _name()
+    shard: str = attrs.field(validator=_of(str))
+
+
+@message(name="p2pshard.sharding.BeginHandOffAck")
+@attrs.frozen(kw_only=True)
+class BeginHandOffAck:
+    """The region forgot the home of ``shard`` and buffers for it."""
+
+    type_name: str = _name()
+    shard: str = attrs.field(validator=_of(str))
+
+
+@message(name="p2pshard.sharding.HandOff")
+@attrs.frozen(kw_only=True)
+class HandOff:
+    """Stop ``shard``'s entities and answer ShardStopped."""
+
+    type_name: str = _name()
+    shard: str = attrs.field(validator=_of(str))
+
+
+@message(name="p2pshard.sharding.ShardStopped")
+@attrs.frozen(kw_only=True)
+class ShardStopped:
+    """Every entity of ``shard`` stopped here; it may start elsewhere."""
+
+    type_name: str = _name()
+    shard: str = attrs.field(validator=_of(str))
+
+
+@message(name="p2pshard.sharding.GracefulShutdownReq")
+@attrs.frozen(kw_only=True)
+class GracefulShutdownReq:
+    """The region is shutting down: hand all its shards off."""
+
+    type_name: str = _name()
+
+
+@message(name="p2pshard.sharding.RegionStopped")
+@attrs.frozen(kw_only=True)
+class RegionStopped:
+    """The region stopped after its graceful shutdown."""
+
+    type_name: str = _name()
+
+
+CoordinatorCommand: TypeAlias = (
+    Register
+    | RegisterProxy
+    | GetShardHome
+    | ShardStarted
+    | BeginHandOffAck
+    | ShardStopped
+    | GracefulShutdownReq
+    | RegionStopped
+)
+"""What regions send the coordinator."""
+
+CoordinatorMessage: TypeAlias = (
+    RegisterAck | RegisterRefused | ShardHome | HostShard | BeginHandOff | HandOff
+)
+"""What the coordinator sends regions."""
+
+COORDINATOR_COMMANDS = (
+    Register,
+    RegisterProxy,
+    GetShardHome,
+    ShardStarted,
+    BeginHandOffAck,
+    ShardStopped,
+    GracefulShutdownReq,
+    RegionStopped,
+)
+COORDINATOR_MESSAGES = (RegisterAck, RegisterRefused, ShardHome, HostShard, BeginHandOff, HandOff)
