@@ -106,6 +106,7 @@ CoordinatorEffect: TypeAlias = SendTo | UpdateState
 @attrs.define(eq=False)
 class _Worker:
     shard: ShardId
+    handoff_id: int
     owner: UniqueAddress
     waiting_acks: set[UniqueAddress]
     deadline: float
@@ -147,6 +148,9 @@ class ShardCoordinatorCore:
         self._deferred: dict[ShardId, list[UniqueAddress]] = {}
         self._unstarted: dict[ShardId, float] = {}  # HostShard sent, ShardStarted awaited
         self._shutting_down: set[UniqueAddress] = set()
+        # Hand-off ids start from the clock, so a late answer to a previous coordinator's
+        # hand-off (same shard, maybe the same count) does not match a new one's.
+        self._handoffs = int(now * 1_000_000)
         self._next_rebalance = now + settings.rebalance_interval
         self._queue: list[_Pending] = []  # events decided while another was being written
 
@@ -273,15 +277,20 @@ class ShardCoordinatorCore:
             case ShardStarted(shard=shard):
                 self._unstarted.pop(ShardId(shard), None)
                 return []
-            case BeginHandOffAck(shard=shard):
+            case BeginHandOffAck(shard=shard, handoff_id=handoff_id):
                 worker = self._workers.get(ShardId(shard))
-                if worker is not None:
+                if worker is not None and worker.handoff_id == handoff_id:
                     worker.waiting_acks.discard(sender)
                     return self._maybe_hand_off(worker)
                 return []
-            case ShardStopped(shard=shard):
+            case ShardStopped(shard=shard, handoff_id=handoff_id):
                 worker = self._workers.get(ShardId(shard))
-                if worker is not None and worker.owner == sender and worker.handing_off:
+                if (
+                    worker is not None
+                    and worker.owner == sender
+                    and worker.handing_off
+                    and worker.handoff_id == handoff_id
+                ):
                     return self._worker_done(ShardId(shard), ok=True, now=now)
                 return []  # a late answer to an earlier hand-off that timed out
             case GracefulShutdownReq():
@@ -367,11 +376,17 @@ class ShardCoordinatorCore:
     def _start_worker(self, shard: ShardId, now: float) -> list[CoordinatorEffect]:
         owner = self.state.shards[shard]
         everyone = set(self.state.regions) | set(self.state.region_proxies)
-        worker = _Worker(shard, owner, everyone, now + self.settings.handoff_timeout)
+        self._handoffs += 1
+        worker = _Worker(
+            shard, self._handoffs, owner, everyone, now + self.settings.handoff_timeout
+        )
         self._workers[shard] = worker
         logger.info("coordinator %s: moving shard %s off %s", self.type_name, shard, owner)
         effects: list[CoordinatorEffect] = [
-            self._send(node, BeginHandOff(type_name=self.type_name, shard=shard))
+            self._send(
+                node,
+                BeginHandOff(type_name=self.type_name, shard=shard, handoff_id=worker.handoff_id),
+            )
             for node in _ordered(everyone)
         ]
         return effects + self._maybe_hand_off(worker)
@@ -380,7 +395,10 @@ class ShardCoordinatorCore:
         if worker.waiting_acks or worker.handing_off:
             return []
         worker.handing_off = True
-        return [self._send(worker.owner, HandOff(type_name=self.type_name, shard=worker.shard))]
+        hand_off = HandOff(
+            type_name=self.type_name, shard=worker.shard, handoff_id=worker.handoff_id
+        )
+        return [self._send(worker.owner, hand_off)]
 
     def _worker_done(self, shard: ShardId, *, ok: bool, now: float) -> list[CoordinatorEffect]:
         worker = self._workers.get(shard)

@@ -105,10 +105,15 @@ class ShardStarted:
 @message(name="p2pshard.sharding.BeginHandOff")
 @attrs.frozen(kw_only=True)
 class BeginHandOff:
-    """``shard`` is moving: forget its home and buffer its messages."""
+    """``shard`` is moving: forget its home and buffer its messages.
+
+    ``handoff_id`` names this hand-off; the acknowledgement repeats it, so a late answer to an
+    earlier hand-off of the same shard does not count for this one.
+    """
 
     type_name: str = _name()
     shard: str = attrs.field(validator=_of(str))
+    handoff_id: int = attrs.field(default=0, validator=_of(int))
 
 
 @message(name="p2pshard.sharding.BeginHandOffAck")
@@ -118,6 +123,7 @@ class BeginHandOffAck:
 
     type_name: str = _name()
     shard: str = attrs.field(validator=_of(str))
+    handoff_id: int = attrs.field(default=0, validator=_of(int))
 
 
 @message(name="p2pshard.sharding.HandOff")
@@ -127,6 +133,7 @@ class HandOff:
 
     type_name: str = _name()
     shard: str = attrs.field(validator=_of(str))
+    handoff_id: int = attrs.field(default=0, validator=_of(int))
 
 
 @message(name="p2pshard.sharding.ShardStopped")
@@ -136,6 +143,7 @@ class ShardStopped:
 
     type_name: str = _name()
     shard: str = attrs.field(validator=_of(str))
+    handoff_id: int = attrs.field(default=0, validator=_of(int))
 
 
 @message(name="p2pshard.sharding.GracefulShutdownReq")

@@ -104,6 +104,13 @@ def host(shard: str) -> HostShard:
     return HostShard(type_name=TYPE, shard=shard)
 
 
+def _without_id(effect: SendTo) -> SendTo:
+    """The effect as tests compare it: hand-off ids are the core's business."""
+    if isinstance(effect.message, BeginHandOff | HandOff):
+        return SendTo(effect.to, attrs.evolve(effect.message, handoff_id=0))
+    return effect
+
+
 def started(shard: str) -> ShardStarted:
     return ShardStarted(type_name=TYPE, shard=shard)
 
@@ -232,6 +239,10 @@ class Driver:
         return self._call(Step("load"), lambda: self.core.state_loaded(loaded, self.now))
 
     def send(self, sender: UniqueAddress, message: CoordinatorCommand) -> list[SendTo]:
+        if isinstance(message, BeginHandOffAck | ShardStopped) and message.handoff_id == 0:
+            worker = self.core._workers.get(ShardId(message.shard))
+            if worker is not None:  # the test means the hand-off going on now
+                message = attrs.evolve(message, handoff_id=worker.handoff_id)
         return self._call(
             Step("receive", sender=sender, message=message),
             lambda: self.core.receive(sender, message, self.now),
@@ -280,7 +291,7 @@ class Driver:
             if isinstance(effect, UpdateState):
                 queue.extend(self._write(effect.event))
             else:
-                self.sent.append(effect)
+                self.sent.append(_without_id(effect))
                 reply = self._answer(effect)
                 if reply is not None:
                     step = Step("receive", sender=effect.to, message=reply)
@@ -319,10 +330,10 @@ class Driver:
         match effect.message:
             case HostShard(shard=shard):
                 reply = started(shard)
-            case BeginHandOff(shard=shard):
-                reply = begin_ack(shard)
-            case HandOff(shard=shard):
-                reply = stopped(shard)
+            case BeginHandOff(shard=shard, handoff_id=handoff_id):
+                reply = attrs.evolve(begin_ack(shard), handoff_id=handoff_id)
+            case HandOff(shard=shard, handoff_id=handoff_id):
+                reply = attrs.evolve(stopped(shard), handoff_id=handoff_id)
             case _:
                 return None
         if effect.to in self.manual:
@@ -765,27 +776,23 @@ def test_a_hand_off_waiting_for_an_acknowledgement_is_given_up_too() -> None:
     assert d.send(P9, begin_ack(shard)) == []  # no HandOff after giving up
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG (minor): BeginHandOffAck names only the shard, so a late acknowledgement of an "
-        "earlier, given-up hand-off of the same shard counts for the next one, and HandOff "
-        "goes out before that region saw the new BeginHandOff (Akka's per-hand-off worker "
-        "actor does not take it)"
-    ),
-)
 def test_a_late_acknowledgement_of_an_earlier_hand_off_does_not_count() -> None:
     d, shard = rebalancing()
+    first = d.core._workers[ShardId(shard)].handoff_id
     d.send(N1, begin_ack(shard))
     d.send(P9, begin_ack(shard))  # n2 is slow
     d.tick(15.0)  # given up
     assert d.core.rebalance_in_progress() == frozenset()
     d.tick(20.0)  # the next round moves the same shard
     assert d.core.rebalance_in_progress() == {shard}
-    d.send(N2, begin_ack(shard))  # n2's answer to the first BeginHandOff, late
+    assert d.core._workers[ShardId(shard)].handoff_id != first
+    late = attrs.evolve(begin_ack(shard), handoff_id=first)
+    d.send(N2, late)  # n2's answer to the first BeginHandOff, late
     d.send(N1, begin_ack(shard))
     d.send(P9, begin_ack(shard))
     assert hand_off(shard) not in d.to(N1)  # n2 has not acknowledged this hand-off yet
+    d.send(N2, begin_ack(shard))
+    assert hand_off(shard) in d.to(N1)
 
 
 def test_shard_stopped_before_the_hand_off_is_not_taken() -> None:
@@ -1028,9 +1035,8 @@ class Invariants:
     * ShardHome and HostShard name the shard's owner when they are sent;
     * a shard gets HostShard at a second region only after it left the first;
     * HandOff goes to the owner only once every region and proxy told of the hand-off
-      acknowledged a hand-off of that shard or left meanwhile (acknowledgements name only the shard,
-      and the core may take one that came, or waited in its stash, from before the hand-off
-      began, so any acknowledgement of the shard counts here: see
+      acknowledged a hand-off of that shard or left meanwhile (checked loosely; that only this
+      hand-off's acknowledgements count is
       ``test_a_late_acknowledgement_of_an_earlier_hand_off_does_not_count``);
     * a shard leaves a region that is still registered only after that region sent
       ShardStopped for it (checked loosely, at any time; that the core takes it only after its
