@@ -48,13 +48,14 @@ import hashlib
 import inspect
 import logging
 import random
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, TypeAlias
 
 import attrs
 from pycrdt import Doc, merge_updates
 
-from membership import UniqueAddress
+from membership import Member, MemberStatus, UniqueAddress
+from membership._address import node_order
 
 from ._consistency import (
     Consistency,
@@ -151,6 +152,13 @@ class Complete:
 Effect: TypeAlias = Send | Persist | Compact | Complete
 
 
+_REPLICA_STATUSES = frozenset(
+    {MemberStatus.UP, MemberStatus.LEAVING, MemberStatus.EXITING, MemberStatus.DOWN}
+)
+"""Members that count towards quorums (Down ones until they are removed)."""
+_LEAVING_STATUSES = frozenset({MemberStatus.LEAVING, MemberStatus.EXITING})
+
+
 @attrs.frozen
 class Peers:
     """The other members this replicator talks to, as the shell sees the cluster.
@@ -164,6 +172,32 @@ class Peers:
     leaving: frozenset[UniqueAddress] = frozenset()
     weakly_up: frozenset[UniqueAddress] = frozenset()
     unreachable: frozenset[UniqueAddress] = frozenset()
+
+    @classmethod
+    def of(
+        cls,
+        members: Iterable[Member],
+        unreachable: Iterable[UniqueAddress],
+        *,
+        self_node: UniqueAddress,
+        role: str | None,
+    ) -> Peers:
+        """The peers of ``self_node`` among the cluster's ``members`` (with ``role``, if set)."""
+        replicas: set[UniqueAddress] = set()
+        leaving: set[UniqueAddress] = set()
+        weakly_up: set[UniqueAddress] = set()
+        for member in members:
+            if member.node == self_node or (role is not None and role not in member.roles):
+                continue
+            if member.status in _REPLICA_STATUSES:
+                replicas.add(member.node)
+                if member.status in _LEAVING_STATUSES:
+                    leaving.add(member.node)
+            elif member.status is MemberStatus.WEAKLY_UP:
+                weakly_up.add(member.node)
+        return cls(
+            frozenset(replicas), frozenset(leaving), frozenset(weakly_up), frozenset(unreachable)
+        )
 
 
 @attrs.frozen
@@ -457,7 +491,7 @@ class ReplicatorCore:
         self._peers = peers
         new = (peers.replicas | peers.weakly_up) - peers.unreachable
         known = (old.replicas | old.weakly_up) - old.unreachable
-        joined = sorted(new - known, key=lambda n: (n.address.host, n.address.port, n.uid))
+        joined = sorted(new - known, key=node_order)
         if joined:
             self._refresh()
             for node in joined:
@@ -670,7 +704,7 @@ class ReplicatorCore:
     def _gossip(self) -> None:
         peers = sorted(
             (self._peers.replicas | self._peers.weakly_up) - self._peers.unreachable,
-            key=lambda node: (node.address.host, node.address.port, node.uid),
+            key=node_order,
         )
         if not peers:
             return
@@ -810,7 +844,7 @@ class ReplicatorCore:
                 updates, total = batches[-1]
             updates[key] = update
             batches[-1] = (updates, total + size)
-        for node in sorted(peers, key=lambda n: (n.address.host, n.address.port, n.uid)):
+        for node in sorted(peers, key=node_order):
             for updates, total in batches:
                 self._gossip_send(
                     node, Deltas(replicator=self.settings.name, updates=updates), total

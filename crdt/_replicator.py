@@ -28,7 +28,6 @@ from membership import (
     Cluster,
     ClusterError,
     Envelope,
-    MemberStatus,
     SendQueueFull,
     SerializationError,
     Transport,
@@ -63,11 +62,6 @@ logger = logging.getLogger("crdt.replicator")
 T = TypeVar("T")
 RunBlocking = Callable[[Callable[[], Any]], Awaitable[Any]]
 """Runs blocking store calls: a worker thread by default, inline in a simulation."""
-
-_REPLICA_STATUSES = frozenset(
-    {MemberStatus.UP, MemberStatus.LEAVING, MemberStatus.EXITING, MemberStatus.DOWN}
-)
-_LEAVING_STATUSES = frozenset({MemberStatus.LEAVING, MemberStatus.EXITING})
 
 
 @attrs.frozen
@@ -375,23 +369,13 @@ class Replicator:
                 logger.warning("replicator %s: %s", self._settings.name, error)
 
     def _update_peers(self) -> None:
-        role = self._settings.role
-        me = self._cluster.self_address
-        unreachable = frozenset(m.node for m in self._cluster.unreachable)
-        replicas, leaving, weakly_up = set(), set(), set()
-        for member in self._cluster.members:
-            if member.node == me or (role is not None and role not in member.roles):
-                continue
-            if member.status in _REPLICA_STATUSES:
-                replicas.add(member.node)
-                if member.status in _LEAVING_STATUSES:
-                    leaving.add(member.node)
-            elif member.status is MemberStatus.WEAKLY_UP:
-                weakly_up.add(member.node)
-        self._core.set_peers(
-            Peers(frozenset(replicas), frozenset(leaving), frozenset(weakly_up), unreachable),
-            trio.current_time(),
+        peers = Peers.of(
+            self._cluster.members,
+            (m.node for m in self._cluster.unreachable),
+            self_node=self._cluster.self_address,
+            role=self._settings.role,
         )
+        self._core.set_peers(peers, trio.current_time())
         self._drain()
 
     async def _notify_loop(self) -> None:

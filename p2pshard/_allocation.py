@@ -29,6 +29,7 @@ from typing import NewType, Protocol
 import attrs
 
 from membership import MemberStatus, UniqueAddress
+from membership._address import node_order
 from membership._settings import in_range
 
 ShardId = NewType("ShardId", str)
@@ -144,13 +145,7 @@ class LeastShardAllocationStrategy:
     ) -> list[tuple[UniqueAddress, Sequence[ShardId]]]:
         return sorted(
             current.items(),
-            key=lambda item: (
-                cluster.is_leaving(item[0]),
-                len(item[1]),
-                item[0].address.host,
-                item[0].address.port,
-                item[0].uid,
-            ),
+            key=lambda item: (cluster.is_leaving(item[0]), len(item[1]), node_order(item[0])),
         )
 
     def _rebalance(

@@ -40,6 +40,7 @@ from typing import TypeAlias
 import attrs
 
 from membership import MemberStatus, UniqueAddress
+from membership._address import node_order
 
 from ._allocation import ClusterView, ShardAllocationStrategy, ShardId
 from ._coordinator_state import (
@@ -316,9 +317,7 @@ class ShardCoordinatorCore:
         region = self.state.shards.get(shard)
         if region is not None:
             return [self._send(sender, self._home(shard, region))]
-        candidates = {
-            r: shards for r, shards in self.state.regions.items() if r not in self._shutting_down
-        }
+        candidates = self._candidates()
         if len(self.state.regions) < self.settings.min_nr_of_members or not candidates:
             return []  # the region asks again; min_nr_of_members gates the first allocation
         requester = sender if sender in candidates else next(iter(candidates))
@@ -342,9 +341,7 @@ class ShardCoordinatorCore:
         if self.phase is not CoordinatorPhase.ACTIVE or not self.state.remember_entities:
             return []
         waiting = sorted(s for s in self.state.unallocated_shards if s not in self._workers)
-        candidates = {
-            r: shards for r, shards in self.state.regions.items() if r not in self._shutting_down
-        }
+        candidates = self._candidates()
         if (
             not waiting
             or not candidates
@@ -361,9 +358,7 @@ class ShardCoordinatorCore:
     # -- rebalance --------------------------------------------------------------------------
 
     def _rebalance(self, now: float) -> list[CoordinatorEffect]:
-        candidates = {
-            r: shards for r, shards in self.state.regions.items() if r not in self._shutting_down
-        }
+        candidates = self._candidates()
         if not candidates:
             return []
         chosen = self.strategy.rebalance(candidates, frozenset(self._workers), self.cluster)
@@ -503,7 +498,13 @@ class ShardCoordinatorCore:
         return self.cluster.members.get(node) not in (None, *_GONE)
 
     def _is_gone(self, node: UniqueAddress) -> bool:
-        return self.cluster.members.get(node) in (None, *_GONE)
+        return not self._is_member(node)
+
+    def _candidates(self) -> dict[UniqueAddress, tuple[ShardId, ...]]:
+        """Regions that may get shards: registered and not shutting down."""
+        return {
+            r: shards for r, shards in self.state.regions.items() if r not in self._shutting_down
+        }
 
     def _ack(self, region: UniqueAddress) -> SendTo:
         return self._send(region, RegisterAck(type_name=self.type_name, coordinator=self.self_node))
@@ -516,4 +517,4 @@ class ShardCoordinatorCore:
 
 
 def _ordered(nodes: Iterable[UniqueAddress]) -> list[UniqueAddress]:
-    return sorted(nodes, key=lambda n: (n.address.host, n.address.port, n.uid))
+    return sorted(nodes, key=node_order)
