@@ -279,12 +279,16 @@ class Cluster:
             send.close()
             receive.close()
 
-    def add_exiting_task(self, task: Callable[[], Awaitable[None]]) -> None:
+    def add_exiting_task(self, task: Callable[[], Awaitable[None]], *, first: bool = False) -> None:
         """Run ``task`` when this node is Exiting, before it confirms and is removed.
 
-        Singletons use it to hand over. Each task is awaited in order.
+        Singletons use it to hand over; sharding (``first``, before singletons move) to finish
+        handing its shards off. Each task is awaited in order.
         """
-        self._exiting_tasks.append(task)
+        if first:
+            self._exiting_tasks.insert(0, task)
+        else:
+            self._exiting_tasks.append(task)
 
     def statistics(self) -> ClusterStatistics:
         """A snapshot of this node's view of the cluster."""

@@ -329,6 +329,16 @@ class SingletonProxy:
         await trio.lowlevel.checkpoint()
         self._enqueue(payload, 0)
 
+    def tell_nowait(self, payload: object) -> None:
+        """:meth:`tell` without the checkpoint, for code that cannot await (a message handler).
+
+        Raises:
+            SerializationError: the message cannot travel.
+            SingletonUnavailable: the proxy's buffer is full.
+        """
+        self._s._check_serializable(payload)
+        self._enqueue(payload, 0)
+
     async def ask(self, payload: object, *, timeout: float) -> object:  # noqa: ASYNC109 - the API
         """Send ``payload`` and wait for the singleton's reply.
 

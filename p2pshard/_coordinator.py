@@ -278,10 +278,10 @@ class ShardCoordinatorCore:
             case ShardStarted(shard=shard):
                 self._unstarted.pop(ShardId(shard), None)
                 return []
-            case BeginHandOffAck(shard=shard, handoff_id=handoff_id):
+            case BeginHandOffAck(shard=shard, handoff_id=handoff_id, acked_by=acked_by):
                 worker = self._workers.get(ShardId(shard))
                 if worker is not None and worker.handoff_id == handoff_id:
-                    worker.waiting_acks.discard(sender)
+                    worker.waiting_acks.discard(sender if acked_by is None else acked_by)
                     return self._maybe_hand_off(worker)
                 return []
             case ShardStopped(shard=shard, handoff_id=handoff_id):

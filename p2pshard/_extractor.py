@@ -75,12 +75,12 @@ def _envelope_entity_id(message: object) -> EntityId | None:
     return EntityId(message.entity_id) if isinstance(message, ShardingEnvelope) else None
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen
 class HashExtractor:
     """Shards by a stable hash of the entity id; entity ids from envelopes unless told otherwise.
 
     Example:
-        >>> extractor = HashExtractor(number_of_shards=100)
+        >>> extractor = HashExtractor(100)
         >>> extractor.shard_id(EntityId("user-42"))
         '98'
         >>> extractor.entity_id(ShardingEnvelope(entity_id="user-42", message="hi"))
@@ -90,7 +90,9 @@ class HashExtractor:
     number_of_shards: int = attrs.field(validator=in_range(1, 1 << 20, integer=True))
     """How many shards (Akka suggests ten times the largest number of nodes planned)."""
 
-    entity_id_of: Callable[[object], EntityId | None] = _envelope_entity_id
+    entity_id_of: Callable[[object], EntityId | None] = attrs.field(
+        default=_envelope_entity_id, kw_only=True
+    )
     """Reads the entity id from an application message (default: envelopes only)."""
 
     def entity_id(self, message: object) -> EntityId | None:

@@ -35,6 +35,7 @@ from membership._tls import TlsIdentity
 from membership._trioutil import single_error
 
 from ._config import NodeConfig
+from ._sharding import Sharding
 
 logger = logging.getLogger("p2pshard.node")
 
@@ -56,6 +57,7 @@ class Node:
     _singletons: Singletons | None = None
     _replicator: Replicator | None = None
     _replicators: dict[str, Replicator] = attrs.Factory(dict)
+    _sharding: Sharding | None = None
     _nursery: trio.Nursery | None = None
     _rng: random.Random = attrs.Factory(random.Random)
 
@@ -85,6 +87,12 @@ class Node:
         """Replicated keys holding pycrdt documents, with majority reads and writes."""
         assert self._replicator is not None
         return self._replicator
+
+    @property
+    def sharding(self) -> Sharding:
+        """Cluster sharding: start entity types, send to entities, inspect and shut down."""
+        assert self._sharding is not None
+        return self._sharding
 
     async def start_replicator(self, settings: ReplicatorSettings) -> Replicator:
         """Start another replicator on this node (for a role, say), running until the node stops.
@@ -146,6 +154,7 @@ class Node:
         """Hand one received message to the service it belongs to (runs in the link task)."""
         if not (
             self._cluster.handle(envelope)
+            or (self._sharding is not None and self._sharding.handle(envelope))
             or self.singletons.handle(envelope)
             or self._to_replicator(envelope)
         ):
@@ -279,6 +288,9 @@ async def _run(
                     transport, cluster, config.replicator, rng=node._rng
                 ) as node._replicator:
                     node._replicators[config.replicator.name] = node._replicator
+                    node._sharding = Sharding(
+                        transport, cluster, node._singletons, node._replicator, nursery, node._rng
+                    )
                     try:
                         yield node
                     except Exception:
@@ -295,13 +307,21 @@ async def _run(
 
 
 async def _leave(node: Node) -> None:
-    """Leave gracefully, bounded by ``shutdown_timeout``."""
+    """Hand off shards, then leave the cluster, all within ``shutdown_timeout``."""
     cluster = node.cluster
     if cluster.terminated.is_set() or not cluster.gossip.has_member(cluster.self_address):
         return  # out already, or never got in: nothing to hand over
+    deadline = trio.current_time() + node.config.shutdown_timeout
+    if node._sharding is not None and node._sharding.type_names:
+        logger.info("%s: handing off shards", node.address.name)
+        # Most of the time is for the hand-off; a leave needs a few gossip rounds.
+        with trio.move_on_at(deadline - node.config.shutdown_timeout / 4) as handoff:
+            await node._sharding.shutdown()
+        if handoff.cancelled_caught:
+            logger.warning("%s: shards not all handed off in time; leaving", node.address.name)
     logger.info("%s: leaving the cluster", node.address.name)
     cluster.leave()
-    with trio.move_on_after(node.config.shutdown_timeout) as scope:
+    with trio.move_on_at(deadline) as scope:
         await cluster.terminated.wait()
     if scope.cancelled_caught:
         logger.warning(

@@ -119,11 +119,20 @@ class BeginHandOff:
 @message(name="p2pshard.sharding.BeginHandOffAck")
 @attrs.frozen(kw_only=True)
 class BeginHandOffAck:
-    """The region forgot the home of ``shard`` and buffers for it."""
+    """The region ``acked_by`` forgot the home of ``shard`` and buffers for it.
+
+    A region sends it to the shard's current owner, which passes it on to the coordinator:
+    it travels behind every message that region sent the owner, so the owner has them all
+    before HandOff can come, and they are handled before the shard stops (per-sender order
+    holds through a rebalance). A region that knows no owner sends it to the coordinator.
+    """
 
     type_name: str = _name()
     shard: str = attrs.field(validator=_of(str))
     handoff_id: int = attrs.field(default=0, validator=_of(int))
+    acked_by: UniqueAddress | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_of(UniqueAddress))
+    )
 
 
 @message(name="p2pshard.sharding.HandOff")
@@ -160,6 +169,57 @@ class RegionStopped:
     """The region stopped after its graceful shutdown."""
 
     type_name: str = _name()
+
+
+@message(name="p2pshard.sharding.EntityDelivery")
+@attrs.frozen(kw_only=True)
+class EntityDelivery:
+    """A message for entity ``entity_id`` of ``shard``, between regions.
+
+    ``request_id`` is non-zero for an ask, whose answer goes to ``origin`` (the asking node),
+    however many regions the message passes through.
+    """
+
+    type_name: str = _name()
+    shard: str = attrs.field(validator=_of(str))
+    entity_id: str = attrs.field(validator=_of(str))
+    message: object
+    request_id: int = attrs.field(default=0, validator=_of(int))
+    origin: UniqueAddress | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_of(UniqueAddress))
+    )
+
+
+@message(name="p2pshard.sharding.EntityReply")
+@attrs.frozen(kw_only=True)
+class EntityReply:
+    """The answer to an ask: the entity's return value, or the error it raised."""
+
+    request_id: int = attrs.field(validator=_of(int))
+    value: object = None
+    error_type: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_of(str))
+    )
+    error_text: str = attrs.field(default="", validator=_of(str))
+
+
+@message(name="p2pshard.sharding.GetRegionStats")
+@attrs.frozen(kw_only=True)
+class GetRegionStats:
+    """Which shards does this region host, with how many entities each?"""
+
+    type_name: str = _name()
+    request_id: int = attrs.field(validator=_of(int))
+
+
+@message(name="p2pshard.sharding.RegionStats")
+@attrs.frozen(kw_only=True)
+class RegionStats:
+    """Answer to :class:`GetRegionStats`: shard id to number of active entities."""
+
+    type_name: str = _name()
+    request_id: int = attrs.field(validator=_of(int))
+    shards: dict[str, int] = attrs.field(validator=_of(dict))
 
 
 CoordinatorCommand: TypeAlias = (

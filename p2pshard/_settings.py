@@ -33,3 +33,42 @@ class ShardingSettings:
         default=False, validator=attrs.validators.instance_of(bool)
     )
     """Restart a shard's entities wherever it goes next (default off)."""
+
+    buffer_size: int = attrs.field(default=100_000, validator=in_range(0, 1 << 30, integer=True))
+    """Messages a region holds for shards whose home it does not know yet, over all shards
+    (default 100,000). Past it a tell is dropped (logged, counted) and an ask fails at once."""
+
+    retry_interval: float = attrs.field(default=2.0, validator=in_range(0.01, 3600.0))
+    """Seconds between a region's retries of Register and of GetShardHome for shards it buffers
+    for (default 2). Registration starts faster and backs off up to this."""
+
+    entity_restart_backoff: float = attrs.field(default=10.0, validator=in_range(0.0, 3600.0))
+    """Seconds before an entity whose ``receive`` raised is started again; messages that come
+    meanwhile wait for it (default 10)."""
+
+    passivate_idle_after: float | None = attrs.field(
+        default=120.0,
+        validator=attrs.validators.optional(in_range(0.01, 1e9)),  # type: ignore[arg-type]
+    )
+    """Seconds without a message after which an entity is passivated; None turns idle
+    passivation off (default 120)."""
+
+    active_entity_limit: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(in_range(1, 1 << 40, integer=True))
+    )
+    """Most entities a region keeps active; the least recently used is passivated to make room
+    for a new one. None means no limit (default)."""
+
+    write_majority_plus: int = attrs.field(default=3, validator=in_range(0, 1 << 16, integer=True))
+    """Replicas beyond a majority that confirm each write of the coordinator's state
+    (default 3, as Akka's ``coordinator-state.write-majority-plus``)."""
+
+    read_majority_plus: int = attrs.field(default=5, validator=in_range(0, 1 << 16, integer=True))
+    """Replicas beyond a majority that answer the coordinator's first read (default 5)."""
+
+    majority_min_cap: int = attrs.field(default=5, validator=in_range(1, 1 << 16, integer=True))
+    """The least number of replicas in a majority, when the cluster is small (default 5)."""
+
+    state_timeout: float = attrs.field(default=5.0, validator=in_range(0.01, 3600.0))
+    """Seconds one read or write of the coordinator's state may take before it is retried
+    (default 5)."""

@@ -1,0 +1,45 @@
+"""Errors of cluster sharding, under :class:`membership.ClusterError`.
+
+Local misuse (a bad argument, an unstarted entity type) raises ``ConfigurationError`` or
+``TypeError``/``ValueError``; what went wrong somewhere else in the cluster (an entity raised, no
+answer came, a buffer overflowed) raises a :class:`ShardingError`.
+"""
+
+from __future__ import annotations
+
+from membership import ClusterError
+
+
+class ShardingError(ClusterError):
+    """Something in cluster sharding failed at run time (not a misuse of the API)."""
+
+
+class RemoteEntityError(ShardingError):
+    """The entity raised while handling an ``ask``.
+
+    Raised by ``ask`` only; a ``tell`` that makes an entity raise is logged where the entity
+    runs. ``error_type`` is the exception's qualified class name and ``error_text`` its text.
+    """
+
+    def __init__(self, entity_id: str, error_type: str, error_text: str) -> None:
+        super().__init__(f"entity {entity_id!r} raised {error_type}: {error_text}")
+        self.entity_id = entity_id
+        self.error_type = error_type
+        self.error_text = error_text
+
+
+class AskTimeout(ShardingError):
+    """No answer to an ``ask`` within its timeout. The message may still have been handled."""
+
+
+class BufferOverflow(ShardingError):
+    """The region's buffer for messages to shards without a known home is full.
+
+    Raised by ``ask`` at once; a ``tell`` in that state is dropped, logged and counted in the
+    region's statistics (``dropped``), as Akka does. Raised only while homes are unresolved (no
+    coordinator, or shards being handed off); a known home never buffers.
+    """
+
+
+class RegionStopped(ShardingError):
+    """The region has stopped (its node left or shut the entity type down); nothing is sent."""

@@ -1,0 +1,662 @@
+"""``ShardRegion``: the trio shell of one entity type's region (or proxy) on one node.
+
+Theory of operation. The routing decisions are :class:`ShardRegionCore`'s; this shell sends
+messages on their way and carries out the core's effects. A message to an entity goes, by the
+core's table of homes:
+
+* to a shard running here: straight into the entity's mailbox (``Shard.deliver``);
+* to a shard hosted elsewhere: one ``EntityDelivery`` to that node, never via the coordinator;
+* otherwise into the core's buffer, until the coordinator names a home.
+
+Messages a region receives from other regions take the same way (a region that no longer hosts
+a shard passes the message on), and an ask's answer goes straight back to the asking node. The
+shell also keeps the order a sender sees: a buffer released to another node is sent before any
+newer message for that shard, and a hand-off acknowledgement relayed through the owner waits
+until the sends to that shard that were waiting for room in the send queue are out.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from membership import SendQueueFull, TransportClosed, UniqueAddress
+from membership._member import MemberStatus
+
+from ._allocation import EntityId, ShardId
+from ._entity import EntityContext, EntityRef, Reply
+from ._errors import AskTimeout, BufferOverflow, RegionStopped, RemoteEntityError, ShardingError
+from ._extractor import MessageExtractor
+from ._protocol import BeginHandOffAck, EntityDelivery, EntityReply
+from ._region_core import (
+    Drop,
+    Flush,
+    RegionEffect,
+    SendTo,
+    ShardRegionCore,
+    StartShard,
+    StopShard,
+    ToCoordinator,
+)
+from ._region_core import Refused as RefusedEffect
+from ._settings import ShardingSettings
+from ._shard import EntityFactory, Scheduler, Shard
+
+if TYPE_CHECKING:
+    from ._sharding import Sharding
+
+logger = logging.getLogger("p2pshard.region")
+
+Delivery = tuple[EntityId, object, "Reply | None"]
+"""What a region buffers per message."""
+
+_LOCAL_ERRORS: dict[str, type[ShardingError]] = {
+    "p2pshard.BufferOverflow": BufferOverflow,
+    "p2pshard.RegionStopped": RegionStopped,
+    "p2pshard.ShardingError": ShardingError,
+}
+"""Error names an ask's answer can carry that are the region's, not the entity's."""
+
+
+class AskSlot:
+    """An ask waiting for its answer on this node."""
+
+    __slots__ = ("done", "entity_id", "error", "request_id", "value")
+
+    def __init__(self, request_id: int, entity_id: str) -> None:
+        self.request_id = request_id
+        self.entity_id = entity_id
+        self.done = trio.Event()
+        self.value: object = None
+        self.error: Exception | None = None
+
+    def ok(self, value: object) -> None:
+        if not self.done.is_set():
+            self.value = value
+            self.done.set()
+
+    def fail(self, error_type: str, error_text: str) -> None:
+        if self.done.is_set():
+            return
+        local = _LOCAL_ERRORS.get(error_type)
+        if local is not None:
+            self.error = local(error_text)
+        else:
+            self.error = RemoteEntityError(self.entity_id, error_type, error_text)
+        self.done.set()
+
+
+class RemoteReply:
+    """An ask from another node: the answer goes back to ``origin``."""
+
+    __slots__ = ("_sharding", "origin", "request_id")
+
+    def __init__(self, sharding: Sharding, origin: UniqueAddress, request_id: int) -> None:
+        self._sharding = sharding
+        self.origin = origin
+        self.request_id = request_id
+
+    def ok(self, value: object) -> None:
+        self._sharding._reply(self.origin, EntityReply(request_id=self.request_id, value=value))
+
+    def fail(self, error_type: str, error_text: str) -> None:
+        self._sharding._reply(
+            self.origin,
+            EntityReply(request_id=self.request_id, error_type=error_type, error_text=error_text),
+        )
+
+
+@attrs.frozen
+class RegionStatistics:
+    """Counters of one region (see :meth:`ShardRegion.statistics`)."""
+
+    type_name: str
+    proxy: bool
+    registered: bool
+    coordinator: UniqueAddress | None
+    shards: int
+    entities: int
+    known_homes: int
+    buffered: int
+    dropped: int
+    delivered_local: int
+    sent_remote: int
+    received_remote: int
+    workers: int
+    lost_at_forced_stop: int
+
+
+@attrs.frozen
+class ShardState:
+    """One shard hosted here and its active entity ids (see ``Sharding.region_state``)."""
+
+    shard_id: ShardId
+    entity_ids: frozenset[EntityId]
+
+
+@attrs.frozen
+class ShardRegionState:
+    """The shards this region hosts now, each with its active entities."""
+
+    type_name: str
+    shards: tuple[ShardState, ...]
+
+
+class ShardRegion:
+    """One entity type on this node: a region hosting shards, or a proxy that only routes.
+
+    Get one from ``node.sharding.start(...)`` (or ``start_proxy``); send with
+    :meth:`entity_ref`, or :meth:`tell`/:meth:`ask` with messages the extractor understands.
+
+    Example:
+        >>> async def main(node: Node) -> None:
+        ...     counters = await node.sharding.start(
+        ...         "Counter", Counter, extractor=HashExtractor(100)
+        ...     )
+        ...     await counters.entity_ref("counter-1").tell(Increment())
+    """
+
+    def __init__(
+        self,
+        sharding: Sharding,
+        type_name: str,
+        factory: EntityFactory | None,
+        extractor: MessageExtractor,
+        settings: ShardingSettings,
+        stop_message: object,
+        role: str | None,
+        nursery: trio.Nursery,
+    ) -> None:
+        self._sharding = sharding
+        self.type_name = type_name
+        self._factory: EntityFactory = factory or _no_factory
+        self._extractor = extractor
+        self.settings = settings
+        self._stop_message = stop_message
+        self.role = role
+        self._transport = sharding._transport
+        self._self_node = self._transport.local_address
+        self._core: ShardRegionCore[Delivery] = ShardRegionCore(
+            type_name,
+            self._self_node,
+            extractor.number_of_shards,
+            settings,
+            hosting=factory is not None,
+            now=trio.current_time(),
+        )
+        self._proxy = sharding._singletons.proxy(coordinator_name(type_name), role=role)
+        self._nursery = nursery
+        self._scheduler = Scheduler(nursery)
+        self._shards: dict[ShardId, Shard] = {}
+        self._running: dict[ShardId, Shard] = {}
+        self._stop_deadlines: dict[ShardId, float] = {}
+        self._flushing: dict[ShardId, collections.deque[Delivery]] = {}
+        self._blocked: dict[ShardId, int] = {}  # sends waiting for room, per shard
+        self._unblocked = trio.Event()
+        self._lru: collections.OrderedDict[EntityContext, None] | None = (
+            collections.OrderedDict() if settings.active_entity_limit is not None else None
+        )
+        self._wakeup = trio.Event()
+        self._sleeping_until = float("inf")
+        self._next_idle_scan = trio.current_time() + self._idle_scan_interval()
+        self._next_restart = float("inf")
+        self._entities = 0
+        self._delivered_local = 0
+        self._sent_remote = 0
+        self._received_remote = 0
+        self._stopped_event = trio.Event()
+
+    # -- public API -------------------------------------------------------------------------
+
+    @property
+    def is_proxy(self) -> bool:
+        """Whether this region only routes (hosts no shards)."""
+        return not self._core.hosting
+
+    @property
+    def number_of_shards(self) -> int:
+        """Shards of this entity type, the same on every node."""
+        return self._extractor.number_of_shards
+
+    def entity_ref(self, entity_id: str) -> EntityRef:
+        """A reference to the entity ``entity_id`` (it need not exist yet).
+
+        Raises:
+            ValueError: ``entity_id`` is not a non-empty string.
+        """
+        return EntityRef(self, entity_id)
+
+    async def tell(self, message: object) -> None:
+        """Send ``message`` to the entity the extractor names (a ``ShardingEnvelope``, say).
+
+        Raises:
+            ValueError: the extractor finds no entity id in ``message``.
+        """
+        entity_id = self._entity_id_of(message)
+        await self._tell(entity_id, self._extractor.entity_message(message))
+
+    async def ask(self, message: object, *, timeout: float) -> object:  # noqa: ASYNC109 - the API
+        """Ask the entity the extractor names; see :meth:`EntityRef.ask`."""
+        entity_id = self._entity_id_of(message)
+        return await self._ask(entity_id, self._extractor.entity_message(message), timeout)
+
+    def state(self) -> ShardRegionState:
+        """The shards hosted here now, with their active entity ids."""
+        return ShardRegionState(
+            self.type_name,
+            tuple(
+                ShardState(shard_id, frozenset(shard.entities))
+                for shard_id, shard in sorted(self._shards.items())
+            ),
+        )
+
+    def shard_entity_counts(self) -> dict[str, int]:
+        """Shard id → active entities, for the shards hosted here."""
+        return {shard_id: len(shard.entities) for shard_id, shard in self._shards.items()}
+
+    def statistics(self) -> RegionStatistics:
+        """Counters for diagnostics: shards, entities, buffered and dropped messages."""
+        core = self._core
+        return RegionStatistics(
+            type_name=self.type_name,
+            proxy=not core.hosting,
+            registered=core.registered,
+            coordinator=core.coordinator,
+            shards=len(self._shards),
+            entities=self._entities,
+            known_homes=len(core.homes),
+            buffered=core.buffered + sum(map(len, self._flushing.values())),
+            dropped=core.dropped,
+            delivered_local=self._delivered_local,
+            sent_remote=self._sent_remote,
+            received_remote=self._received_remote,
+            workers=self._scheduler.workers,
+            lost_at_forced_stop=sum(s.lost for s in self._shards.values()),
+        )
+
+    # -- sending ----------------------------------------------------------------------------
+
+    def _entity_id_of(self, message: object) -> EntityId:
+        entity_id = self._extractor.entity_id(message)
+        if entity_id is None:
+            raise ValueError(
+                f"the extractor of {self.type_name!r} finds no entity id in a "
+                f"{type(message).__name__}; wrap it in a ShardingEnvelope or use entity_ref()"
+            )
+        return entity_id
+
+    def _check_usable(self, message: object) -> None:
+        core = self._core
+        if core.refused is not None:
+            from membership import ConfigurationError
+
+            raise ConfigurationError(
+                f"entity type {self.type_name!r} cannot be used on this node: {core.refused}"
+            )
+        if core.stopped or self._sharding._closed:
+            raise RegionStopped(f"the region of {self.type_name!r} on this node has stopped")
+        self._sharding._check_message(message)
+
+    async def _tell(self, entity_id: EntityId, message: object) -> None:
+        self._check_usable(message)
+        await self._send(entity_id, message, None)
+
+    async def _ask(self, entity_id: EntityId, message: object, timeout: float) -> object:  # noqa: ASYNC109
+        self._check_usable(message)
+        slot = self._sharding._new_ask(entity_id)
+        try:
+            await self._send(entity_id, message, slot)
+            with trio.move_on_after(timeout):
+                await slot.done.wait()
+            if not slot.done.is_set():
+                raise AskTimeout(
+                    f"entity {self.type_name}/{entity_id} did not answer within {timeout:g} s"
+                )
+            if slot.error is not None:
+                raise slot.error
+            return slot.value
+        finally:
+            self._sharding._forget_ask(slot)
+
+    async def _send(self, entity_id: EntityId, message: object, reply: Reply | None) -> None:
+        shard_id = self._extractor.shard_id(entity_id)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        shard = self._running.get(shard_id)
+        if shard is not None:
+            self._delivered_local += 1
+            shard.deliver(entity_id, message, reply)
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        home = self._core.homes.get(shard_id)
+        if home is None or home == self._self_node:
+            self._buffer(shard_id, (entity_id, message, reply))
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        queue = self._flushing.get(shard_id)
+        if queue is not None:  # older messages of this shard are still on their way there
+            queue.append((entity_id, message, reply))
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        delivery = self._delivery(shard_id, entity_id, message, reply)
+        try:
+            self._transport.send_nowait(home, delivery)
+        except SendQueueFull:
+            self._blocked[shard_id] = self._blocked.get(shard_id, 0) + 1
+            try:
+                await self._transport.send(home, delivery)
+            finally:
+                self._unblock(shard_id)
+        self._sent_remote += 1
+
+    def _delivery(
+        self, shard_id: ShardId, entity_id: EntityId, message: object, reply: Reply | None
+    ) -> EntityDelivery:
+        if reply is None:
+            return EntityDelivery(
+                type_name=self.type_name, shard=shard_id, entity_id=entity_id, message=message
+            )
+        origin = reply.origin if isinstance(reply, RemoteReply) else self._self_node
+        return EntityDelivery(
+            type_name=self.type_name,
+            shard=shard_id,
+            entity_id=entity_id,
+            message=message,
+            request_id=reply.request_id,
+            origin=origin,
+        )
+
+    def _unblock(self, shard_id: ShardId) -> None:
+        left = self._blocked[shard_id] - 1
+        if left:
+            self._blocked[shard_id] = left
+        else:
+            del self._blocked[shard_id]
+            self._unblocked.set()
+            self._unblocked = trio.Event()
+
+    def _buffer(self, shard_id: ShardId, delivery: Delivery) -> None:
+        self._apply(self._core.buffer(shard_id, delivery, trio.current_time()))
+
+    def _route_nowait(
+        self, shard_id: ShardId, entity_id: EntityId, message: object, reply: Reply | None
+    ) -> None:
+        """Route a message that came from another region (no waiting: a link task calls it)."""
+        shard = self._running.get(shard_id)
+        if shard is not None:
+            shard.deliver(entity_id, message, reply)
+            return
+        home = self._core.homes.get(shard_id)
+        if home is None or home == self._self_node:
+            self._buffer(shard_id, (entity_id, message, reply))
+            return
+        queue = self._flushing.get(shard_id)
+        if queue is not None:
+            queue.append((entity_id, message, reply))
+            return
+        try:
+            self._transport.send_nowait(home, self._delivery(shard_id, entity_id, message, reply))
+            self._sent_remote += 1
+        except (SendQueueFull, TransportClosed) as exc:
+            self._dropped([(entity_id, message, reply)], f"passing it on to {home} failed: {exc}")
+
+    # -- from the transport -----------------------------------------------------------------
+
+    def _on_delivery(self, sender: UniqueAddress, delivery: EntityDelivery) -> None:
+        self._received_remote += 1
+        reply: Reply | None = None
+        if delivery.request_id:
+            reply = RemoteReply(self._sharding, delivery.origin or sender, delivery.request_id)
+        if self._core.refused is not None or self._core.stopped:
+            if reply is not None:
+                reply.fail("p2pshard.RegionStopped", f"the region on {self._self_node} stopped")
+            return
+        self._route_nowait(
+            ShardId(delivery.shard), EntityId(delivery.entity_id), delivery.message, reply
+        )
+
+    def _on_control(self, sender: UniqueAddress, message: object) -> None:
+        self._apply(self._core.receive(sender, message, trio.current_time()))
+
+    # -- effects ----------------------------------------------------------------------------
+
+    def _apply(self, effects: list[RegionEffect[Delivery]]) -> None:
+        for effect in effects:
+            match effect:
+                case ToCoordinator(message=message):
+                    self._to_coordinator(message)
+                case SendTo(to=to, message=ack):
+                    self._relay(to, ack)
+                case StartShard(shard=shard_id):
+                    self._start_shard(shard_id)
+                case StopShard(shard=shard_id):
+                    self._stop_shard(shard_id)
+                case Flush(shard=shard_id, home=home, deliveries=deliveries):
+                    self._flush(shard_id, home, deliveries)
+                case Drop(deliveries=deliveries, reason=reason):
+                    self._dropped(deliveries, reason)
+                case RefusedEffect(reason=reason):
+                    logger.error(
+                        "%s: entity type %r refused: %s", self._self_node, self.type_name, reason
+                    )
+        if self._core.stopped:
+            self._stopped_event.set()
+        self._wake()
+
+    def _to_coordinator(self, message: object) -> None:
+        try:
+            self._proxy.tell_nowait(message)
+        except ShardingError:  # pragma: no cover - a proxy buffer overflow: retried on tick
+            pass
+        except Exception as exc:
+            logger.warning("region %s: message to the coordinator dropped: %s", self.type_name, exc)
+
+    def _relay(self, owner: UniqueAddress, ack: BeginHandOffAck) -> None:
+        shard_id = ShardId(ack.shard)
+        if self._blocked.get(shard_id) or shard_id in self._flushing:
+            self._nursery.start_soon(self._relay_when_sent, owner, ack)
+            return
+        self._send_control(owner, ack)
+
+    async def _relay_when_sent(self, owner: UniqueAddress, ack: BeginHandOffAck) -> None:
+        shard_id = ShardId(ack.shard)
+        while self._blocked.get(shard_id) or shard_id in self._flushing:
+            await self._unblocked.wait()
+        self._send_control(owner, ack)
+
+    def _send_control(self, to: UniqueAddress, message: object) -> None:
+        try:
+            self._transport.send_nowait(to, message)
+        except (SendQueueFull, TransportClosed) as exc:
+            # The coordinator's hand-off times out and is tried again later.
+            logger.warning("region %s: %s to %s lost: %s", self.type_name, message, to, exc)
+
+    def _start_shard(self, shard_id: ShardId) -> None:
+        shard = self._shards.get(shard_id)
+        if shard is None:
+            shard = self._shards[shard_id] = Shard(self, shard_id)
+            logger.debug("region %s: hosting shard %s", self.type_name, shard_id)
+        self._running[shard_id] = shard
+
+    def _stop_shard(self, shard_id: ShardId) -> None:
+        shard = self._shards.get(shard_id)
+        self._running.pop(shard_id, None)
+        if shard is None:
+            self._apply(self._core.shard_stopped(shard_id, trio.current_time()))
+            return
+        self._stop_deadlines[shard_id] = trio.current_time() + self.settings.handoff_timeout
+        logger.debug("region %s: handing off shard %s", self.type_name, shard_id)
+        shard.stop_all(lambda: self._shard_stopped(shard_id))
+
+    def _shard_stopped(self, shard_id: ShardId) -> None:
+        self._shards.pop(shard_id, None)
+        self._stop_deadlines.pop(shard_id, None)
+        self._apply(self._core.shard_stopped(shard_id, trio.current_time()))
+
+    def _flush(self, shard_id: ShardId, home: UniqueAddress, deliveries: list[Delivery]) -> None:
+        if home == self._self_node:
+            shard = self._running[shard_id]
+            for entity_id, message, reply in deliveries:
+                shard.deliver(entity_id, message, reply)
+            return
+        queue = self._flushing.get(shard_id)
+        if queue is not None:
+            queue.extend(deliveries)
+            return
+        self._flushing[shard_id] = collections.deque(deliveries)
+        self._nursery.start_soon(self._send_flushed, shard_id, home)
+
+    async def _send_flushed(self, shard_id: ShardId, home: UniqueAddress) -> None:
+        queue = self._flushing[shard_id]
+        try:
+            while queue:
+                entity_id, message, reply = queue.popleft()
+                delivery = self._delivery(shard_id, entity_id, message, reply)
+                try:
+                    await self._transport.send(home, delivery)
+                    self._sent_remote += 1
+                except TransportClosed as exc:
+                    self._dropped([(entity_id, message, reply)], str(exc))
+                if self._core.homes.get(shard_id) != home:
+                    break  # the shard is moving again: what is left waits for its new home
+        finally:
+            del self._flushing[shard_id]
+            for entity_id, message, reply in queue:
+                self._route_nowait(shard_id, entity_id, message, reply)
+            self._unblocked.set()
+            self._unblocked = trio.Event()
+
+    def _dropped(self, deliveries: list[Delivery], reason: str) -> None:
+        if not deliveries:
+            return
+        logger.warning(
+            "region %s: %d message(s) dropped: %s", self.type_name, len(deliveries), reason
+        )
+        overflow = "buffer is full" in reason
+        for _, _, reply in deliveries:
+            if reply is not None:
+                reply.fail(
+                    "p2pshard.BufferOverflow" if overflow else "p2pshard.ShardingError", reason
+                )
+
+    # -- entities ---------------------------------------------------------------------------
+
+    def _entity_started(self, cell: EntityContext) -> None:
+        self._entities += 1
+        lru = self._lru
+        if lru is None:
+            return
+        lru[cell] = None
+        limit = self.settings.active_entity_limit
+        assert limit is not None
+        excess = len(lru) - limit
+        if excess > 0:
+            for oldest in list(itertools.islice(lru, excess + 8)):
+                if excess <= 0:
+                    break
+                if oldest is not cell and oldest.state.value == "active":
+                    oldest.passivate()
+                    excess -= 1
+
+    def _entity_stopped(self, cell: EntityContext) -> None:
+        self._entities -= 1
+        if self._lru is not None:
+            self._lru.pop(cell, None)
+
+    # -- timers and the cluster -------------------------------------------------------------
+
+    def _idle_scan_interval(self) -> float:
+        idle = self.settings.passivate_idle_after
+        return float("inf") if idle is None else max(idle / 4, 0.01)
+
+    def _wake(self) -> None:
+        if self._core.next_deadline() < self._sleeping_until:
+            self._wakeup.set()
+
+    def _wake_timer(self) -> None:
+        """An entity waits to restart: the timer loop recomputes when to wake."""
+        self._next_restart = -float("inf")
+        self._wakeup.set()
+
+    async def _run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        cluster = self._sharding._cluster
+        coordinator = _oldest(cluster, self.role)
+        async with trio.open_nursery() as nursery, cluster.subscribe() as events:
+            self._apply(self._core.tick(trio.current_time()))  # the first Register
+            task_status.started()
+
+            async def follow_cluster() -> None:
+                nonlocal coordinator
+                async for _ in events:
+                    now = trio.current_time()
+                    oldest = _oldest(cluster, self.role)
+                    if oldest != coordinator:
+                        coordinator = oldest
+                        if oldest is not None:
+                            self._apply(self._core.coordinator_changed(now))
+                    gone = [
+                        m.node
+                        for m in cluster.members
+                        if m.status in (MemberStatus.DOWN, MemberStatus.REMOVED)
+                    ]
+                    known = {m.node for m in cluster.members}
+                    gone += [h for h in set(self._core.homes.values()) if h not in known]
+                    if gone:
+                        self._apply(self._core.regions_gone(gone, now))
+                    if (
+                        cluster.self_member.status is MemberStatus.LEAVING
+                        and not self._core.graceful
+                    ):
+                        self._apply(self._core.graceful_shutdown(now))
+
+            nursery.start_soon(follow_cluster)
+            while True:
+                deadline = min(self._core.next_deadline(), self._next_idle_scan, self._next_restart)
+                deadline = min([deadline, *self._stop_deadlines.values()])
+                self._sleeping_until = deadline
+                with trio.move_on_at(deadline):
+                    await self._wakeup.wait()
+                self._wakeup = trio.Event()
+                self._sleeping_until = -float("inf")
+                self._tick(trio.current_time())
+
+    def _tick(self, now: float) -> None:
+        for shard_id, deadline in list(self._stop_deadlines.items()):
+            if now >= deadline:
+                shard = self._shards.get(shard_id)
+                if shard is not None:
+                    shard.force_stop()
+                self._stop_deadlines.pop(shard_id, None)
+        idle = self.settings.passivate_idle_after
+        scan = now >= self._next_idle_scan
+        if scan:
+            self._next_idle_scan = now + self._idle_scan_interval()
+        due = float("inf")
+        for shard in list(self._shards.values()):
+            due = min(due, shard.tick(now, now - idle if scan and idle is not None else None))
+        self._next_restart = due
+        self._apply(self._core.tick(now))
+
+    # -- shutdown ---------------------------------------------------------------------------
+
+    async def _graceful_shutdown(self) -> None:
+        self._apply(self._core.graceful_shutdown(trio.current_time()))
+        await self._stopped_event.wait()
+
+
+def _oldest(cluster: Any, role: str | None) -> UniqueAddress | None:
+    member = cluster.oldest(role)
+    return None if member is None else member.node
+
+
+def _no_factory(ctx: EntityContext) -> Any:  # pragma: no cover - a proxy hosts no shards
+    raise ShardingError(f"a proxy of {ctx.type_name!r} cannot host entities")
+
+
+def coordinator_name(type_name: str) -> str:
+    """The singleton name of ``type_name``'s coordinator."""
+    return f"sharding/{type_name}"

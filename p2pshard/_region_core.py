@@ -1,0 +1,398 @@
+"""A shard region's routing protocol, sans-IO: Akka's ``ShardRegion`` without its entities.
+
+Theory of operation. A region (or a proxy, which hosts nothing) knows, per shard, the region that
+hosts it (``homes``). The shell routes every message with that table: to a local shard, or
+straight to the owning region, never through the coordinator. A message for a shard without a
+known home is buffered here (at most ``buffer_size`` over all shards) and the coordinator is
+asked once (GetShardHome), and again every ``retry_interval`` while the buffer waits; ShardHome
+or HostShard releases the buffer in order (:class:`Flush`).
+
+Registration: the region sends Register (RegisterProxy for a proxy) until RegisterAck comes,
+backing off from ``REGISTER_FIRST_RETRY`` to ``retry_interval``, and again whenever the
+coordinator moves (:meth:`ShardRegionCore.coordinator_changed`). Homes already known stay
+known meanwhile, so established shards keep working during a coordinator failover.
+
+Hand-off, at every region: BeginHandOff forgets the shard's home (later messages buffer) and
+acknowledges *through the shard's owner* (see :class:`BeginHandOffAck`), so everything this
+region sent the owner arrives before the owner can be told to stop the shard. At the owner,
+HandOff stops the shard (:class:`StopShard`); when its entities are stopped the shell calls
+:meth:`ShardRegionCore.shard_stopped` and ShardStopped goes to the coordinator. A HostShard that
+arrives for a shard still stopping here starts it again once it stopped (akka#32976).
+
+Per shard at this region::
+
+    unknown ──ShardHome(other)──▶ remote home ──BeginHandOff──▶ unknown
+    unknown ──HostShard / ShardHome(self)──▶ RUNNING ──HandOff──▶ STOPPING ──stopped──▶ unknown
+                                                     (HostShard while STOPPING: RUNNING again)
+
+Graceful shutdown: GracefulShutdownReq (repeated every ``retry_interval``) makes the coordinator
+hand every shard here off; once none is left and nothing is buffered, RegionStopped goes out
+and :attr:`ShardRegionCore.stopped` is true.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import logging
+from collections.abc import Iterable
+from typing import Generic, TypeAlias, TypeVar
+
+import attrs
+
+from membership import UniqueAddress
+
+from ._allocation import ShardId
+from ._protocol import (
+    BeginHandOff,
+    BeginHandOffAck,
+    CoordinatorCommand,
+    GetShardHome,
+    GracefulShutdownReq,
+    HandOff,
+    HostShard,
+    Register,
+    RegisterAck,
+    RegisterProxy,
+    RegisterRefused,
+    ShardHome,
+    ShardStarted,
+    ShardStopped,
+)
+from ._protocol import RegionStopped as RegionStoppedMsg
+from ._settings import ShardingSettings
+
+logger = logging.getLogger("p2pshard.region")
+
+REGISTER_FIRST_RETRY = 0.1
+"""Seconds before the first repeat of Register; each repeat doubles it up to retry_interval."""
+
+D = TypeVar("D")
+
+
+class LocalShard(enum.Enum):
+    """A shard hosted by this region."""
+
+    RUNNING = "running"
+    STOPPING = "stopping"
+
+
+@attrs.frozen
+class ToCoordinator:
+    """Effect: send ``message`` to the coordinator, wherever it runs."""
+
+    message: CoordinatorCommand
+
+
+@attrs.frozen
+class SendTo:
+    """Effect: send ``message`` to the region on node ``to``."""
+
+    to: UniqueAddress
+    message: BeginHandOffAck
+
+
+@attrs.frozen
+class StartShard:
+    """Effect: start hosting ``shard`` (its entities start on demand)."""
+
+    shard: ShardId
+
+
+@attrs.frozen
+class StopShard:
+    """Effect: stop ``shard``'s entities for a hand-off, then call ``shard_stopped``."""
+
+    shard: ShardId
+
+
+@attrs.frozen
+class Flush(Generic[D]):
+    """Effect: deliver the buffered ``deliveries`` of ``shard``, in order, to ``home``."""
+
+    shard: ShardId
+    home: UniqueAddress
+    deliveries: list[D]
+
+
+@attrs.frozen
+class Drop(Generic[D]):
+    """Effect: ``deliveries`` will not be delivered, for ``reason``."""
+
+    deliveries: list[D]
+    reason: str
+
+
+@attrs.frozen
+class Refused:
+    """Effect: the coordinator refused this region; ``reason`` says why."""
+
+    reason: str
+
+
+RegionEffect: TypeAlias = (
+    ToCoordinator | SendTo | StartShard | StopShard | Flush[D] | Drop[D] | Refused
+)
+
+
+class ShardRegionCore(Generic[D]):
+    """One entity type's routing at one node. See the module docstring.
+
+    ``D`` is whatever the shell buffers per message; the core only counts and orders them.
+    """
+
+    def __init__(
+        self,
+        type_name: str,
+        self_node: UniqueAddress,
+        number_of_shards: int,
+        settings: ShardingSettings,
+        *,
+        hosting: bool,
+        now: float,
+    ) -> None:
+        """Build a region (``hosting``) or proxy that starts registering at once."""
+        self.type_name = type_name
+        self.self_node = self_node
+        self.number_of_shards = number_of_shards
+        self.settings = settings
+        self.hosting = hosting
+        self.homes: dict[ShardId, UniqueAddress] = {}
+        self.local: dict[ShardId, LocalShard] = {}
+        self.buffers: dict[ShardId, collections.deque[D]] = {}
+        self.buffered = 0
+        self.dropped = 0
+        self.coordinator: UniqueAddress | None = None
+        self.refused: str | None = None
+        self.graceful = False
+        self.stopped = False
+        self._pending_handoff: dict[ShardId, int] = {}  # shard stopping → its hand-off id
+        self._host_after_stop: set[ShardId] = set()
+        self._register_backoff = REGISTER_FIRST_RETRY
+        self._next_register = now
+        self._next_retry = now + settings.retry_interval
+
+    @property
+    def registered(self) -> bool:
+        """Whether the current coordinator acknowledged this region."""
+        return self.coordinator is not None
+
+    # -- inputs -----------------------------------------------------------------------------
+
+    def buffer(self, shard: ShardId, delivery: D, now: float) -> list[RegionEffect[D]]:
+        """Hold ``delivery`` until ``shard``'s home is known; asks for it on the first one."""
+        if self.refused is not None or self.stopped:
+            reason = self.refused or "the region has stopped"
+            self.dropped += 1
+            return [Drop([delivery], reason)]
+        if self.buffered >= self.settings.buffer_size:
+            self.dropped += 1
+            return [
+                Drop(
+                    [delivery],
+                    f"the region's buffer is full ({self.settings.buffer_size} messages wait "
+                    "for shards without a known home)",
+                )
+            ]
+        queue = self.buffers.get(shard)
+        first = queue is None
+        if queue is None:
+            queue = self.buffers[shard] = collections.deque()
+        queue.append(delivery)
+        self.buffered += 1
+        if first and self.registered and shard not in self.local:
+            return [ToCoordinator(GetShardHome(type_name=self.type_name, shard=shard))]
+        return []
+
+    def receive(self, sender: UniqueAddress, message: object, now: float) -> list[RegionEffect[D]]:
+        """Handle one message from the coordinator (or a relayed hand-off acknowledgement)."""
+        match message:
+            case RegisterAck(coordinator=coordinator):
+                first = self.coordinator is None
+                self.coordinator = coordinator
+                self._register_backoff = REGISTER_FIRST_RETRY
+                if not first:
+                    return []
+                logger.debug("region %s: registered with %s", self.type_name, coordinator)
+                return [self._get_home(shard) for shard in self._waiting_shards()]
+            case RegisterRefused(reason=reason):
+                if self.refused is not None:
+                    return []
+                self.refused = reason
+                logger.error("region %s: the coordinator refused it: %s", self.type_name, reason)
+                deliveries = self._take_all()
+                return [Refused(reason), Drop(deliveries, reason)]
+            case ShardHome(shard=shard, region=region):
+                return self._home_is(ShardId(shard), region)
+            case HostShard(shard=shard):
+                return self._host(ShardId(shard))
+            case BeginHandOff(shard=shard, handoff_id=handoff_id):
+                owner = self.homes.pop(ShardId(shard), None)
+                ack = BeginHandOffAck(
+                    type_name=self.type_name,
+                    shard=shard,
+                    handoff_id=handoff_id,
+                    acked_by=self.self_node,
+                )
+                if owner is None or owner == self.self_node:
+                    return [ToCoordinator(ack)]
+                return [SendTo(owner, ack)]
+            case BeginHandOffAck():
+                return [ToCoordinator(message)]  # relayed: see the module docstring
+            case HandOff(shard=shard, handoff_id=handoff_id):
+                shard_id = ShardId(shard)
+                self.homes.pop(shard_id, None)
+                self._host_after_stop.discard(shard_id)
+                state = self.local.get(shard_id)
+                if state is None:
+                    return [self._stopped_msg(shard_id, handoff_id)]
+                self._pending_handoff[shard_id] = handoff_id
+                if state is LocalShard.STOPPING:
+                    return []  # a repeated HandOff: answered when the stop ends
+                self.local[shard_id] = LocalShard.STOPPING
+                return [StopShard(shard_id)]
+        return []
+
+    def shard_stopped(self, shard: ShardId, now: float) -> list[RegionEffect[D]]:
+        """The shell stopped every entity of ``shard`` (a hand-off or a shutdown)."""
+        if self.local.pop(shard, None) is None:
+            return []
+        effects: list[RegionEffect[D]] = []
+        handoff_id = self._pending_handoff.pop(shard, None)
+        if handoff_id is not None:
+            effects.append(self._stopped_msg(shard, handoff_id))
+        if shard in self._host_after_stop:
+            self._host_after_stop.discard(shard)
+            effects += self._host(shard)
+        elif shard in self.buffers and self.registered:
+            effects.append(self._get_home(shard))
+        return effects + self._maybe_stopped()
+
+    def coordinator_changed(self, now: float) -> list[RegionEffect[D]]:
+        """The coordinator moved (the oldest member changed): register again, now."""
+        if self.refused is not None or self.stopped:
+            return []
+        self.coordinator = None
+        self._register_backoff = REGISTER_FIRST_RETRY
+        self._next_register = now + REGISTER_FIRST_RETRY
+        return [self._register()]
+
+    def regions_gone(self, nodes: Iterable[UniqueAddress], now: float) -> list[RegionEffect[D]]:
+        """Regions on these nodes are gone (downed or removed): forget the homes they had."""
+        gone = set(nodes)
+        for shard in [s for s, home in self.homes.items() if home in gone]:
+            del self.homes[shard]
+        return []
+
+    def graceful_shutdown(self, now: float) -> list[RegionEffect[D]]:
+        """Begin a graceful shutdown: ask the coordinator to hand every shard here off."""
+        if self.graceful or self.stopped:
+            return []
+        self.graceful = True
+        effects: list[RegionEffect[D]] = []
+        if self.hosting and self.registered:
+            effects.append(ToCoordinator(GracefulShutdownReq(type_name=self.type_name)))
+        return effects + self._maybe_stopped()
+
+    def tick(self, now: float) -> list[RegionEffect[D]]:
+        """Repeat Register, GetShardHome and GracefulShutdownReq when due."""
+        effects: list[RegionEffect[D]] = []
+        if self.refused is not None or self.stopped:
+            return effects
+        if not self.registered and now >= self._next_register:
+            self._register_backoff = min(self._register_backoff * 2, self.settings.retry_interval)
+            self._next_register = now + self._register_backoff
+            effects.append(self._register())
+        if now >= self._next_retry:
+            self._next_retry = now + self.settings.retry_interval
+            if self.registered:
+                effects += [self._get_home(shard) for shard in self._waiting_shards()]
+                if self.graceful and self.hosting and self.local:
+                    effects.append(ToCoordinator(GracefulShutdownReq(type_name=self.type_name)))
+        return effects + self._maybe_stopped()
+
+    def next_deadline(self) -> float:
+        """When :meth:`tick` has something to do next."""
+        if self.refused is not None or self.stopped:
+            return float("inf")
+        if not self.registered:
+            return min(self._next_register, self._next_retry)
+        return self._next_retry
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _register(self) -> ToCoordinator:
+        if self.hosting:
+            return ToCoordinator(
+                Register(type_name=self.type_name, number_of_shards=self.number_of_shards)
+            )
+        return ToCoordinator(
+            RegisterProxy(type_name=self.type_name, number_of_shards=self.number_of_shards)
+        )
+
+    def _get_home(self, shard: ShardId) -> ToCoordinator:
+        return ToCoordinator(GetShardHome(type_name=self.type_name, shard=shard))
+
+    def _stopped_msg(self, shard: ShardId, handoff_id: int) -> ToCoordinator:
+        return ToCoordinator(
+            ShardStopped(type_name=self.type_name, shard=shard, handoff_id=handoff_id)
+        )
+
+    def _waiting_shards(self) -> list[ShardId]:
+        """Buffered shards that need a home (not those stopping here: they wait for the stop)."""
+        return sorted(s for s in self.buffers if s not in self.local)
+
+    def _home_is(self, shard: ShardId, region: UniqueAddress) -> list[RegionEffect[D]]:
+        if region == self.self_node:
+            return self._host(shard, answer=False)
+        if self.local.get(shard) is LocalShard.RUNNING:
+            logger.warning(
+                "region %s: the coordinator says shard %s lives at %s, but it runs here",
+                self.type_name,
+                shard,
+                region,
+            )
+        self.homes[shard] = region
+        return self._flush(shard, region)
+
+    def _host(self, shard: ShardId, *, answer: bool = True) -> list[RegionEffect[D]]:
+        if not self.hosting:
+            logger.error(
+                "region %s: asked to host shard %s, but this is a proxy", self.type_name, shard
+            )
+            return []
+        state = self.local.get(shard)
+        if state is LocalShard.STOPPING:
+            self._host_after_stop.add(shard)  # started again once stopped (akka#32976)
+            return []
+        effects: list[RegionEffect[D]] = []
+        if state is None:
+            self.local[shard] = LocalShard.RUNNING
+            effects.append(StartShard(shard))
+        self.homes[shard] = self.self_node
+        if answer:
+            effects.append(ToCoordinator(ShardStarted(type_name=self.type_name, shard=shard)))
+        return effects + self._flush(shard, self.self_node)
+
+    def _flush(self, shard: ShardId, home: UniqueAddress) -> list[RegionEffect[D]]:
+        queue = self.buffers.pop(shard, None)
+        if not queue:
+            return self._maybe_stopped()
+        self.buffered -= len(queue)
+        return [Flush(shard, home, list(queue)), *self._maybe_stopped()]
+
+    def _take_all(self) -> list[D]:
+        deliveries = [d for queue in self.buffers.values() for d in queue]
+        self.buffers.clear()
+        self.buffered = 0
+        self.dropped += len(deliveries)
+        return deliveries
+
+    def _maybe_stopped(self) -> list[RegionEffect[D]]:
+        if not self.graceful or self.stopped or self.local or self.buffers:
+            return []
+        self.stopped = True
+        logger.info("region %s: every shard handed off; stopped", self.type_name)
+        if self.hosting and self.registered:
+            return [ToCoordinator(RegionStoppedMsg(type_name=self.type_name))]
+        return []

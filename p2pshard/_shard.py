@@ -1,0 +1,319 @@
+"""A shard's entities and the worker pool that runs them: Akka's ``Shard``.
+
+Theory of operation. A :class:`Shard` maps entity ids to :class:`EntityContext` objects (the
+entity's state machine, mailbox and instance; see ``p2pshard._entity``). ``deliver`` appends to
+the entity's mailbox and, if the entity is not queued yet, puts it on the region's
+:class:`Scheduler` run queue. A worker task takes an entity off the queue and awaits its
+``receive`` for the waiting messages, one at a time (at most ``BATCH`` before others get a turn).
+No entity has a task of its own, so an idle entity costs only its objects.
+
+Workers: a few stay parked while there is nothing to run; when an entity is queued and none is
+idle, another worker is started (up to ``MAX_WORKERS``), so an entity that awaits something slow
+holds up only itself. Extra workers end once idle.
+
+Passivation (``ctx.passivate``, idle time, the active-entity limit) appends a :class:`Stop` to
+the mailbox: messages already there are handled first, messages after it are held and start the
+next incarnation once this one stopped. A hand-off (:meth:`Shard.stop_all`) stops every entity
+the same way, entities waiting to restart included (they restart at once to drain their mailbox):
+every message that reached this shard is handled here before the shard reports it stopped.
+Unlike Akka, nothing is dropped at hand-off (akka#30957). At ``handoff_timeout`` entities still
+running are cancelled, and what they held is logged as lost.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ._allocation import EntityId, ShardId
+from ._entity import Entity, EntityContext, EntityEvent, EntityState, Mail, Reply, Stop
+
+if TYPE_CHECKING:
+    from ._region import ShardRegion
+
+logger = logging.getLogger("p2pshard.shard")
+
+BATCH = 64
+"""Messages one entity handles before the worker lets another entity have a turn."""
+
+MIN_WORKERS = 2
+"""Worker tasks that stay parked when there is nothing to run."""
+
+MAX_WORKERS = 10_000
+"""Most worker tasks at once: the most entities whose ``receive`` can be awaiting at once."""
+
+_ACTIVE = EntityState.ACTIVE
+_STOPPING = EntityState.STOPPING
+_RESTARTING = EntityState.RESTARTING
+_GONE = EntityState.GONE
+
+
+class Scheduler:
+    """The run queue of entities with waiting messages, and the workers that run them."""
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+        self._ready: collections.deque[EntityContext] = collections.deque()
+        self._lot = trio.lowlevel.ParkingLot()
+        self._idle = 0
+        self._workers = 0
+        self.peak_workers = 0
+
+    def schedule(self, cell: EntityContext) -> None:
+        """Queue ``cell`` to run (the caller set ``cell._scheduled``)."""
+        self._ready.append(cell)
+        if self._idle:
+            self._idle -= 1  # counted here, so a second schedule does not wake the same worker
+            self._lot.unpark()
+        elif self._workers < MAX_WORKERS:
+            self._workers += 1
+            self.peak_workers = max(self.peak_workers, self._workers)
+            self._nursery.start_soon(self._worker)
+
+    @property
+    def workers(self) -> int:
+        """Worker tasks alive now."""
+        return self._workers
+
+    async def _worker(self) -> None:
+        ready = self._ready
+        while True:
+            while ready:
+                cell = ready.popleft()
+                await cell._shard._run(cell)
+            if self._workers > MIN_WORKERS:
+                self._workers -= 1
+                return
+            self._idle += 1
+            await self._lot.park()
+
+
+class Shard:
+    """The entities of one shard hosted by one region."""
+
+    def __init__(self, region: ShardRegion, shard_id: ShardId) -> None:
+        self.region = region
+        self.shard_id = shard_id
+        self.entities: dict[EntityId, EntityContext] = {}
+        self.stopping = False
+        self.lease_token: int | None = None
+        self._restarts: dict[EntityContext, float] = {}
+        self._on_stopped: Callable[[], None] | None = None
+        self.lost = 0
+
+    # -- delivery ---------------------------------------------------------------------------
+
+    def deliver(self, entity_id: EntityId, message: object, reply: Reply | None) -> None:
+        """Queue ``message`` for the entity, starting it if it is not active."""
+        cell = self.entities.get(entity_id)
+        if cell is None:
+            cell = self._new_cell(entity_id)
+        elif cell._state is _STOPPING:
+            if cell._held is None:
+                cell._held = []
+            cell._held.append((message, reply))
+            return
+        elif self.region._lru is not None:
+            self.region._lru.move_to_end(cell)
+        mailbox = cell._mailbox
+        if mailbox is None:
+            mailbox = cell._mailbox = collections.deque()
+        mailbox.append((message, reply))
+        if not cell._scheduled and cell._state is _ACTIVE:
+            cell._scheduled = True
+            self.region._scheduler.schedule(cell)
+
+    def _new_cell(self, entity_id: EntityId) -> EntityContext:
+        cell = EntityContext(entity_id, self, trio.current_time())
+        self.entities[entity_id] = cell
+        self.region._entity_started(cell)
+        return cell
+
+    # -- running ----------------------------------------------------------------------------
+
+    async def _run(self, cell: EntityContext) -> None:
+        mailbox = cell._mailbox
+        region = self.region
+        with trio.CancelScope() as scope:
+            cell._scope = scope
+            handled = 0
+            while mailbox and handled < BATCH:
+                message, reply = mailbox.popleft()
+                handled += 1
+                if type(message) is Stop:
+                    await self._stop_entity(cell, message.message)
+                    break
+                instance = cell._instance
+                try:
+                    if instance is None:
+                        instance = cell._instance = region._factory(cell)
+                    result = await instance.receive(message, cell)
+                except Exception as exc:
+                    self._crashed(cell, exc, reply)
+                    if cell._state is _RESTARTING:
+                        break
+                    continue
+                if reply is not None:
+                    reply.ok(result)
+        cell._scope = None
+        cell._scheduled = False
+        if cell._state is _GONE:
+            return
+        cell._last_active = trio.current_time()
+        if mailbox:
+            if cell._state is not _RESTARTING:
+                cell._scheduled = True
+                region._scheduler.schedule(cell)
+        else:
+            cell._mailbox = None  # an idle entity keeps no deque
+
+    def _crashed(self, cell: EntityContext, exc: Exception, reply: Reply | None) -> None:
+        backoff = self.region.settings.entity_restart_backoff
+        logger.error(
+            "entity %s/%s raised %s: %s; %s",
+            self.region.type_name,
+            cell.entity_id,
+            type(exc).__qualname__,
+            exc,
+            "it was stopping" if cell._state is _STOPPING else f"restarting in {backoff:g} s",
+            exc_info=exc,
+        )
+        if reply is not None:
+            reply.fail(_qualified(type(exc)), str(exc))
+        cell._instance = None
+        cell._set(EntityEvent.CRASHED)
+        if cell._state is _RESTARTING:
+            self._restarts[cell] = trio.current_time() + backoff
+            self.region._wake_timer()
+
+    async def _stop_entity(self, cell: EntityContext, stop_message: object) -> None:
+        instance = cell._instance
+        if stop_message is not None and instance is not None:
+            try:
+                await instance.receive(stop_message, cell)
+            except Exception as exc:
+                logger.error(
+                    "entity %s/%s raised %s on its stop message: %s",
+                    self.region.type_name,
+                    cell.entity_id,
+                    type(exc).__qualname__,
+                    exc,
+                    exc_info=exc,
+                )
+        self._entity_stopped(cell)
+
+    def _entity_stopped(self, cell: EntityContext) -> None:
+        cell._set(EntityEvent.STOPPED)
+        cell._instance = None
+        if self.entities.get(cell.entity_id) is cell:
+            del self.entities[cell.entity_id]
+        self._restarts.pop(cell, None)
+        self.region._entity_stopped(cell)
+        rest = list(cell._mailbox or ())
+        held = cell._held
+        cell._mailbox = cell._held = None
+        waiting = rest + (held or [])
+        if waiting:  # the next incarnation gets them, in order (and stops after, in a hand-off)
+            successor = self._new_cell(cell.entity_id)
+            successor._mailbox = collections.deque(waiting)
+            successor._scheduled = True
+            self.region._scheduler.schedule(successor)
+            if self.stopping:
+                self.passivate(successor)
+        elif self.stopping and not self.entities:
+            self._done()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def passivate(self, cell: EntityContext, stop_message: object = None) -> None:
+        """Stop ``cell`` after the messages in its mailbox (see the module docstring)."""
+        if cell._state is not _ACTIVE or self.entities.get(cell.entity_id) is not cell:
+            return
+        cell._set(EntityEvent.STOP)
+        message = self.region._stop_message if stop_message is None else stop_message
+        mailbox = cell._mailbox
+        if mailbox is None:
+            mailbox = cell._mailbox = collections.deque()
+        mailbox.append((Stop(message), None))
+        if not cell._scheduled:
+            cell._scheduled = True
+            self.region._scheduler.schedule(cell)
+
+    def stop_all(self, on_stopped: Callable[[], None]) -> None:
+        """Stop every entity (a hand-off); call ``on_stopped`` when none is left."""
+        self.stopping = True
+        self._on_stopped = on_stopped
+        for cell in list(self.entities.values()):
+            if cell._state is _RESTARTING:
+                self._restarts.pop(cell, None)
+                cell._set(EntityEvent.RESTARTED)
+            self.passivate(cell)
+        if not self.entities:
+            self._done()
+
+    def force_stop(self) -> int:
+        """Cancel entities that are still running (``handoff_timeout``); returns how many."""
+        cells = list(self.entities.values())
+        for cell in cells:
+            lost = len(cell._mailbox or ()) + len(cell._held or ())
+            self.lost += lost
+            logger.warning(
+                "entity %s/%s did not stop within handoff_timeout; stopped by force%s",
+                self.region.type_name,
+                cell.entity_id,
+                f", {lost} messages it held are lost" if lost else "",
+            )
+            if cell._scope is not None:
+                cell._scope.cancel()
+            cell._mailbox = cell._held = None
+            self._entity_stopped(cell)
+        if self.stopping and not self.entities:
+            self._done()
+        return len(cells)
+
+    def _done(self) -> None:
+        callback, self._on_stopped = self._on_stopped, None
+        if callback is not None:
+            callback()
+
+    def tick(self, now: float, idle_before: float | None) -> float:
+        """Restart entities whose backoff ended; passivate idle ones. Returns the next due time."""
+        due = float("inf")
+        for cell, at in list(self._restarts.items()):
+            if at <= now:
+                del self._restarts[cell]
+                cell._set(EntityEvent.RESTARTED)
+                if cell._mailbox and not cell._scheduled:
+                    cell._scheduled = True
+                    self.region._scheduler.schedule(cell)
+            else:
+                due = min(due, at)
+        if idle_before is not None and not self.stopping:
+            for cell in list(self.entities.values()):
+                if (
+                    cell._state is _ACTIVE
+                    and not cell._scheduled
+                    and not cell._mailbox
+                    and cell._last_active < idle_before
+                ):
+                    self.passivate(cell)
+        return due
+
+    def entity_ids(self) -> list[EntityId]:
+        """Ids of the entities active here."""
+        return sorted(self.entities)
+
+
+def _qualified(cls: type[Any]) -> str:
+    module = cls.__module__
+    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+
+
+EntityFactory = Callable[[EntityContext], Entity]
+"""Makes an entity instance from its context (usually the entity class itself)."""
+
+__all__ = ["BATCH", "EntityFactory", "Mail", "Scheduler", "Shard"]

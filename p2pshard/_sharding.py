@@ -1,0 +1,566 @@
+"""``node.sharding``: start entity types, run their coordinators, inspect and shut them down.
+
+Theory of operation. :meth:`Sharding.start` makes a :class:`ShardRegion` for an entity type and
+registers its coordinator as a cluster singleton (``sharding/<type>``) on every node that may
+host it, so the coordinator runs on the oldest member of the role. The coordinator shell feeds
+:class:`ShardCoordinatorCore` with the regions' commands (they come through the singleton proxy)
+and the cluster's changes, sends its messages straight to the regions' nodes, and keeps its state
+in the replicator under ``sharding/<type>/coordinator``: a ReadMajorityPlus before anything else,
+then one WriteMajorityPlus per event, retried until it succeeds (each failure is logged).
+
+Every sharding message a node receives comes through :meth:`Sharding.handle`, which passes it to
+the region of its entity type; asks made here wait in a table keyed by request id, which the
+answer (:class:`EntityReply`) finds wherever the entity ran.
+
+Shutdown: leaving ``open_node`` first shuts every region down gracefully (their shards are handed
+off), then leaves the cluster. A node that starts leaving some other way (``cluster.leave()``)
+starts the same hand-off when it sees itself Leaving, and waits for it (bounded) before it exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import random
+from typing import Any
+
+import attrs
+import trio
+
+from crdt import GetFailure, ReadMajorityPlus, ReplicationError, Replicator, WriteMajorityPlus
+from membership import (
+    ClusterError,
+    ConfigurationError,
+    Envelope,
+    SendQueueFull,
+    SerializationError,
+    Transport,
+    TransportClosed,
+    UniqueAddress,
+    _wire,
+)
+from membership._cluster import Cluster
+from membership._singleton import SingletonContext, Singletons
+
+from ._allocation import ClusterView, LeastShardAllocationStrategy, ShardAllocationStrategy
+from ._coordinator import SendTo, ShardCoordinatorCore, UpdateState
+from ._coordinator_state import CoordinatorState, DomainEvent, apply_event
+from ._extractor import MessageExtractor
+from ._protocol import (
+    COORDINATOR_COMMANDS,
+    BeginHandOff,
+    BeginHandOffAck,
+    EntityDelivery,
+    EntityReply,
+    GetRegionStats,
+    HandOff,
+    HostShard,
+    RegionStats,
+    RegisterAck,
+    RegisterRefused,
+    ShardHome,
+)
+from ._region import AskSlot, ShardRegion, ShardRegionState, coordinator_name
+from ._settings import ShardingSettings
+from ._shard import EntityFactory
+
+logger = logging.getLogger("p2pshard.sharding")
+
+_TO_REGION = (
+    RegisterAck,
+    RegisterRefused,
+    ShardHome,
+    HostShard,
+    BeginHandOff,
+    BeginHandOffAck,
+    HandOff,
+)
+_PLAIN = frozenset({int, float, str, bytes, bool, type(None)})
+STATE_RETRY_BACKOFF = (0.2, 5.0)
+"""First and longest pause between retries of a failed read or write of coordinator state."""
+
+
+def coordinator_key(type_name: str) -> str:
+    """The replicator key holding ``type_name``'s coordinator state."""
+    return f"sharding/{type_name}/coordinator"
+
+
+@attrs.frozen
+class ClusterShardingStats:
+    """Per region (node), shard id → active entities; and the regions that did not answer."""
+
+    type_name: str
+    regions: dict[UniqueAddress, dict[str, int]]
+    failed: frozenset[UniqueAddress]
+
+
+class _StatsRequest:
+    def __init__(self, waiting: set[UniqueAddress]) -> None:
+        self.waiting = waiting
+        self.answers: dict[UniqueAddress, dict[str, int]] = {}
+        self.done = trio.Event()
+
+
+class Sharding:
+    """``node.sharding``: entity types on this node. See the module docstring.
+
+    Example:
+        >>> async def main(node: Node) -> None:
+        ...     counters = await node.sharding.start(
+        ...         "Counter", Counter, extractor=HashExtractor(100)
+        ...     )
+        ...     await counters.entity_ref("counter-1").tell(Increment())
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        cluster: Cluster,
+        singletons: Singletons,
+        replicator: Replicator,
+        nursery: trio.Nursery,
+        rng: random.Random,
+    ) -> None:
+        self._transport = transport
+        self._cluster = cluster
+        self._singletons = singletons
+        self._replicator = replicator
+        self._nursery = nursery
+        self._rng = rng
+        self._regions: dict[str, ShardRegion] = {}
+        self._asks: dict[int, AskSlot] = {}
+        self._ids = itertools.count(rng.getrandbits(32) + 1)
+        self._stats: dict[int, _StatsRequest] = {}
+        self._checked_types: set[type] = set()
+        self._closed = False
+        cluster.add_exiting_task(self._shutdown_on_exit, first=True)
+
+    # -- starting ---------------------------------------------------------------------------
+
+    async def start(
+        self,
+        type_name: str,
+        entity_factory: EntityFactory,
+        *,
+        extractor: MessageExtractor,
+        settings: ShardingSettings | None = None,
+        allocation_strategy: ShardAllocationStrategy | None = None,
+        stop_message: object = None,
+        role: str | None = None,
+    ) -> ShardRegion:
+        """Start entity type ``type_name`` on this node and return its region.
+
+        Every node that hosts the type calls ``start`` with the same extractor (number of
+        shards) and role; a node without ``role`` gets a proxy instead, as Akka does.
+        ``entity_factory`` makes an entity from its :class:`EntityContext` (the class itself,
+        usually). ``stop_message`` is what an entity receives before it is stopped for a
+        hand-off or passivation (None: stopped without a message).
+
+        Example:
+            >>> async def main(node: Node) -> None:
+            ...     rooms = await node.sharding.start(
+            ...         "Room", Room, extractor=HashExtractor(100), stop_message=Shutdown()
+            ...     )
+
+        Raises:
+            ConfigurationError: the type is already started here; an invalid name, factory or
+                extractor.
+        """
+        self._check_new(type_name, extractor)
+        if not callable(entity_factory):
+            raise ConfigurationError(
+                f"entity_factory of {type_name!r} must be callable (the entity class, say), "
+                f"not {type(entity_factory).__name__}"
+            )
+        if stop_message is not None:
+            self._check_message(stop_message)
+        settings = settings or ShardingSettings()
+        if role is not None and role not in self._cluster.self_member.roles:
+            logger.info(
+                "%s: no role %r here: %r starts as a proxy",
+                self._transport.local_address,
+                role,
+                type_name,
+            )
+            return await self._start_region(type_name, None, extractor, settings, None, role)
+        strategy = allocation_strategy or LeastShardAllocationStrategy()
+        number_of_shards = extractor.number_of_shards
+
+        async def coordinator(ctx: SingletonContext) -> None:
+            await self._run_coordinator(ctx, type_name, number_of_shards, settings, strategy)
+
+        await self._singletons.start(coordinator_name(type_name), coordinator, role=role)
+        return await self._start_region(
+            type_name, entity_factory, extractor, settings, stop_message, role
+        )
+
+    async def start_proxy(
+        self,
+        type_name: str,
+        *,
+        extractor: MessageExtractor,
+        settings: ShardingSettings | None = None,
+        role: str | None = None,
+    ) -> ShardRegion:
+        """Start a proxy of ``type_name``: it sends to the entities and hosts none.
+
+        Raises:
+            ConfigurationError: the type is already started here; an invalid extractor.
+        """
+        self._check_new(type_name, extractor)
+        return await self._start_region(
+            type_name, None, extractor, settings or ShardingSettings(), None, role
+        )
+
+    def _check_new(self, type_name: str, extractor: object) -> None:
+        if not isinstance(type_name, str) or not type_name or "/" in type_name:
+            raise ConfigurationError(
+                f"entity type name {type_name!r} must be a non-empty string without '/'"
+            )
+        if type_name in self._regions:
+            raise ConfigurationError(f"entity type {type_name!r} is already started on this node")
+        shards = getattr(extractor, "number_of_shards", None)
+        if (
+            not all(
+                callable(getattr(extractor, name, None))
+                for name in ("entity_id", "entity_message", "shard_id")
+            )
+            or not isinstance(shards, int)
+            or shards < 1
+        ):
+            raise ConfigurationError(
+                f"the extractor of {type_name!r} must provide number_of_shards (a positive int), "
+                "entity_id, entity_message and shard_id; HashExtractor(n) does"
+            )
+        if self._closed:
+            raise ConfigurationError("sharding on this node has shut down")
+
+    async def _start_region(
+        self,
+        type_name: str,
+        factory: EntityFactory | None,
+        extractor: MessageExtractor,
+        settings: ShardingSettings,
+        stop_message: object,
+        role: str | None,
+    ) -> ShardRegion:
+        region = ShardRegion(
+            self, type_name, factory, extractor, settings, stop_message, role, self._nursery
+        )
+        self._regions[type_name] = region
+        await self._nursery.start(region._run)
+        return region
+
+    # -- inspection -------------------------------------------------------------------------
+
+    def region(self, type_name: str) -> ShardRegion:
+        """The region (or proxy) of ``type_name`` on this node.
+
+        Raises:
+            ConfigurationError: the type was not started here.
+        """
+        region = self._regions.get(type_name)
+        if region is None:
+            raise ConfigurationError(
+                f"entity type {type_name!r} is not started on this node "
+                f"(started: {sorted(self._regions) or 'none'})"
+            )
+        return region
+
+    @property
+    def type_names(self) -> frozenset[str]:
+        """The entity types started on this node."""
+        return frozenset(self._regions)
+
+    def region_state(self, type_name: str) -> ShardRegionState:
+        """The shards of ``type_name`` hosted on this node, with their active entity ids."""
+        return self.region(type_name).state()
+
+    async def cluster_stats(
+        self,
+        type_name: str,
+        *,
+        timeout: float,  # noqa: ASYNC109 - the API
+    ) -> ClusterShardingStats:
+        """Ask every member's region of ``type_name`` for its shards and entity counts.
+
+        Members that do not answer within ``timeout`` (or do not run the type) are in
+        ``failed``.
+        """
+        region = self.region(type_name)
+        members = {
+            m.node for m in self._cluster.members if region.role is None or m.has_role(region.role)
+        }
+        rid = next(self._ids)
+        request = _StatsRequest(set(members))
+        self._stats[rid] = request
+        try:
+            for node in sorted(members, key=str):
+                with contextlib.suppress(SendQueueFull, TransportClosed):
+                    self._transport.send_nowait(
+                        node, GetRegionStats(type_name=type_name, request_id=rid)
+                    )
+            if request.waiting:
+                with trio.move_on_after(timeout):
+                    await request.done.wait()
+            else:
+                await trio.lowlevel.checkpoint()
+        finally:
+            del self._stats[rid]
+        return ClusterShardingStats(type_name, dict(request.answers), frozenset(request.waiting))
+
+    # -- shutdown ---------------------------------------------------------------------------
+
+    async def graceful_shutdown(self, type_name: str) -> None:
+        """Hand off every shard of ``type_name`` hosted here, then stop its region.
+
+        Returns when the region stopped; bound it with a trio timeout if the coordinator may
+        be unreachable.
+        """
+        await self.region(type_name)._graceful_shutdown()
+
+    async def shutdown(self) -> None:
+        """Gracefully shut down every region on this node (concurrently). Unbounded: wrap it."""
+        async with trio.open_nursery() as nursery:
+            for region in self._regions.values():
+                nursery.start_soon(region._graceful_shutdown)
+
+    async def _shutdown_on_exit(self) -> None:
+        with trio.move_on_after(10):
+            await self.shutdown()
+
+    def close(self) -> None:
+        """Stop accepting messages (the node is stopping)."""
+        self._closed = True
+
+    # -- asks and messages ------------------------------------------------------------------
+
+    def _check_message(self, message: object) -> None:
+        kind = type(message)
+        if kind in self._checked_types:
+            return
+        _wire.encode(message, max_size=self._transport.settings.max_frame_size - 256)
+        if kind in _PLAIN or _wire.wire_name(kind) is not None:
+            self._checked_types.add(kind)
+
+    def _new_ask(self, entity_id: str) -> AskSlot:
+        slot = AskSlot(next(self._ids), entity_id)
+        self._asks[slot.request_id] = slot
+        return slot
+
+    def _forget_ask(self, slot: AskSlot) -> None:
+        self._asks.pop(slot.request_id, None)
+
+    def _reply(self, origin: UniqueAddress, reply: EntityReply) -> None:
+        if origin == self._transport.local_address:
+            self._complete(reply)
+            return
+        try:
+            self._transport.send_nowait(origin, reply)
+        except SerializationError as exc:
+            logger.warning("the answer to ask %d cannot travel: %s", reply.request_id, exc)
+            failure = EntityReply(
+                request_id=reply.request_id,
+                error_type="membership.SerializationError",
+                error_text=str(exc),
+            )
+            with contextlib.suppress(ClusterError):  # then the asker times out
+                self._transport.send_nowait(origin, failure)
+        except (SendQueueFull, TransportClosed) as exc:
+            logger.warning("the answer to ask %d to %s lost: %s", reply.request_id, origin, exc)
+
+    def _complete(self, reply: EntityReply) -> None:
+        slot = self._asks.get(reply.request_id)
+        if slot is None:
+            return  # timed out already
+        if reply.error_type is None:
+            slot.ok(reply.value)
+        else:
+            slot.fail(reply.error_type, reply.error_text)
+
+    def handle(self, envelope: Envelope) -> bool:
+        """Take a sharding message from the transport; False if it is not one."""
+        message, sender = envelope.message, envelope.sender
+        kind = type(message)
+        if kind is EntityDelivery:
+            region = self._regions.get(message.type_name)  # type: ignore[attr-defined]
+            if region is not None:
+                region._on_delivery(sender, message)  # type: ignore[arg-type]
+            elif message.request_id:  # type: ignore[attr-defined]
+                self._reply(
+                    message.origin or sender,  # type: ignore[attr-defined]
+                    EntityReply(
+                        request_id=message.request_id,  # type: ignore[attr-defined]
+                        error_type="p2pshard.ShardingError",
+                        error_text=f"entity type {message.type_name!r} is not started on "  # type: ignore[attr-defined]
+                        f"{self._transport.local_address}",
+                    ),
+                )
+            return True
+        if kind is EntityReply:
+            self._complete(message)  # type: ignore[arg-type]
+            return True
+        if isinstance(message, _TO_REGION):
+            region = self._regions.get(message.type_name)
+            if region is not None:
+                region._on_control(sender, message)
+            return True
+        if kind is GetRegionStats:
+            region = self._regions.get(message.type_name)  # type: ignore[attr-defined]
+            counts = {} if region is None else region.shard_entity_counts()
+            with contextlib.suppress(SendQueueFull, TransportClosed):
+                self._transport.send_nowait(
+                    sender,
+                    RegionStats(
+                        type_name=message.type_name,  # type: ignore[attr-defined]
+                        request_id=message.request_id,  # type: ignore[attr-defined]
+                        shards=counts,
+                    ),
+                )
+            return True
+        if kind is RegionStats:
+            request = self._stats.get(message.request_id)  # type: ignore[attr-defined]
+            if request is not None and sender in request.waiting:
+                request.waiting.discard(sender)
+                request.answers[sender] = dict(message.shards)  # type: ignore[attr-defined]
+                if not request.waiting:
+                    request.done.set()
+            return True
+        return False
+
+    # -- the coordinator --------------------------------------------------------------------
+
+    async def _run_coordinator(
+        self,
+        ctx: SingletonContext,
+        type_name: str,
+        number_of_shards: int,
+        settings: ShardingSettings,
+        strategy: ShardAllocationStrategy,
+    ) -> None:
+        core = ShardCoordinatorCore(
+            type_name,
+            self._transport.local_address,
+            number_of_shards,
+            settings,
+            strategy,
+            trio.current_time(),
+        )
+        key = coordinator_key(type_name)
+        replicator = self._replicator
+        cluster = self._cluster
+        wakeup = trio.Event()
+        sleeping_until = float("inf")
+        read = ReadMajorityPlus(
+            additional=settings.read_majority_plus,
+            min_cap=settings.majority_min_cap,
+            timeout=settings.state_timeout,
+        )
+        write = WriteMajorityPlus(
+            additional=settings.write_majority_plus,
+            min_cap=settings.majority_min_cap,
+            timeout=settings.state_timeout,
+        )
+
+        def view() -> ClusterView:
+            return ClusterView(
+                members={m.node: m.status for m in cluster.members},
+                unreachable=frozenset(m.node for m in cluster.unreachable),
+            )
+
+        async with trio.open_nursery() as nursery:
+
+            def apply(effects: list[Any]) -> None:
+                for effect in effects:
+                    if isinstance(effect, SendTo):
+                        try:
+                            self._transport.send_nowait(effect.to, effect.message)
+                        except (SendQueueFull, TransportClosed) as exc:
+                            logger.warning(
+                                "coordinator %s: %s to %s lost: %s",
+                                type_name,
+                                type(effect.message).__name__,
+                                effect.to,
+                                exc,
+                            )
+                    elif isinstance(effect, UpdateState):
+                        nursery.start_soon(write_event, effect.event)
+                if core.next_deadline() < sleeping_until:
+                    wakeup.set()  # something is due sooner than the timer sleeps
+
+            async def write_event(event: DomainEvent) -> None:
+                pause = STATE_RETRY_BACKOFF[0]
+                while True:
+                    try:
+                        await replicator.update(key, lambda doc: apply_event(doc, event), write)
+                        break
+                    except ReplicationError as exc:
+                        logger.warning(
+                            "coordinator %s: writing %s failed (%s); retrying in %g s",
+                            type_name,
+                            event,
+                            exc,
+                            pause,
+                        )
+                        await trio.sleep(pause)
+                        pause = min(pause * 2, STATE_RETRY_BACKOFF[1])
+                apply(core.state_updated(event, True, trio.current_time()))
+
+            async def load() -> None:
+                pause = STATE_RETRY_BACKOFF[0]
+                while True:
+                    try:
+                        doc = await replicator.get(key, read)
+                        break
+                    except GetFailure as exc:
+                        logger.warning(
+                            "coordinator %s: reading its state failed (%s); retrying in %g s",
+                            type_name,
+                            exc,
+                            pause,
+                        )
+                        await trio.sleep(pause)
+                        pause = min(pause * 2, STATE_RETRY_BACKOFF[1])
+                state = (
+                    CoordinatorState(remember_entities=settings.remember_entities)
+                    if doc is None
+                    else CoordinatorState.from_document(
+                        doc, remember_entities=settings.remember_entities
+                    )
+                )
+                now = trio.current_time()
+                apply(core.set_cluster(view(), now))
+                apply(core.state_loaded(state, now))
+
+            async def follow_cluster() -> None:
+                async with cluster.subscribe() as events:
+                    apply(core.set_cluster(view(), trio.current_time()))
+                    async for _ in events:
+                        apply(core.set_cluster(view(), trio.current_time()))
+
+            async def timer() -> None:
+                nonlocal wakeup, sleeping_until
+                while True:
+                    sleeping_until = core.next_deadline()
+                    with trio.move_on_at(sleeping_until):
+                        await wakeup.wait()
+                    wakeup = trio.Event()
+                    sleeping_until = -float("inf")
+                    apply(core.tick(trio.current_time()))
+
+            nursery.start_soon(follow_cluster)
+            nursery.start_soon(load)
+            nursery.start_soon(timer)
+            logger.info("%s: coordinator of %r started", self._transport.local_address, type_name)
+            async for request in ctx:
+                message = request.message
+                if not isinstance(message, COORDINATOR_COMMANDS) or message.type_name != type_name:
+                    logger.warning(
+                        "coordinator %s: ignoring %s from %s: not a coordinator command for it",
+                        type_name,
+                        type(message).__name__,
+                        request.sender,
+                    )
+                    continue
+                apply(core.receive(request.sender, message, trio.current_time()))
