@@ -95,19 +95,26 @@ def _check_relative(instance: object, attribute: attrs.Attribute[float], value: 
 class LeastShardAllocationStrategy:
     """Akka's default strategy: fewest shards first; rebalance from the fullest regions.
 
+    The newer algorithm is the default, with limits that let a node that joins get its share
+    within two rebalance rounds (15% of all shards may move per round). Set
+    ``rebalance_absolute_limit=0`` for Akka's legacy algorithm (``rebalance_threshold``,
+    ``max_simultaneous_rebalance``), or lower the limits for gentler, slower rebalancing.
+
     Example:
         >>> strategy = LeastShardAllocationStrategy(rebalance_absolute_limit=20)
         >>> strategy.rebalance_relative_limit
-        0.1
+        0.15
     """
 
     rebalance_absolute_limit: int = attrs.field(
-        default=0, validator=in_range(0, 1 << 30, integer=True)
+        default=1000, validator=in_range(0, 1 << 30, integer=True)
     )
-    """Most shards moved in one round by the newer algorithm; 0 selects the legacy algorithm."""
+    """Most shards moved in one round by the newer algorithm (default 1000); 0 selects the
+    legacy algorithm."""
 
-    rebalance_relative_limit: float = attrs.field(default=0.1, validator=_check_relative)
-    """Most shards moved in one round by the newer algorithm, as a fraction of all shards."""
+    rebalance_relative_limit: float = attrs.field(default=0.15, validator=_check_relative)
+    """Most shards moved in one round by the newer algorithm, as a fraction of all shards
+    (default 0.15; Akka's 0.1 takes three rounds to fill a fourth node)."""
 
     rebalance_threshold: int = attrs.field(default=1, validator=in_range(1, 1 << 30, integer=True))
     """Legacy: rebalance when the fullest region has more than this many shards over the

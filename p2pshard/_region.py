@@ -124,6 +124,7 @@ class RegionStatistics:
     known_homes: int
     buffered: int
     dropped: int
+    shard_home_requests: int
     delivered_local: int
     sent_remote: int
     received_remote: int
@@ -272,6 +273,7 @@ class ShardRegion:
             known_homes=len(core.homes),
             buffered=core.buffered + sum(map(len, self._flushing.values())),
             dropped=core.dropped,
+            shard_home_requests=core.home_requests,
             delivered_local=self._delivered_local,
             sent_remote=self._sent_remote,
             received_remote=self._received_remote,

@@ -162,6 +162,7 @@ class ShardRegionCore(Generic[D]):
         self.buffers: dict[ShardId, collections.deque[D]] = {}
         self.buffered = 0
         self.dropped = 0
+        self.home_requests = 0
         self.coordinator: UniqueAddress | None = None
         self.refused: str | None = None
         self.graceful = False
@@ -201,7 +202,7 @@ class ShardRegionCore(Generic[D]):
         queue.append(delivery)
         self.buffered += 1
         if first and self.registered and shard not in self.local:
-            return [ToCoordinator(GetShardHome(type_name=self.type_name, shard=shard))]
+            return [self._get_home(shard)]
         return []
 
     def receive(self, sender: UniqueAddress, message: object, now: float) -> list[RegionEffect[D]]:
@@ -331,6 +332,7 @@ class ShardRegionCore(Generic[D]):
         )
 
     def _get_home(self, shard: ShardId) -> ToCoordinator:
+        self.home_requests += 1
         return ToCoordinator(GetShardHome(type_name=self.type_name, shard=shard))
 
     def _stopped_msg(self, shard: ShardId, handoff_id: int) -> ToCoordinator:

@@ -301,7 +301,7 @@ def test_rebalance_nothing_without_shards_or_regions() -> None:
     current = allocations(0, 0, 0)
     assert UNLIMITED.rebalance(current, frozenset(), up(current)) == frozenset()
     assert UNLIMITED.rebalance({}, frozenset(), ClusterView()) == frozenset()
-    legacy = LeastShardAllocationStrategy()
+    legacy = LeastShardAllocationStrategy(rebalance_absolute_limit=0)
     assert legacy.rebalance({}, frozenset(), ClusterView()) == frozenset()
 
 
@@ -324,7 +324,9 @@ def test_leaving_region_does_not_block_rebalance_and_gives_all_its_shards() -> N
     assert counts(after_rebalance(UNLIMITED, current, moved, cluster)) == [0, 2, 2]
 
 
-LEGACY = LeastShardAllocationStrategy(rebalance_threshold=1, max_simultaneous_rebalance=3)
+LEGACY = LeastShardAllocationStrategy(
+    rebalance_absolute_limit=0, rebalance_threshold=1, max_simultaneous_rebalance=3
+)
 
 
 @pytest.mark.parametrize("strategy", [UNLIMITED, LEGACY], ids=["newer", "legacy"])
@@ -366,7 +368,9 @@ def test_rebalance_does_not_hand_a_shard_back_to_its_own_region() -> None:
 
 def legacy(threshold: int, max_simultaneous: int) -> LeastShardAllocationStrategy:
     return LeastShardAllocationStrategy(
-        rebalance_threshold=threshold, max_simultaneous_rebalance=max_simultaneous
+        rebalance_absolute_limit=0,
+        rebalance_threshold=threshold,
+        max_simultaneous_rebalance=max_simultaneous,
     )
 
 

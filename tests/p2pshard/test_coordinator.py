@@ -212,7 +212,7 @@ class Driver:
             COORDINATOR,
             SHARDS,
             self.settings,
-            strategy or LeastShardAllocationStrategy(),
+            strategy or LeastShardAllocationStrategy(rebalance_absolute_limit=0),
             self.now,
         )
         self.sent: list[SendTo] = []
