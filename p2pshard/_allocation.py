@@ -132,10 +132,22 @@ class LeastShardAllocationStrategy:
         current: Allocations,
         cluster: ClusterView,
     ) -> UniqueAddress:
-        """The region with the fewest shards among members not leaving (if there are any)."""
+        """The region with the fewest shards among members not leaving (if there are any).
+
+        Unlike Akka, a region whose member is unreachable is chosen only when every region's is:
+        a shard allocated there could not start until the partition heals.
+        """
         if not current:
             raise ValueError(f"no region to allocate shard {shard_id!r} to")
-        return self._sorted(current, cluster)[0][0]
+        return min(
+            current.items(),
+            key=lambda item: (
+                cluster.is_leaving(item[0]),
+                item[0] in cluster.unreachable,
+                len(item[1]),
+                node_order(item[0]),
+            ),
+        )[0]
 
     def rebalance(
         self, current: Allocations, in_progress: frozenset[ShardId], cluster: ClusterView

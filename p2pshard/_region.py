@@ -55,6 +55,9 @@ logger = logging.getLogger("p2pshard.region")
 Delivery = tuple[EntityId, object, "Reply | None"]
 """What a region buffers per message."""
 
+FORCED_STOP_FRACTION = 0.75
+"""Part of ``handoff_timeout`` a region waits for a handed-off shard's entities to stop."""
+
 _LOCAL_ERRORS: dict[str, type[ShardingError]] = {
     "p2pshard.BufferOverflow": BufferOverflow,
     "p2pshard.RegionStopped": RegionStopped,
@@ -490,7 +493,10 @@ class ShardRegion:
         if shard is None:
             self._apply(self._core.shard_stopped(shard_id, trio.current_time()))
             return
-        self._stop_deadlines[shard_id] = trio.current_time() + self.settings.handoff_timeout
+        # Entities that have not stopped are stopped by force a little before the coordinator
+        # gives the hand-off up, so that ShardStopped can still reach it in time.
+        grace = self.settings.handoff_timeout * FORCED_STOP_FRACTION
+        self._stop_deadlines[shard_id] = trio.current_time() + grace
         logger.debug("region %s: handing off shard %s", self.type_name, shard_id)
         shard.stop_all(lambda: self._shard_stopped(shard_id))
 

@@ -23,8 +23,9 @@ class ShardingSettings:
     ShardStarted (default 10)."""
 
     handoff_timeout: float = attrs.field(default=60.0, validator=in_range(0.01, 86400.0))
-    """Seconds a hand-off may take before it is given up (coordinator) or its entities are
-    stopped by force (region) (default 60)."""
+    """Seconds a hand-off may take before the coordinator gives it up (default 60). The region
+    stops entities that have not stopped by force after three quarters of it, so the shard
+    still moves."""
 
     min_nr_of_members: int = attrs.field(default=1, validator=in_range(1, 1 << 16, integer=True))
     """Regions that must have registered before the first shard is allocated (default 1)."""

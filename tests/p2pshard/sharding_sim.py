@@ -156,6 +156,7 @@ class SimCluster:
     done: dict[int, trio.Event] = attrs.field(factory=dict)
     seeds: tuple[Address, ...] = (addr(1), addr(2))
     roles: dict[int, tuple[str, ...]] = attrs.field(factory=dict)
+    stable_after: float = 5.0
 
     async def start(self, i: int) -> Node:
         return await self.nursery.start(self._run, i)  # type: ignore[no-any-return]
@@ -169,7 +170,7 @@ class SimCluster:
             seed_nodes=self.seeds,
             tls=TLS,
             roles=self.roles.get(i, ()),
-            split_brain_resolver=SplitBrainResolverSettings(stable_after=5.0),
+            split_brain_resolver=SplitBrainResolverSettings(stable_after=self.stable_after),
             shutdown_timeout=30.0,
         )
         self.leave[i], self.done[i] = trio.Event(), trio.Event()

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 from functools import partial
 
+import pytest
 import trio
 import trio.testing
 
-from p2pshard import ShardingSettings
+from p2pshard import AskTimeout, ShardingSettings, ShardRegion
 from p2pshard._extractor import stable_shard
 
-from .sharding_sim import Add, Read, SimCluster, StopNow, sim_cluster, standard_setup
+from .sharding_sim import (
+    Add,
+    Read,
+    SimCluster,
+    Sleep,
+    StopNow,
+    addr,
+    sim_cluster,
+    standard_setup,
+)
 
 Counts = dict[str, dict[str, int]]
 
@@ -66,6 +76,13 @@ async def settle(sim: SimCluster, nodes: list[int], entities: list[str]) -> None
             await sim.regions[i].entity_ref(entity_id).ask(Read(), timeout=60)
 
 
+async def owner_of(region: ShardRegion, entity_id: str, *, timeout: float) -> str:  # noqa: ASYNC109
+    """The node whose incarnation of ``entity_id`` answers."""
+    answer = await region.entity_ref(entity_id).ask(Read(), timeout=timeout)
+    assert isinstance(answer, tuple)
+    return str(answer[0])
+
+
 def shard_counts(sim: SimCluster, nodes: list[int]) -> list[int]:
     return [sim.regions[i].statistics().shards for i in nodes]
 
@@ -82,8 +99,10 @@ async def test_a_joining_node_gets_its_share_without_losing_or_reordering_messag
         await sim.all_up([1, 2, 3])
         ids = entity_per_shard(shards)
         for entity_id in ids.values():  # every shard gets a home
-            await sim.regions[1 + int(entity_id[2:]) % 3].entity_ref(entity_id).tell(
-                Add(sender="warmup", seq=1)
+            await (
+                sim.regions[1 + int(entity_id[2:]) % 3]
+                .entity_ref(entity_id)
+                .tell(Add(sender="warmup", seq=1))
             )
         await settle(sim, [1, 2, 3], list(ids.values()))
         assert sum(shard_counts(sim, [1, 2, 3])) == shards
@@ -113,3 +132,191 @@ async def test_a_joining_node_gets_its_share_without_losing_or_reordering_messag
         assert moved, "some watched entity should have moved to the new node"
         sim.journal.check_one_at_a_time()
         assert all(sim.regions[i].statistics().dropped == 0 for i in (1, 2, 3, 4))
+
+
+def hosted(sim: SimCluster, i: int) -> set[str]:
+    return {s.shard_id for s in sim.nodes[i].sharding.region_state("Counter").shards}
+
+
+async def test_the_coordinator_crashing_moves_only_its_shards_and_known_homes_keep_serving(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    shards = 40
+    async with sim_cluster(3, standard_setup(shards)) as sim:
+        for i in (1, 2, 3):
+            await sim.start(i)
+        await sim.all_up([1, 2, 3])
+        ids = entity_per_shard(shards)
+        used = {s: e for s, e in ids.items() if int(s) % 2 == 0}  # odd shards stay unused
+        for entity_id in used.values():
+            for i in (2, 3):  # both survivors learn every home
+                await sim.regions[i].entity_ref(entity_id).ask(Read(), timeout=30)
+        before = {i: hosted(sim, i) for i in (1, 2, 3)}
+        assert all(before.values())
+        survivors = [ids[s] for s in sorted(before[2] | before[3])]
+        sim.crash(1)  # n1 is the oldest: the coordinator goes with it
+        crashed_at = trio.current_time()
+        # Known homes answer throughout, with no coordinator at all for a while.
+        while trio.current_time() - crashed_at < 20:
+            for entity_id in survivors:
+                await sim.regions[3].entity_ref(entity_id).ask(Read(), timeout=5)
+            await trio.sleep(1)
+        # A shard never used before resolves once the new coordinator runs.
+        fresh = ids[str(1)]
+        owner = await owner_of(sim.regions[3], fresh, timeout=120)
+        assert owner in ("n2", "n3")
+        # n1's shards come back on the survivors when used; nobody else's moved.
+        for shard in sorted(before[1]):
+            await sim.regions[2].entity_ref(ids[shard]).ask(Read(), timeout=30)
+        for i in (2, 3):
+            assert before[i] <= hosted(sim, i)
+        assert before[1] <= hosted(sim, 2) | hosted(sim, 3)
+
+
+async def test_one_get_shard_home_per_new_shard_per_region_and_none_afterwards(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The seeds' scenarios 1 and 2: the first message to a shard asks the coordinator once;
+    later messages go straight to the home, from the owner and from every other region."""
+    shards = 12
+    async with sim_cluster(4, standard_setup(shards)) as sim:
+        for i in (1, 2, 3):
+            await sim.start(i)
+        await sim.all_up([1, 2, 3])
+        ids = entity_per_shard(shards)
+        for rounds in range(5):
+            for i in (1, 2, 3):
+                for entity_id in ids.values():
+                    await sim.regions[i].entity_ref(entity_id).tell(Add(sender=f"n{i}", seq=rounds))
+        await settle(sim, [1, 2, 3], list(ids.values()))
+        for i in (1, 2, 3):
+            stats = sim.regions[i].statistics()
+            assert stats.shard_home_requests == shards, (i, stats)
+            assert stats.known_homes == shards
+        assert sum(r.statistics().shards for r in sim.regions.values()) == shards
+
+
+async def test_graceful_leave_of_the_oldest_hands_off_its_shards_and_the_coordinator(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    shards = 30
+    setup = standard_setup(shards, stop_message=StopNow())
+    async with sim_cluster(5, setup) as sim:
+        for i in (1, 2, 3):
+            await sim.start(i)
+        await sim.all_up([1, 2, 3])
+        ids = entity_per_shard(shards)
+        everything = sorted(ids.values())
+        sent: Counts = {}
+        async with trio.open_nursery() as senders:
+            for i in (2, 3):
+                senders.start_soon(partial(send_forever, sim, i, everything, sent, pause=0.2))
+            await trio.sleep(3)
+            assert hosted(sim, 1)
+            await sim.graceful_leave(1)
+            await sim.all_up([2, 3])
+            await trio.sleep(3)
+            senders.cancel_scope.cancel()
+        await settle(sim, [2, 3], everything)
+        for entity_id in everything:
+            sim.journal.check_per_sender_order(entity_id, sent[entity_id])
+        sim.journal.check_one_at_a_time()
+        assert hosted(sim, 2) | hosted(sim, 3) == set(ids)
+        assert sim.journal.stop_messages > 0  # n1's entities were stopped with the stop message
+
+
+async def test_the_two_oldest_leaving_at_once(autojump_clock: trio.testing.MockClock) -> None:
+    shards = 20
+    setup = standard_setup(shards, stop_message=StopNow())
+    async with sim_cluster(6, setup) as sim:
+        for i in (1, 2, 3, 4):
+            await sim.start(i)
+        await sim.all_up([1, 2, 3, 4])
+        ids = entity_per_shard(shards)
+        everything = sorted(ids.values())
+        sent: Counts = {}
+        async with trio.open_nursery() as senders:
+            for i in (3, 4):
+                senders.start_soon(partial(send_forever, sim, i, everything, sent, pause=0.2))
+            await trio.sleep(3)
+            async with trio.open_nursery() as leaving:
+                leaving.start_soon(sim.graceful_leave, 1)
+                leaving.start_soon(sim.graceful_leave, 2)
+            await sim.all_up([3, 4])
+            await trio.sleep(3)
+            senders.cancel_scope.cancel()
+        await settle(sim, [3, 4], everything)
+        for entity_id in everything:
+            sim.journal.check_per_sender_order(entity_id, sent[entity_id])
+        sim.journal.check_one_at_a_time()
+        assert hosted(sim, 3) | hosted(sim, 4) == set(ids)
+
+
+async def test_without_a_write_majority_known_routes_work_and_new_shards_wait(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    shards = 10
+    async with sim_cluster(7, standard_setup(shards)) as sim:
+        sim.stable_after = 1000.0  # nobody is downed: the partition stays a partition
+        for i in (1, 2, 3):
+            await sim.start(i)
+        await sim.all_up([1, 2, 3])
+        ids = entity_per_shard(shards)
+        owners: dict[str, str] = {}
+        for entity_id in [ids[s] for s in sorted(ids)[:6]]:
+            for i in (1, 2):
+                answer = await sim.regions[i].entity_ref(entity_id).ask(Read(), timeout=30)
+                assert isinstance(answer, tuple)
+                owners[entity_id] = answer[0]
+        reachable = [e for e, owner in owners.items() if owner != "n3"]
+        assert reachable
+        sim.net.partition([addr(3)], [addr(1), addr(2)])
+        # The coordinator (n1) needs every replica for a write in a cluster this small.
+        new = ids[sorted(ids)[7]]
+        with pytest.raises(AskTimeout):
+            await sim.regions[2].entity_ref(new).ask(Read(), timeout=20)
+        for entity_id in reachable:  # homes already known keep working
+            for i in (1, 2):
+                await sim.regions[i].entity_ref(entity_id).ask(Read(), timeout=5)
+        sim.net.heal()
+        owner = await owner_of(sim.regions[2], new, timeout=60)
+        assert owner in ("n1", "n2", "n3")
+
+
+async def test_min_nr_of_members_holds_allocation_until_enough_regions_registered(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    setup = standard_setup(10, settings=ShardingSettings(min_nr_of_members=3))
+    async with sim_cluster(8, setup) as sim:
+        for i in (1, 2):
+            await sim.start(i)
+        await sim.all_up([1, 2])
+        with pytest.raises(AskTimeout):
+            await sim.regions[1].entity_ref("e-1").ask(Read(), timeout=30)
+        assert sum(r.statistics().shards for r in sim.regions.values()) == 0
+        await sim.start(3)
+        owner = await owner_of(sim.regions[1], "e-1", timeout=60)
+        assert owner in ("n1", "n2", "n3")
+
+
+async def test_an_entity_that_ignores_its_stop_message_is_stopped_after_handoff_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    settings = ShardingSettings(handoff_timeout=20.0)
+    setup = standard_setup(4, settings=settings, stop_message=Sleep(seconds=10_000))
+    async with sim_cluster(9, setup) as sim:
+        for i in (1, 2):
+            await sim.start(i)
+        await sim.all_up([1, 2])
+        ids = entity_per_shard(4)
+        for entity_id in ids.values():
+            await sim.regions[1].entity_ref(entity_id).ask(Read(), timeout=30)
+        on_two = sorted(hosted(sim, 2))
+        assert on_two
+        started = trio.current_time()
+        await sim.graceful_leave(2)
+        took = trio.current_time() - started
+        assert 0.75 * settings.handoff_timeout <= took < settings.handoff_timeout + 20
+        for shard in on_two:  # the shard moved: its entity runs again on n1
+            owner = await owner_of(sim.regions[1], ids[shard], timeout=30)
+            assert owner == "n1"
