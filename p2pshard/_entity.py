@@ -114,6 +114,14 @@ class Stop:
         self.message = message
 
 
+class Wake:
+    """The mailbox entry that starts a remembered entity without a message."""
+
+    __slots__ = ()
+
+
+WAKE = Wake()
+
 Mail = tuple[object, "Reply | None"]
 """One mailbox entry: a message (or :class:`Stop`) and where its answer goes."""
 

@@ -44,6 +44,7 @@ from ._region_core import (
     ToCoordinator,
 )
 from ._region_core import Refused as RefusedEffect
+from ._remember import RememberStore
 from ._settings import ShardingSettings
 from ._shard import EntityFactory, Scheduler, Shard
 
@@ -485,6 +486,11 @@ class ShardRegion:
         if shard is None:
             shard = self._shards[shard_id] = Shard(self, shard_id)
             logger.debug("region %s: hosting shard %s", self.type_name, shard_id)
+            if self.settings.remember_entities:
+                store = RememberStore(
+                    self._sharding._replicator, self.type_name, shard_id, self.settings
+                )
+                shard.remember(store, self._nursery)
         self._running[shard_id] = shard
 
     def _stop_shard(self, shard_id: ShardId) -> None:
@@ -498,10 +504,15 @@ class ShardRegion:
         grace = self.settings.handoff_timeout * FORCED_STOP_FRACTION
         self._stop_deadlines[shard_id] = trio.current_time() + grace
         logger.debug("region %s: handing off shard %s", self.type_name, shard_id)
+        waiting = shard.take_pending()  # it was still reading its remembered entities
         shard.stop_all(lambda: self._shard_stopped(shard_id))
+        for entity_id, message, reply in waiting:
+            self._route_nowait(shard_id, entity_id, message, reply)
 
     def _shard_stopped(self, shard_id: ShardId) -> None:
-        self._shards.pop(shard_id, None)
+        shard = self._shards.pop(shard_id, None)
+        if shard is not None and shard.store is not None:
+            shard.store.close()
         self._stop_deadlines.pop(shard_id, None)
         self._apply(self._core.shard_stopped(shard_id, trio.current_time()))
 

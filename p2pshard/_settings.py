@@ -6,9 +6,24 @@ fields land with the parts of sharding that use them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import attrs
 
+from membership import ConfigurationError
 from membership._settings import in_range
+
+
+def _one_of(*choices: str) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value not in choices:
+            raise ConfigurationError(
+                f"{type(instance).__name__}.{attribute.name} = {value!r} is invalid: must be one "
+                f"of {', '.join(map(repr, choices))}"
+            )
+
+    return check
 
 
 @attrs.frozen(kw_only=True)
@@ -34,6 +49,21 @@ class ShardingSettings:
         default=False, validator=attrs.validators.instance_of(bool)
     )
     """Restart a shard's entities wherever it goes next (default off)."""
+
+    entity_recovery_strategy: str = attrs.field(default="all", validator=_one_of("all", "constant"))
+    """How a shard restarts its remembered entities: ``"all"`` at once (default) or
+    ``"constant"``: ``entity_recovery_constant_rate_number_of_entities`` every
+    ``entity_recovery_constant_rate_frequency`` seconds."""
+
+    entity_recovery_constant_rate_frequency: float = attrs.field(
+        default=0.1, validator=in_range(0.001, 3600.0)
+    )
+    """Seconds between batches of the ``"constant"`` recovery (default 0.1)."""
+
+    entity_recovery_constant_rate_number_of_entities: int = attrs.field(
+        default=5, validator=in_range(1, 1 << 30, integer=True)
+    )
+    """Entities per batch of the ``"constant"`` recovery (default 5)."""
 
     buffer_size: int = attrs.field(default=100_000, validator=in_range(0, 1 << 30, integer=True))
     """Messages a region holds for shards whose home it does not know yet, over all shards

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ._allocation import EntityId, ShardId
-from ._entity import Entity, EntityContext, EntityEvent, EntityState, Mail, Reply, Stop
+from ._entity import WAKE, Entity, EntityContext, EntityEvent, EntityState, Mail, Reply, Stop, Wake
+from ._remember import RememberStore
 
 if TYPE_CHECKING:
     from ._region import ShardRegion
@@ -104,11 +105,88 @@ class Shard:
         self._restarts: dict[EntityContext, float] = {}
         self._on_stopped: Callable[[], None] | None = None
         self.lost = 0
+        self.store: RememberStore | None = None
+        self._pending: list[tuple[EntityId, object, Reply | None]] | None = None
+        self._loading: trio.CancelScope | None = None
+
+    # -- remembered entities ----------------------------------------------------------------
+
+    def remember(self, store: RememberStore, nursery: trio.Nursery) -> None:
+        """Keep this shard's entity ids in ``store``; restart the ones remembered there.
+
+        Messages that come before the remembered ids are read wait, then follow them.
+        """
+        self.store = store
+        self._pending = []
+        nursery.start_soon(store.run)
+        nursery.start_soon(self._recover)
+
+    async def _recover(self) -> None:
+        assert self.store is not None
+        ids: list[str] = []
+        with trio.CancelScope() as scope:
+            self._loading = scope
+            ids = await self.store.load()
+            settings = self.region.settings
+            if settings.entity_recovery_strategy == "constant" and ids:
+                batch = settings.entity_recovery_constant_rate_number_of_entities
+                pause = settings.entity_recovery_constant_rate_frequency
+                pending, self._pending = self._pending or [], None
+                self._flush_pending(pending)  # new messages need not wait for the slow restart
+                for start in range(0, len(ids), batch):
+                    if self.stopping:
+                        break
+                    self._wake(ids[start : start + batch])
+                    await trio.sleep(pause)
+            else:
+                self._wake(ids)
+        self._loading = None
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._flush_pending(pending)
+        if ids:
+            logger.info(
+                "shard %s/%s: %d remembered entities restarted",
+                self.region.type_name,
+                self.shard_id,
+                len(ids),
+            )
+
+    def _wake(self, ids: list[str]) -> None:
+        for entity_id in ids:
+            if EntityId(entity_id) not in self.entities:
+                cell = self._new_cell(EntityId(entity_id), remembered=True)
+                cell._mailbox = collections.deque([(WAKE, None)])
+                cell._scheduled = True
+                self.region._scheduler.schedule(cell)
+
+    def _flush_pending(self, pending: list[tuple[EntityId, object, Reply | None]]) -> None:
+        for entity_id, message, reply in pending:
+            self.deliver(entity_id, message, reply)
+
+    def _remembered(self, cell: EntityContext) -> None:
+        """The store has ``cell``'s id: its messages may run now."""
+        if cell._state is _GONE or cell._scope is not None:
+            return
+        cell._scheduled = False
+        if cell._mailbox and cell._state is not _RESTARTING:
+            cell._scheduled = True
+            self.region._scheduler.schedule(cell)
+
+    def take_pending(self) -> list[tuple[EntityId, object, Reply | None]]:
+        """Messages still waiting for the remembered ids (the shard stops before they came)."""
+        if self._loading is not None:
+            self._loading.cancel()
+        pending, self._pending = self._pending or [], None
+        return pending
 
     # -- delivery ---------------------------------------------------------------------------
 
     def deliver(self, entity_id: EntityId, message: object, reply: Reply | None) -> None:
         """Queue ``message`` for the entity, starting it if it is not active."""
+        if self._pending is not None:
+            self._pending.append((entity_id, message, reply))
+            return
         cell = self.entities.get(entity_id)
         if cell is None:
             cell = self._new_cell(entity_id)
@@ -127,10 +205,14 @@ class Shard:
             cell._scheduled = True
             self.region._scheduler.schedule(cell)
 
-    def _new_cell(self, entity_id: EntityId) -> EntityContext:
+    def _new_cell(self, entity_id: EntityId, *, remembered: bool = False) -> EntityContext:
         cell = EntityContext(entity_id, self, trio.current_time())
         self.entities[entity_id] = cell
         self.region._entity_started(cell)
+        if self.store is not None and not remembered:
+            # Held back (marked scheduled) until the store has the id, as Akka's RememberingStart.
+            cell._scheduled = True
+            self.store.add(entity_id, lambda: self._remembered(cell))
         return cell
 
     # -- running ----------------------------------------------------------------------------
@@ -148,6 +230,15 @@ class Shard:
                     await self._stop_entity(cell, message.message)
                     break
                 instance = cell._instance
+                if type(message) is Wake:
+                    if instance is None:
+                        try:
+                            cell._instance = region._factory(cell)
+                        except Exception as exc:
+                            self._crashed(cell, exc, None)
+                            if cell._state is _RESTARTING:
+                                break
+                    continue
                 try:
                     if instance is None:
                         instance = cell._instance = region._factory(cell)
@@ -217,8 +308,10 @@ class Shard:
         held = cell._held
         cell._mailbox = cell._held = None
         waiting = rest + (held or [])
+        if not waiting and self.store is not None and not self.stopping:
+            self.store.remove(cell.entity_id)  # passivated: forgotten (a hand-off keeps it)
         if waiting:  # the next incarnation gets them, in order (and stops after, in a hand-off)
-            successor = self._new_cell(cell.entity_id)
+            successor = self._new_cell(cell.entity_id, remembered=True)
             successor._mailbox = collections.deque(waiting)
             successor._scheduled = True
             self.region._scheduler.schedule(successor)

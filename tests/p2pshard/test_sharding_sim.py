@@ -13,6 +13,7 @@ from p2pshard._extractor import stable_shard
 
 from .sharding_sim import (
     Add,
+    PassivateMe,
     Read,
     SimCluster,
     Sleep,
@@ -320,3 +321,45 @@ async def test_an_entity_that_ignores_its_stop_message_is_stopped_after_handoff_
         for shard in on_two:  # the shard moved: its entity runs again on n1
             owner = await owner_of(sim.regions[1], ids[shard], timeout=30)
             assert owner == "n1"
+
+
+async def test_remembered_entities_restart_without_a_message_after_their_node_crashed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    shards = 12
+    settings = ShardingSettings(remember_entities=True)
+    setup = standard_setup(shards, settings=settings, stop_message=StopNow())
+    async with sim_cluster(10, setup) as sim:
+        for i in (1, 2, 3):
+            await sim.start(i)
+        await sim.all_up([1, 2, 3])
+        ids = entity_per_shard(shards)
+        for entity_id in ids.values():
+            await sim.regions[2].entity_ref(entity_id).ask(Read(), timeout=30)
+        on_one = sorted(hosted(sim, 1))
+        assert on_one
+        # One remembered entity is passivated: it is forgotten and must not come back.
+        forgotten = ids[on_one[0]]
+        await sim.regions[2].entity_ref(forgotten).ask(PassivateMe(), timeout=30)
+        with trio.fail_after(30):
+            while any(  # noqa: ASYNC110 - polls region state on the mock clock
+                forgotten in s.entity_ids
+                for s in sim.nodes[1].sharding.region_state("Counter").shards
+            ):
+                await trio.sleep(0.1)
+        await trio.sleep(5)  # the removal reaches the replicas
+        sim.crash(1)  # the coordinator's node, with its shards
+        expected = {ids[s] for s in on_one} - {forgotten}
+        with trio.fail_after(120):
+            while True:
+                restarted = {
+                    inc.entity_id
+                    for inc in sim.journal.incarnations
+                    if inc.node != "n1" and inc.entity_id in expected
+                }
+                if restarted == expected:
+                    break
+                await trio.sleep(0.5)
+        assert not any(
+            inc.entity_id == forgotten and inc.node != "n1" for inc in sim.journal.incarnations
+        )
