@@ -32,6 +32,7 @@ from ._allocation import EntityId, ShardId
 from ._entity import EntityContext, EntityRef, Reply
 from ._errors import AskTimeout, BufferOverflow, RegionStopped, RemoteEntityError, ShardingError
 from ._extractor import MessageExtractor
+from ._lease import ShardLease, ShardLeaseFactory
 from ._protocol import BeginHandOffAck, EntityDelivery, EntityReply
 from ._region_core import (
     Drop,
@@ -176,8 +177,10 @@ class ShardRegion:
         stop_message: object,
         role: str | None,
         nursery: trio.Nursery,
+        lease_factory: ShardLeaseFactory | None = None,
     ) -> None:
         self._sharding = sharding
+        self._lease_factory = lease_factory
         self.type_name = type_name
         self._factory: EntityFactory = factory or _no_factory
         self._extractor = extractor
@@ -486,11 +489,18 @@ class ShardRegion:
         if shard is None:
             shard = self._shards[shard_id] = Shard(self, shard_id)
             logger.debug("region %s: hosting shard %s", self.type_name, shard_id)
+            store = None
             if self.settings.remember_entities:
                 store = RememberStore(
                     self._sharding._replicator, self.type_name, shard_id, self.settings
                 )
-                shard.remember(store, self._nursery)
+            lease = (
+                None
+                if self._lease_factory is None
+                else self._lease_factory(self.type_name, shard_id)
+            )
+            if store is not None or lease is not None:
+                shard.start(self._nursery, store=store, lease=lease)
         self._running[shard_id] = shard
 
     def _stop_shard(self, shard_id: ShardId) -> None:
@@ -513,6 +523,8 @@ class ShardRegion:
         shard = self._shards.pop(shard_id, None)
         if shard is not None and shard.store is not None:
             shard.store.close()
+        if shard is not None and shard.lease is not None:
+            self._nursery.start_soon(_release, shard.lease, f"{self.type_name}/{shard_id}")
         self._stop_deadlines.pop(shard_id, None)
         self._apply(self._core.shard_stopped(shard_id, trio.current_time()))
 
@@ -665,6 +677,13 @@ class ShardRegion:
     async def _graceful_shutdown(self) -> None:
         self._apply(self._core.graceful_shutdown(trio.current_time()))
         await self._stopped_event.wait()
+
+
+async def _release(lease: ShardLease, what: str) -> None:
+    try:
+        await lease.release()
+    except Exception as exc:  # the lease expires by itself; say so and go on
+        logger.warning("shard %s: lease not released: %s", what, exc)
 
 
 def _oldest(cluster: Any, role: str | None) -> UniqueAddress | None:

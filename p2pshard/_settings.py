@@ -65,6 +65,10 @@ class ShardingSettings:
     )
     """Entities per batch of the ``"constant"`` recovery (default 5)."""
 
+    lease_retry_interval: float = attrs.field(default=5.0, validator=in_range(0.01, 3600.0))
+    """Seconds between a shard's attempts to take its lease, when the entity type uses shard
+    leases (default 5)."""
+
     buffer_size: int = attrs.field(default=100_000, validator=in_range(0, 1 << 30, integer=True))
     """Messages a region holds for shards whose home it does not know yet, over all shards
     (default 100,000). Past it a tell is dropped (logged, counted) and an ask fails at once."""

@@ -31,6 +31,7 @@ import trio
 
 from ._allocation import EntityId, ShardId
 from ._entity import WAKE, Entity, EntityContext, EntityEvent, EntityState, Mail, Reply, Stop, Wake
+from ._lease import ShardLease
 from ._remember import RememberStore
 
 if TYPE_CHECKING:
@@ -106,44 +107,109 @@ class Shard:
         self._on_stopped: Callable[[], None] | None = None
         self.lost = 0
         self.store: RememberStore | None = None
+        self.lease: ShardLease | None = None
         self._pending: list[tuple[EntityId, object, Reply | None]] | None = None
         self._loading: trio.CancelScope | None = None
 
     # -- remembered entities ----------------------------------------------------------------
 
-    def remember(self, store: RememberStore, nursery: trio.Nursery) -> None:
-        """Keep this shard's entity ids in ``store``; restart the ones remembered there.
+    def start(
+        self,
+        nursery: trio.Nursery,
+        *,
+        store: RememberStore | None = None,
+        lease: ShardLease | None = None,
+    ) -> None:
+        """Start a shard that needs a lease or remembers its entities.
 
-        Messages that come before the remembered ids are read wait, then follow them.
+        With a ``lease``, no entity starts before the lease is granted; when it is lost the
+        entities are stopped, new messages wait, and the lease is asked for again. With a
+        ``store``, the remembered entities restart once it is read. Messages that come
+        meanwhile wait, then follow in order.
         """
         self.store = store
+        self.lease = lease
         self._pending = []
-        nursery.start_soon(store.run)
-        nursery.start_soon(self._recover)
+        if store is not None:
+            nursery.start_soon(store.run)
+        nursery.start_soon(self._startup)
 
-    async def _recover(self) -> None:
-        assert self.store is not None
-        ids: list[str] = []
+    async def _startup(self) -> None:
         with trio.CancelScope() as scope:
             self._loading = scope
-            ids = await self.store.load()
-            settings = self.region.settings
-            if settings.entity_recovery_strategy == "constant" and ids:
-                batch = settings.entity_recovery_constant_rate_number_of_entities
-                pause = settings.entity_recovery_constant_rate_frequency
-                pending, self._pending = self._pending or [], None
-                self._flush_pending(pending)  # new messages need not wait for the slow restart
-                for start in range(0, len(ids), batch):
-                    if self.stopping:
-                        break
-                    self._wake(ids[start : start + batch])
-                    await trio.sleep(pause)
-            else:
-                self._wake(ids)
+            if self.lease is not None:
+                await self._acquire(self.lease)
+            if self.store is not None:
+                await self._recover(self.store)
+            self._release_pending()
+            if self.lease is not None:
+                await self._watch_lease(self.lease)
         self._loading = None
+
+    async def _acquire(self, lease: ShardLease) -> None:
+        settings = self.region.settings
+        while True:
+            try:
+                token = await lease.acquire()
+            except Exception as exc:  # a backend failure is a refusal: ask again
+                logger.warning(
+                    "shard %s/%s: lease not acquired: %s", self.region.type_name, self.shard_id, exc
+                )
+                token = None
+            if token is not None:
+                self.lease_token = token
+                return
+            await trio.sleep(settings.lease_retry_interval)
+
+    async def _watch_lease(self, lease: ShardLease) -> None:
+        while True:
+            await lease.wait_lost()
+            self.lease_token = None
+            logger.warning(
+                "shard %s/%s: lease lost; stopping its %d entities",
+                self.region.type_name,
+                self.shard_id,
+                len(self.entities),
+            )
+            self._pending = []  # new messages wait for the lease
+            stopped = trio.Event()
+            self._on_stopped = stopped.set
+            self.stopping = True
+            for cell in list(self.entities.values()):
+                if cell._state is _RESTARTING:
+                    self._restarts.pop(cell, None)
+                    cell._set(EntityEvent.RESTARTED)
+                self.passivate(cell)
+            if not self.entities:
+                stopped.set()
+            with trio.move_on_after(self.region.settings.handoff_timeout * 0.75):
+                await stopped.wait()
+            if self.entities:
+                self.force_stop()
+            self.stopping = False
+            self._on_stopped = None
+            await self._acquire(lease)
+            self._release_pending()
+
+    def _release_pending(self) -> None:
         if self._pending is not None:
             pending, self._pending = self._pending, None
             self._flush_pending(pending)
+
+    async def _recover(self, store: RememberStore) -> None:
+        ids = await store.load()
+        settings = self.region.settings
+        if settings.entity_recovery_strategy == "constant" and ids:
+            batch = settings.entity_recovery_constant_rate_number_of_entities
+            pause = settings.entity_recovery_constant_rate_frequency
+            self._release_pending()  # new messages need not wait for the slow restart
+            for start in range(0, len(ids), batch):
+                if self.stopping:
+                    break
+                self._wake(ids[start : start + batch])
+                await trio.sleep(pause)
+        else:
+            self._wake(ids)
         if ids:
             logger.info(
                 "shard %s/%s: %d remembered entities restarted",
@@ -174,7 +240,7 @@ class Shard:
             self.region._scheduler.schedule(cell)
 
     def take_pending(self) -> list[tuple[EntityId, object, Reply | None]]:
-        """Messages still waiting for the remembered ids (the shard stops before they came)."""
+        """Messages still waiting for the lease or the remembered ids (the shard is stopping)."""
         if self._loading is not None:
             self._loading.cancel()
         pending, self._pending = self._pending or [], None

@@ -47,6 +47,7 @@ from ._allocation import ClusterView, LeastShardAllocationStrategy, ShardAllocat
 from ._coordinator import SendTo, ShardCoordinatorCore, UpdateState
 from ._coordinator_state import CoordinatorState, DomainEvent, apply_event
 from ._extractor import MessageExtractor
+from ._lease import ShardLeaseFactory
 from ._protocol import (
     COORDINATOR_COMMANDS,
     BeginHandOff,
@@ -148,6 +149,7 @@ class Sharding:
         allocation_strategy: ShardAllocationStrategy | None = None,
         stop_message: object = None,
         role: str | None = None,
+        shard_lease: ShardLeaseFactory | None = None,
     ) -> ShardRegion:
         """Start entity type ``type_name`` on this node and return its region.
 
@@ -155,7 +157,8 @@ class Sharding:
         shards) and role; a node without ``role`` gets a proxy instead, as Akka does.
         ``entity_factory`` makes an entity from its :class:`EntityContext` (the class itself,
         usually). ``stop_message`` is what an entity receives before it is stopped for a
-        hand-off or passivation (None: stopped without a message).
+        hand-off or passivation (None: stopped without a message). ``shard_lease`` makes the
+        lease each shard must hold before its entities start (see ``p2pshard._lease``).
 
         Example:
             >>> async def main(node: Node) -> None:
@@ -192,7 +195,7 @@ class Sharding:
 
         await self._singletons.start(coordinator_name(type_name), coordinator, role=role)
         return await self._start_region(
-            type_name, entity_factory, extractor, settings, stop_message, role
+            type_name, entity_factory, extractor, settings, stop_message, role, shard_lease
         )
 
     async def start_proxy(
@@ -244,9 +247,18 @@ class Sharding:
         settings: ShardingSettings,
         stop_message: object,
         role: str | None,
+        shard_lease: ShardLeaseFactory | None = None,
     ) -> ShardRegion:
         region = ShardRegion(
-            self, type_name, factory, extractor, settings, stop_message, role, self._nursery
+            self,
+            type_name,
+            factory,
+            extractor,
+            settings,
+            stop_message,
+            role,
+            self._nursery,
+            shard_lease,
         )
         self._regions[type_name] = region
         await self._nursery.start(region._run)

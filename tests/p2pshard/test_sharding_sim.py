@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from functools import partial
 
+import attrs
 import pytest
 import trio
 import trio.testing
 
-from p2pshard import AskTimeout, ShardingSettings, ShardRegion
+from p2pshard import (
+    AskTimeout,
+    EntityContext,
+    HashExtractor,
+    Node,
+    ShardingSettings,
+    ShardRegion,
+    message,
+)
 from p2pshard._extractor import stable_shard
 
 from .sharding_sim import (
@@ -363,3 +372,96 @@ async def test_remembered_entities_restart_without_a_message_after_their_node_cr
         assert not any(
             inc.entity_id == forgotten and inc.node != "n1" for inc in sim.journal.incarnations
         )
+
+
+@attrs.define(eq=False)
+class TableLease:
+    """A shard lease in a dict shared by the test's nodes, with a fencing counter."""
+
+    table: dict[str, str]
+    name: str
+    owner: str
+    tokens: list[int]
+    lost: trio.Event = attrs.field(factory=trio.Event)
+
+    async def acquire(self) -> int | None:
+        await trio.lowlevel.checkpoint()
+        if self.table.setdefault(self.name, self.owner) != self.owner:
+            return None
+        self.lost = trio.Event()
+        self.tokens[0] += 1
+        return self.tokens[0]
+
+    async def wait_lost(self) -> None:
+        await self.lost.wait()
+
+    async def release(self) -> None:
+        await trio.lowlevel.checkpoint()
+        if self.table.get(self.name) == self.owner:
+            del self.table[self.name]
+
+
+@message(name="tests.sharding.Token")
+@attrs.frozen
+class Token:
+    pass
+
+
+async def test_a_shard_starts_entities_only_while_it_holds_its_lease(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    table: dict[str, str] = {}
+    tokens = [0]
+    leases: dict[str, TableLease] = {}
+
+    class Fenced:
+        def __init__(self, ctx: EntityContext) -> None:
+            self.started = trio.current_time()
+
+        async def receive(self, msg: object, ctx: EntityContext) -> object:
+            return (ctx.lease_token, self.started)
+
+    async def setup(i: int, node: Node, sim: SimCluster) -> None:
+        def lease(type_name: str, shard: str) -> TableLease:
+            leases[f"n{i}/{shard}"] = TableLease(table, f"{type_name}/{shard}", f"n{i}", tokens)
+            return leases[f"n{i}/{shard}"]
+
+        sim.regions[i] = await node.sharding.start(
+            "Counter",
+            Fenced,
+            extractor=HashExtractor(1),
+            settings=ShardingSettings(lease_retry_interval=1.0),
+            shard_lease=lease,
+        )
+
+    async with sim_cluster(11, setup) as sim:
+        table["Counter/0"] = "someone else"
+        await sim.start(1)
+        await sim.all_up([1])
+        ref = sim.regions[1].entity_ref("e")
+        with pytest.raises(AskTimeout):  # the lease is taken: no entity starts
+            await ref.ask(Token(), timeout=10)
+        del table["Counter/0"]
+        first = await ref.ask(Token(), timeout=10)
+        assert isinstance(first, tuple)
+        token, started = first
+        assert token == 1
+        table["Counter/0"] = "someone else"  # taken over: lost here, so the entity stops
+        leases["n1/0"].lost.set()
+        await trio.sleep(0.5)
+        assert sim.nodes[1].sharding.region_state("Counter").shards[0].entity_ids == frozenset()
+        waiting = trio.Event()
+
+        async def ask_later() -> None:
+            answer = await ref.ask(Token(), timeout=60)
+            assert isinstance(answer, tuple)
+            assert answer[0] == 2
+            assert answer[1] > started  # a new incarnation
+            waiting.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask_later)
+            await trio.sleep(5)
+            assert not waiting.is_set()
+            del table["Counter/0"]
+        assert waiting.is_set()
