@@ -36,6 +36,7 @@ from membership._trioutil import single_error
 
 from ._config import NodeConfig
 from ._sharding import Sharding
+from ._status import StatusService
 
 logger = logging.getLogger("p2pshard.node")
 
@@ -58,6 +59,7 @@ class Node:
     _replicator: Replicator | None = None
     _replicators: dict[str, Replicator] = attrs.Factory(dict)
     _sharding: Sharding | None = None
+    _status: StatusService | None = None
     _nursery: trio.Nursery | None = None
     _rng: random.Random = attrs.Factory(random.Random)
 
@@ -157,6 +159,7 @@ class Node:
             or (self._sharding is not None and self._sharding.handle(envelope))
             or self.singletons.handle(envelope)
             or self._to_replicator(envelope)
+            or (self._status is not None and self._status.handle(envelope))
         ):
             logger.debug(
                 "%s: no service handles %s from %s",
@@ -291,6 +294,7 @@ async def _run(
                     node._sharding = Sharding(
                         transport, cluster, node._singletons, node._replicator, nursery, node._rng
                     )
+                    node._status = StatusService(transport, cluster, node._sharding, nursery)
                     try:
                         yield node
                     except Exception:
@@ -301,6 +305,8 @@ async def _run(
             finally:
                 # Cancellation skips the leave on purpose: it means "stop now", like a crash;
                 # the others will find this node unreachable and down it.
+                if node._sharding is not None:
+                    node._sharding.close()
                 transport.set_handler(None)
                 nursery.cancel_scope.cancel()
     logger.info("%s: stopped (%s)", node.address.name, cluster.termination_reason or "left")

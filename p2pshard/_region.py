@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from membership import SendQueueFull, TransportClosed, UniqueAddress
+from membership import ConfigurationError, SendQueueFull, TransportClosed, UniqueAddress
 from membership._member import MemberStatus
 
 from ._allocation import EntityId, ShardId
@@ -302,8 +302,6 @@ class ShardRegion:
     def _check_usable(self, message: object) -> None:
         core = self._core
         if core.refused is not None:
-            from membership import ConfigurationError
-
             raise ConfigurationError(
                 f"entity type {self.type_name!r} cannot be used on this node: {core.refused}"
             )
@@ -643,6 +641,8 @@ class ShardRegion:
                         and not self._core.graceful
                     ):
                         self._apply(self._core.graceful_shutdown(now))
+                # The subscription ends when this node is out of the cluster: nothing more to do.
+                self._sharding.close()
 
             nursery.start_soon(follow_cluster)
             while True:
