@@ -355,10 +355,28 @@ class ShardRegion:
         except SendQueueFull:
             self._blocked[shard_id] = self._blocked.get(shard_id, 0) + 1
             try:
-                await self._transport.send(home, delivery)
+                sent = await self._send_waiting(home, delivery)
             finally:
                 self._unblock(shard_id)
+            if not sent:
+                self._dropped(
+                    [(entity_id, message, reply)],
+                    f"the send queue to {home} stayed full for {self.settings.retry_interval:g} s",
+                )
+                return
         self._sent_remote += 1
+
+    async def _send_waiting(self, home: UniqueAddress, delivery: EntityDelivery) -> bool:
+        """Send, waiting for room in the queue, but not forever: False if it stayed full.
+
+        Waiting is backpressure from a slow peer; a queue that stays full for a whole
+        ``retry_interval`` means a peer that is gone, and at-most-once delivery drops.
+        """
+        with trio.move_on_after(self.settings.retry_interval):
+            await self._transport.send(home, delivery)
+            return True
+        self._core.dropped += 1
+        return False
 
     def _delivery(
         self, shard_id: ShardId, entity_id: EntityId, message: object, reply: Reply | None
@@ -546,8 +564,10 @@ class ShardRegion:
                 entity_id, message, reply = queue.popleft()
                 delivery = self._delivery(shard_id, entity_id, message, reply)
                 try:
-                    await self._transport.send(home, delivery)
-                    self._sent_remote += 1
+                    if await self._send_waiting(home, delivery):
+                        self._sent_remote += 1
+                    else:
+                        self._dropped([(entity_id, message, reply)], f"{home} is not taking more")
                 except TransportClosed as exc:
                     self._dropped([(entity_id, message, reply)], str(exc))
                 if self._core.homes.get(shard_id) != home:
