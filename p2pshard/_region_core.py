@@ -207,6 +207,11 @@ class ShardRegionCore(Generic[D]):
 
     def receive(self, sender: UniqueAddress, message: object, now: float) -> list[RegionEffect[D]]:
         """Handle one message from the coordinator (or a relayed hand-off acknowledgement)."""
+        if self.stopped or self.refused is not None:
+            if isinstance(message, BeginHandOff | HandOff | BeginHandOffAck):
+                pass  # still answered: a stopped region hosts nothing and holds up no hand-off
+            else:
+                return []
         match message:
             case RegisterAck(coordinator=coordinator):
                 first = self.coordinator is None
@@ -222,7 +227,9 @@ class ShardRegionCore(Generic[D]):
                 self.refused = reason
                 logger.error("region %s: the coordinator refused it: %s", self.type_name, reason)
                 deliveries = self._take_all()
-                return [Refused(reason), Drop(deliveries, reason)]
+                return (
+                    [Refused(reason), Drop(deliveries, reason)] if deliveries else [Refused(reason)]
+                )
             case ShardHome(shard=shard, region=region):
                 return self._home_is(ShardId(shard), region)
             case HostShard(shard=shard):
@@ -274,8 +281,8 @@ class ShardRegionCore(Generic[D]):
         if self.refused is not None or self.stopped:
             return []
         self.coordinator = None
-        self._register_backoff = REGISTER_FIRST_RETRY
         self._next_register = now + REGISTER_FIRST_RETRY
+        self._register_backoff = min(2 * REGISTER_FIRST_RETRY, self.settings.retry_interval)
         return [self._register()]
 
     def regions_gone(self, nodes: Iterable[UniqueAddress], now: float) -> list[RegionEffect[D]]:
@@ -301,8 +308,8 @@ class ShardRegionCore(Generic[D]):
         if self.refused is not None or self.stopped:
             return effects
         if not self.registered and now >= self._next_register:
-            self._register_backoff = min(self._register_backoff * 2, self.settings.retry_interval)
             self._next_register = now + self._register_backoff
+            self._register_backoff = min(self._register_backoff * 2, self.settings.retry_interval)
             effects.append(self._register())
         if now >= self._next_retry:
             self._next_retry = now + self.settings.retry_interval
