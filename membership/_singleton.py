@@ -373,12 +373,19 @@ class SingletonProxy:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
             target = cluster.oldest(self.role)
-            if target is None:
-                await trio.sleep(0.2)  # nobody eligible yet: wait for the cluster
+            if target is None or (
+                target.node == cluster.self_address and self.name not in self._s._managers
+            ):
+                # Nobody eligible yet, or this node is the oldest and does not run it (so
+                # nobody does): wait for the cluster to change.
+                await trio.sleep(0.2)
                 self._wakeup.set()
                 continue
-            while self._buffer:
-                payload, rid = self._buffer.popleft()
+            # What is queued now: a message that comes back at once (this node is the oldest
+            # but does not run the singleton) waits for the next round, after the pause.
+            batch = list(self._buffer)
+            self._buffer.clear()
+            for payload, rid in batch:
                 self.statistics_sent += 1
                 self._s._send(
                     target.node, SingletonEnvelope(name=self.name, payload=payload, request_id=rid)

@@ -25,11 +25,17 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from membership import ConfigurationError, SendQueueFull, TransportClosed, UniqueAddress
+from membership import (
+    ConfigurationError,
+    SendQueueFull,
+    SerializationError,
+    TransportClosed,
+    UniqueAddress,
+)
 from membership._member import MemberStatus
 
 from ._allocation import EntityId, ShardId
-from ._entity import EntityContext, EntityRef, Reply
+from ._entity import EntityContext, EntityRef, EntityState, Reply
 from ._errors import AskTimeout, BufferOverflow, RegionStopped, RemoteEntityError, ShardingError
 from ._extractor import MessageExtractor
 from ._lease import ShardLease, ShardLeaseFactory
@@ -314,6 +320,10 @@ class ShardRegion:
         await self._send(entity_id, message, None)
 
     async def _ask(self, entity_id: EntityId, message: object, timeout: float) -> object:  # noqa: ASYNC109
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
+            raise ValueError(
+                f"an ask timeout must be a non-negative number of seconds, not {timeout!r}"
+            )
         self._check_usable(message)
         slot = self._sharding._new_ask(entity_id)
         try:
@@ -426,7 +436,7 @@ class ShardRegion:
         try:
             self._transport.send_nowait(home, self._delivery(shard_id, entity_id, message, reply))
             self._sent_remote += 1
-        except (SendQueueFull, TransportClosed) as exc:
+        except (SendQueueFull, TransportClosed, SerializationError) as exc:
             self._dropped([(entity_id, message, reply)], f"passing it on to {home} failed: {exc}")
 
     # -- from the transport -----------------------------------------------------------------
@@ -568,7 +578,7 @@ class ShardRegion:
                         self._sent_remote += 1
                     else:
                         self._dropped([(entity_id, message, reply)], f"{home} is not taking more")
-                except TransportClosed as exc:
+                except (TransportClosed, SerializationError) as exc:
                     self._dropped([(entity_id, message, reply)], str(exc))
                 if self._core.homes.get(shard_id) != home:
                     break  # the shard is moving again: what is left waits for its new home
@@ -607,8 +617,9 @@ class ShardRegion:
             for oldest in list(itertools.islice(lru, excess + 8)):
                 if excess <= 0:
                     break
-                if oldest is not cell and oldest.state.value == "active":
+                if oldest is not cell and oldest.state is EntityState.ACTIVE:
                     oldest.passivate()
+                    lru.pop(oldest, None)  # stopping: no longer counts against the limit
                     excess -= 1
 
     def _entity_stopped(self, cell: EntityContext) -> None:

@@ -78,8 +78,20 @@ _TO_REGION = (
     HandOff,
 )
 _PLAIN = frozenset({int, float, str, bytes, bool, type(None)})
+_INT_MIN, _INT_LIMIT = -(1 << 63), 1 << 64  # what msgpack encodes
+_MAX_CHECKED_BYTES = 4096
 STATE_RETRY_BACKOFF = (0.2, 5.0)
 """First and longest pause between retries of a failed read or write of coordinator state."""
+
+
+def _small_scalar(value: object) -> bool:
+    """A value msgpack surely encodes in a small frame: a number, a short string, None."""
+    kind = type(value)
+    if kind is int:
+        return _INT_MIN <= value < _INT_LIMIT  # type: ignore[operator]
+    if kind is str or kind is bytes:
+        return len(value) <= _MAX_CHECKED_BYTES  # type: ignore[arg-type]
+    return kind in _PLAIN
 
 
 def coordinator_key(type_name: str) -> str:
@@ -133,7 +145,7 @@ class Sharding:
         self._asks: dict[int, AskSlot] = {}
         self._ids = itertools.count(rng.getrandbits(32) + 1)
         self._stats: dict[int, _StatsRequest] = {}
-        self._checked_types: set[type] = set()
+        self._scalar_fields: dict[type, tuple[str, ...]] = {}
         self._closed = False
         cluster.add_exiting_task(self._shutdown_on_exit, first=True)
 
@@ -349,12 +361,24 @@ class Sharding:
     # -- asks and messages ------------------------------------------------------------------
 
     def _check_message(self, message: object) -> None:
+        """Raise ``SerializationError`` (naming the type) if ``message`` cannot travel.
+
+        Checked on every send, local ones too, so a message that works while its entity is here
+        does not fail once the shard moves. Encoding every message would cost more than a local
+        delivery; so a registered class whose field values are all plain scalars this time is
+        checked by looking at them, and anything else is encoded.
+        """
         kind = type(message)
-        if kind in self._checked_types:
-            return
+        if kind in _PLAIN:
+            if _small_scalar(message):
+                return
+        else:
+            fields = self._scalar_fields.get(kind)
+            if fields is not None and all(_small_scalar(getattr(message, f)) for f in fields):
+                return
         _wire.encode(message, max_size=self._transport.settings.max_frame_size - 256)
-        if kind in _PLAIN or _wire.wire_name(kind) is not None:
-            self._checked_types.add(kind)
+        if kind not in _PLAIN and _wire.wire_name(kind) is not None and attrs.has(kind):
+            self._scalar_fields[kind] = tuple(f.name for f in attrs.fields(kind))
 
     def _new_ask(self, entity_id: str) -> AskSlot:
         slot = AskSlot(next(self._ids), entity_id)

@@ -709,10 +709,12 @@ def test_rebalance_returns_only_allocated_shards_within_the_limit(
         assert len(moved) <= min(threshold, max(0, max_simultaneous - len(in_progress)))
 
     # allocate_shard: a registered region with the fewest shards among those not leaving (all
-    # regions if every one is leaving), whatever the order of the mapping.
+    # regions if every one is leaving) and, among those, reachable ones first, whatever the
+    # order of the mapping.
     home = strategy.allocate_shard(nodes[0], ShardId("new"), current, cluster)
     staying = [node for node in nodes if not cluster.is_leaving(node)] or nodes
-    assert home in staying
-    assert len(current[home]) == min(len(current[node]) for node in staying)
+    preferred = [node for node in staying if node not in unreachable] or staying
+    assert home in preferred
+    assert len(current[home]) == min(len(current[node]) for node in preferred)
     shuffled = dict(reversed(list(current.items())))
     assert strategy.allocate_shard(nodes[-1], ShardId("new"), shuffled, cluster) == home
