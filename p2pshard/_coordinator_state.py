@@ -247,7 +247,9 @@ def apply_event(doc: Doc[Any], event: DomainEvent) -> None:
             key = encode_region(region)
             if key in regions:
                 del regions[key]
-            for shard in [s for s in list(shards.keys()) if shards[s] == key]:
+            # Sorted: a pycrdt map's key order differs between runs, and the update's bytes
+            # (so a simulated run's trace) would too.
+            for shard in sorted(s for s in list(shards.keys()) if shards[s] == key):
                 del shards[shard]
                 unallocated[shard] = True
         case ShardRegionProxyTerminated(proxy=proxy):
