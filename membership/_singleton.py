@@ -303,6 +303,7 @@ class SingletonProxy:
         self._buffer: collections.deque[tuple[object, int]] = collections.deque()
         self._buffer_size = buffer_size
         self._wakeup = trio.Event()
+        self._back_off = False
         self.statistics_sent = 0
         self.statistics_returned = 0
 
@@ -365,12 +366,16 @@ class SingletonProxy:
 
     def _returned(self, payload: object, request_id: int) -> None:
         self.statistics_returned += 1
+        self._back_off = True
         self._enqueue(payload, request_id, front=True)
 
     async def _run(self) -> None:
         cluster = self._s.cluster
         while True:
             await self._wakeup.wait()
+            if self._back_off:  # messages came back: let the cluster view move on first
+                self._back_off = False
+                await trio.sleep(0.1)
             self._wakeup = trio.Event()
             target = cluster.oldest(self.role)
             if target is None or (
@@ -390,7 +395,6 @@ class SingletonProxy:
                 self._s._send(
                     target.node, SingletonEnvelope(name=self.name, payload=payload, request_id=rid)
                 )
-            await trio.sleep(0.1)  # returned messages: let the cluster view move on first
 
 
 @attrs.define

@@ -17,7 +17,8 @@ meanwhile wait in order (Akka's stash). A failed write is tried again.
 regions registered, among regions not shutting down; then the owner gets HostShard (resent every
 ``shard_start_timeout`` until ShardStarted) and the asker ShardHome.
 
-*Rebalance.* Every ``rebalance_interval`` the strategy names shards to move; for each a worker
+*Rebalance.* Every ``rebalance_interval``, and one second after a new region registered (Akka
+waits for the next interval), the strategy names shards to move; for each a worker
 sends BeginHandOff to every region and proxy, waits for all acknowledgements (a region that is
 gone counts as acknowledged), sends HandOff to the owner and waits for ShardStopped, then
 deallocates the shard. GetShardHome for a shard in hand-off waits and is answered when the
@@ -76,6 +77,9 @@ from ._settings import ShardingSettings
 logger = logging.getLogger("p2pshard.coordinator")
 
 _GONE = frozenset({MemberStatus.DOWN, MemberStatus.REMOVED})
+
+NEW_REGION_REBALANCE_DELAY = 1.0
+"""Seconds after a new region registered before a rebalance round (if the interval is longer)."""
 
 
 class CoordinatorPhase(enum.Enum):
@@ -154,6 +158,7 @@ class ShardCoordinatorCore:
         self._handoffs = int(now * 1_000_000)
         self._next_rebalance = now + settings.rebalance_interval
         self._queue: list[_Pending] = []  # events decided while another was being written
+        self._early_round = False  # a new region registered: a round soon, when one may run
 
     # -- inputs -----------------------------------------------------------------------------
 
@@ -174,7 +179,15 @@ class ShardCoordinatorCore:
         self.cluster = cluster
         if self.phase is CoordinatorPhase.LOADING:
             return []
+        if self._early_round:
+            self._bring_round_forward(now)  # the new region's node may be Up now
         return self._terminate_gone(now)
+
+    def _bring_round_forward(self, now: float) -> None:
+        """A new region waits for a round: soon, once the cluster lets shards move."""
+        if self.cluster.good_time_to_rebalance():
+            soon = now + min(NEW_REGION_REBALANCE_DELAY, self.settings.rebalance_interval)
+            self._next_rebalance = min(self._next_rebalance, soon)
 
     def receive(
         self, sender: UniqueAddress, message: CoordinatorCommand, now: float
@@ -230,6 +243,8 @@ class ShardCoordinatorCore:
                 effects += self._worker_done(shard, ok=False, now=now)
         if now >= self._next_rebalance:
             self._next_rebalance = now + self.settings.rebalance_interval
+            if self.cluster.good_time_to_rebalance():
+                self._early_round = False
             effects += self._rebalance(now)
         effects += self._allocate_remembered(now)
         return effects + self._unstash(now)
@@ -442,7 +457,13 @@ class ShardCoordinatorCore:
     def _after(self, event: DomainEvent, pending: _Pending, now: float) -> list[CoordinatorEffect]:
         effects: list[CoordinatorEffect] = []
         match event:
-            case ShardRegionRegistered(region=region) | ShardRegionProxyRegistered(proxy=region):
+            case ShardRegionRegistered(region=region):
+                effects.append(self._ack(region))
+                # A new region has nothing: the next round comes soon rather than up to a whole
+                # interval later (Akka waits), so a joining node gets its share sooner.
+                self._early_round = True
+                self._bring_round_forward(now)
+            case ShardRegionProxyRegistered(proxy=region):
                 effects.append(self._ack(region))
             case ShardHomeAllocated(shard=shard, region=region):
                 self._unstarted[shard] = now + self.settings.shard_start_timeout

@@ -190,6 +190,32 @@ class EntityDelivery:
     )
 
 
+_set = object.__setattr__
+
+
+def unchecked_delivery(
+    type_name: str,
+    shard: str,
+    entity_id: str,
+    message: object,
+    request_id: int,
+    origin: UniqueAddress | None,
+) -> EntityDelivery:
+    """An :class:`EntityDelivery` built without running its validators.
+
+    For the region's hot path only, where every field has just come from values of the right
+    type; a received one is always validated when it is decoded.
+    """
+    delivery: EntityDelivery = object.__new__(EntityDelivery)
+    _set(delivery, "type_name", type_name)
+    _set(delivery, "shard", shard)
+    _set(delivery, "entity_id", entity_id)
+    _set(delivery, "message", message)
+    _set(delivery, "request_id", request_id)
+    _set(delivery, "origin", origin)
+    return delivery
+
+
 @message(name="p2pshard.sharding.EntityReply")
 @attrs.frozen(kw_only=True)
 class EntityReply:

@@ -39,7 +39,7 @@ from ._entity import EntityContext, EntityRef, EntityState, Reply
 from ._errors import AskTimeout, BufferOverflow, RegionStopped, RemoteEntityError, ShardingError
 from ._extractor import MessageExtractor
 from ._lease import ShardLease, ShardLeaseFactory
-from ._protocol import BeginHandOffAck, EntityDelivery, EntityReply
+from ._protocol import BeginHandOffAck, EntityDelivery, EntityReply, unchecked_delivery
 from ._region_core import (
     Drop,
     Flush,
@@ -62,6 +62,12 @@ logger = logging.getLogger("p2pshard.region")
 
 Delivery = tuple[EntityId, object, "Reply | None"]
 """What a region buffers per message."""
+
+SHARD_CACHE_SIZE = 100_000
+"""Entity ids whose shard id a region remembers (the extractor's hash is not free)."""
+
+YIELD_EVERY = 32
+"""Local tells between two yields to the scheduler (a tell is always a cancel point)."""
 
 FORCED_STOP_FRACTION = 0.75
 """Part of ``handoff_timeout`` a region waits for a handed-off shard's entities to stop."""
@@ -219,6 +225,8 @@ class ShardRegion:
         self._sleeping_until = float("inf")
         self._next_idle_scan = trio.current_time() + self._idle_scan_interval()
         self._next_restart = float("inf")
+        self._shard_cache: dict[str, ShardId] = {}
+        self._unyielded = 0
         self._entities = 0
         self._delivered_local = 0
         self._sent_remote = 0
@@ -313,7 +321,6 @@ class ShardRegion:
             )
         if core.stopped or self._sharding._closed:
             raise RegionStopped(f"the region of {self.type_name!r} on this node has stopped")
-        self._sharding._check_message(message)
 
     async def _tell(self, entity_id: EntityId, message: object) -> None:
         self._check_usable(message)
@@ -341,21 +348,36 @@ class ShardRegion:
             self._sharding._forget_ask(slot)
 
     async def _send(self, entity_id: EntityId, message: object, reply: Reply | None) -> None:
-        shard_id = self._extractor.shard_id(entity_id)
+        shard_id = self._shard_cache.get(entity_id)
+        if shard_id is None:
+            shard_id = self._extractor.shard_id(entity_id)
+            if len(self._shard_cache) >= SHARD_CACHE_SIZE:
+                self._shard_cache.clear()
+            self._shard_cache[entity_id] = shard_id
         await trio.lowlevel.checkpoint_if_cancelled()
         shard = self._running.get(shard_id)
+        home = self._core.homes.get(shard_id)
+        if shard is not None or home is None or home is self._self_node:
+            # Staying here for now; checked, so it would not fail later when it leaves.
+            # (A message for another node is checked by encoding it, below.)
+            self._sharding._check_message(message)
         if shard is not None:
             self._delivered_local += 1
             shard.deliver(entity_id, message, reply)
-            await trio.lowlevel.cancel_shielded_checkpoint()
+            # Like a send on the transport, a local send yields only now and then: a sender
+            # that tells many entities fills their mailboxes and the workers take them in batches.
+            self._unyielded += 1
+            if self._unyielded >= YIELD_EVERY or reply is not None:
+                self._unyielded = 0
+                await trio.lowlevel.cancel_shielded_checkpoint()
             return
-        home = self._core.homes.get(shard_id)
-        if home is None or home == self._self_node:
+        if home is None or home is self._self_node:
             self._buffer(shard_id, (entity_id, message, reply))
             await trio.lowlevel.cancel_shielded_checkpoint()
             return
         queue = self._flushing.get(shard_id)
         if queue is not None:  # older messages of this shard are still on their way there
+            self._sharding._check_message(message)
             queue.append((entity_id, message, reply))
             await trio.lowlevel.cancel_shielded_checkpoint()
             return
@@ -392,17 +414,10 @@ class ShardRegion:
         self, shard_id: ShardId, entity_id: EntityId, message: object, reply: Reply | None
     ) -> EntityDelivery:
         if reply is None:
-            return EntityDelivery(
-                type_name=self.type_name, shard=shard_id, entity_id=entity_id, message=message
-            )
+            return unchecked_delivery(self.type_name, shard_id, entity_id, message, 0, None)
         origin = reply.origin if isinstance(reply, RemoteReply) else self._self_node
-        return EntityDelivery(
-            type_name=self.type_name,
-            shard=shard_id,
-            entity_id=entity_id,
-            message=message,
-            request_id=reply.request_id,
-            origin=origin,
+        return unchecked_delivery(
+            self.type_name, shard_id, entity_id, message, reply.request_id, origin
         )
 
     def _unblock(self, shard_id: ShardId) -> None:
@@ -426,7 +441,7 @@ class ShardRegion:
             shard.deliver(entity_id, message, reply)
             return
         home = self._core.homes.get(shard_id)
-        if home is None or home == self._self_node:
+        if home is None or home is self._self_node:
             self._buffer(shard_id, (entity_id, message, reply))
             return
         queue = self._flushing.get(shard_id)

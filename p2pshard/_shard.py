@@ -48,6 +48,10 @@ MIN_WORKERS = 2
 MAX_WORKERS = 10_000
 """Most worker tasks at once: the most entities whose ``receive`` can be awaiting at once."""
 
+SPAWN_AFTER = 0.005
+"""Seconds entities may wait in the run queue, with every worker busy and none of them taking
+the next entity, before another worker starts (an entity awaiting something slow)."""
+
 _ACTIVE = EntityState.ACTIVE
 _STOPPING = EntityState.STOPPING
 _RESTARTING = EntityState.RESTARTING
@@ -55,43 +59,84 @@ _GONE = EntityState.GONE
 
 
 class Scheduler:
-    """The run queue of entities with waiting messages, and the workers that run them."""
+    """The run queue of entities with waiting messages, and the workers that run them.
+
+    A parked worker is woken directly (``trio.lowlevel.reschedule``). When every worker is busy,
+    a watcher starts another only if the queue makes no progress for ``SPAWN_AFTER``: busy
+    workers that keep taking entities are cheaper than new tasks, and an entity that awaits
+    something slow still holds up only itself.
+    """
 
     def __init__(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
         self._ready: collections.deque[EntityContext] = collections.deque()
-        self._lot = trio.lowlevel.ParkingLot()
-        self._idle = 0
+        self._idle: list[trio.lowlevel.Task] = []
         self._workers = 0
+        self._progress = 0
+        self._watching = False
         self.peak_workers = 0
 
     def schedule(self, cell: EntityContext) -> None:
         """Queue ``cell`` to run (the caller set ``cell._scheduled``)."""
         self._ready.append(cell)
         if self._idle:
-            self._idle -= 1  # counted here, so a second schedule does not wake the same worker
-            self._lot.unpark()
-        elif self._workers < MAX_WORKERS:
-            self._workers += 1
-            self.peak_workers = max(self.peak_workers, self._workers)
-            self._nursery.start_soon(self._worker)
+            trio.lowlevel.reschedule(self._idle.pop())
+        elif self._workers == 0:
+            self._spawn()
+        elif not self._watching:
+            self._watching = True
+            self._nursery.start_soon(self._watch)
 
     @property
     def workers(self) -> int:
         """Worker tasks alive now."""
         return self._workers
 
+    def _spawn(self) -> None:
+        self._workers += 1
+        self.peak_workers = max(self.peak_workers, self._workers)
+        self._nursery.start_soon(self._worker)
+
+    async def _watch(self) -> None:
+        try:
+            while self._ready:
+                seen = self._progress
+                await trio.sleep(SPAWN_AFTER)
+                if (
+                    self._ready
+                    and self._progress == seen
+                    and not self._idle
+                    and self._workers < MAX_WORKERS
+                ):
+                    self._spawn()
+        finally:
+            self._watching = False
+
     async def _worker(self) -> None:
         ready = self._ready
+        task = trio.lowlevel.current_task()
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            if task in self._idle:
+                self._idle.remove(task)
+            return trio.lowlevel.Abort.SUCCEEDED
+
         while True:
-            while ready:
-                cell = ready.popleft()
-                await cell._shard._run(cell)
+            # One cancel scope per wake-up, not per entity: a forced stop cancels the entity
+            # running in it (see Shard.force_stop), and the worker goes on with a new one.
+            with trio.CancelScope() as scope:
+                while ready:
+                    cell = ready.popleft()
+                    self._progress += 1
+                    cell._scope = scope
+                    await cell._shard._run(cell)
+            if ready:
+                continue
             if self._workers > MIN_WORKERS:
                 self._workers -= 1
                 return
-            self._idle += 1
-            await self._lot.park()
+            self._idle.append(task)
+            await trio.lowlevel.wait_task_rescheduled(abort)
 
 
 class Shard:
@@ -286,8 +331,7 @@ class Shard:
     async def _run(self, cell: EntityContext) -> None:
         mailbox = cell._mailbox
         region = self.region
-        with trio.CancelScope() as scope:
-            cell._scope = scope
+        try:
             handled = 0
             while mailbox and handled < BATCH:
                 message, reply = mailbox.popleft()
@@ -316,8 +360,9 @@ class Shard:
                     continue
                 if reply is not None:
                     reply.ok(result)
-        cell._scope = None
-        cell._scheduled = False
+        finally:
+            cell._scope = None
+            cell._scheduled = False
         if cell._state is _GONE:
             return
         cell._last_active = trio.current_time()

@@ -32,6 +32,7 @@ from p2pshard._allocation import (
     ShardId,
 )
 from p2pshard._coordinator import (
+    NEW_REGION_REBALANCE_DELAY,
     CoordinatorEffect,
     CoordinatorPhase,
     SendTo,
@@ -703,6 +704,35 @@ def test_a_later_round_moves_other_shards_and_leaves_the_moving_one_alone() -> N
         SendTo(N1, begin(second)),
         SendTo(N2, begin(second)),
     ]
+
+
+def test_a_new_region_brings_the_next_round_forward() -> None:
+    settings = ShardingSettings(rebalance_interval=10.0)
+    d = Driver(settings=settings, members=[N1, N2], manual=[N1, N2])
+    d.load(state_of({N1: ["s1", "s2", "s3", "s4"]}, []))
+    d.tick(3.0)
+    d.send(N2, register())
+    assert ShardRegionRegistered(N2) in d.writes
+    assert d.core.next_deadline() == 3.0 + NEW_REGION_REBALANCE_DELAY
+    d.tick(3.0 + NEW_REGION_REBALANCE_DELAY)
+    assert d.core.rebalance_in_progress()  # not at 10 s, the regular round
+    d.send(N2, register())  # known already: no earlier round again
+    assert d.core.next_deadline() > 3.0 + NEW_REGION_REBALANCE_DELAY
+
+
+def test_a_region_registered_while_its_node_joins_gets_the_early_round_once_it_is_up() -> None:
+    settings = ShardingSettings(rebalance_interval=10.0)
+    d = Driver(settings=settings, members=[N1, N2], manual=[N1, N2])
+    d.load(state_of({N1: ["s1", "s2", "s3", "s4"]}, []))
+    d.set_status(N2, MemberStatus.JOINING)
+    d.tick(3.0)
+    d.send(N2, register())
+    assert d.core.next_deadline() == 10.0  # nothing may move while a member joins
+    d.tick(5.0)
+    d.set_status(N2, MemberStatus.UP)
+    assert d.core.next_deadline() == 5.0 + NEW_REGION_REBALANCE_DELAY
+    d.tick(5.0 + NEW_REGION_REBALANCE_DELAY)
+    assert d.core.rebalance_in_progress()
 
 
 def test_hand_off_goes_to_the_owner_after_every_acknowledgement() -> None:
