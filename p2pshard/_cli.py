@@ -3,25 +3,35 @@
 ``p2pshard certs init`` and ``p2pshard certs node`` make a cluster CA and node certificates;
 ``p2pshard node --config FILE`` runs one node until Ctrl-C or SIGTERM; ``p2pshard local-cluster``
 runs several nodes as separate processes on one host, with throwaway certificates (the README's
-main job). Errors in what the user typed or configured end with a one-line message and exit
-status 2; a node that fails at run time exits with 1.
+main job). ``p2pshard status`` asks a running node for its members and shards;
+``p2pshard remove-sharding-data`` deletes entity types' sharding state from a stopped node's
+durable store. Errors in what the user typed or configured end with a one-line message and exit
+status 2; a node that fails at run time, or does not answer, exits with 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
+import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import attrs
 import trio
 
-from membership import ConfigurationError
+from crdt._store import SCHEMA_VERSION
+from membership import Address, ConfigurationError
 from membership._certs import create_cluster_ca, create_node_certificate
 
 from ._config import NodeConfig
+
+if TYPE_CHECKING:
+    from ._status import Probe
 
 logger = logging.getLogger("p2pshard.cli")
 
@@ -70,6 +80,55 @@ def _parser() -> argparse.ArgumentParser:
         "--duration", type=float, help="stop by itself after this many seconds (default: never)"
     )
     local.add_argument("--log-level", default="INFO", help="node log level (default INFO)")
+
+    status = commands.add_parser(
+        "status",
+        help="show a running node's members and shards",
+        description="Ask a running node for the members it sees (status, roles, age, "
+        "reachability, leader, oldest) and, for each entity type started on it, every region's "
+        "shards and entity counts. The command connects with the cluster name and TLS files of "
+        "--config (a node's configuration: it presents that node's certificate).",
+    )
+    status.add_argument("--node", required=True, help="the node to ask, HOST:PORT")
+    status.add_argument(
+        "--config", required=True, type=Path, help="a node's TOML file: cluster name, TLS files"
+    )
+    status.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    status.add_argument(
+        "--timeout", type=float, default=5.0, help="seconds to wait for the answer (default 5)"
+    )
+    status.add_argument(
+        "--bind", help="host to listen on for the answer (default: the config's bind_host)"
+    )
+
+    remove = commands.add_parser(
+        "remove-sharding-data",
+        help="delete entity types' sharding data from a stopped node's durable store",
+        description="Delete the internal sharding data of entity types (the replicator keys "
+        "sharding/<type>/coordinator and sharding/<type>/entities/*: shard homes and remembered "
+        "entities) from the durable store of the node --config describes (its "
+        "replicator.durable_path). Every node keeps its own store: stop the whole cluster, then "
+        "run this once on every node, with that node's configuration. It refuses while any seed "
+        "node, or the node itself, answers.",
+    )
+    remove.add_argument("--config", required=True, type=Path, help="the node's TOML file")
+    remove.add_argument(
+        "--type",
+        dest="types",
+        action="append",
+        default=[],
+        metavar="TYPE",
+        help="an entity type whose data to delete (repeat for more)",
+    )
+    remove.add_argument(
+        "--all-types", action="store_true", help="delete the data of every entity type"
+    )
+    remove.add_argument(
+        "--probe-timeout",
+        type=float,
+        default=3.0,
+        help="seconds to wait for a running node to answer (default 3)",
+    )
     return parser
 
 
@@ -81,6 +140,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _certs(args)
         if args.command == "node":
             return _node(args.config)
+        if args.command == "status":
+            return _status(args)
+        if args.command == "remove-sharding-data":
+            return _remove_sharding_data(args)
         from ._localcluster import LocalCluster
 
         cluster = LocalCluster(
@@ -146,3 +209,231 @@ async def _serve_node(config: NodeConfig) -> None:
             nursery.start_soon(stop_on_signal)
             await node.terminated.wait()  # downed or removed: nothing left to run
             nursery.cancel_scope.cancel()
+
+
+def _error(command: str, text: str) -> None:
+    print(f"p2pshard {command}: error: {text}", file=sys.stderr)
+
+
+def _quiet_logging() -> None:
+    """Only errors of the client transport reach stderr (unless logging is set up already)."""
+    logging.basicConfig(
+        level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+
+
+def _check_timeout(option: str, value: float) -> None:
+    if not 0 < value < 3600:
+        raise ConfigurationError(f"{option} {value!r} is invalid: must be seconds from 0 to 3600")
+
+
+def _status(args: argparse.Namespace) -> int:
+    from ._status import open_client, probe_nodes, reply_json, reply_text
+
+    try:
+        target = Address.parse(args.node)
+        if target.port == 0:
+            raise ConfigurationError("port 0")
+    except ConfigurationError:
+        raise ConfigurationError(
+            f"--node {args.node!r} is invalid: expected HOST:PORT with a port from 1 to 65535, "
+            "e.g. 127.0.0.1:25520"
+        ) from None
+    _check_timeout("--timeout", args.timeout)
+    config = NodeConfig.load(args.config)
+    _quiet_logging()
+
+    async def ask() -> Probe:
+        async with open_client(config, bind_host=args.bind) as transport:
+            (probe,) = await probe_nodes(
+                transport,
+                [target],
+                timeout=args.timeout,
+                stats_timeout=min(2.0, args.timeout * 0.4),
+            )
+        return probe
+
+    try:
+        probe = trio.run(ask)
+    except OSError as exc:
+        _error("status", f"cannot listen for the answer: {exc}")
+        return 1
+    reply = probe.reply
+    if reply is None:
+        why = (
+            "linked to it, but it did not answer (is it a node of cluster "
+            f"{config.cluster_name!r} with the status service?)"
+            if probe.linked
+            else f"cannot link to it (is a node of cluster {config.cluster_name!r} running there?)"
+        )
+        _error("status", f"no answer from {target} within {args.timeout:g} s: {why}")
+        return 1
+    if args.json:
+        print(json.dumps(reply_json(reply), indent=2))
+    else:
+        print(reply_text(reply))
+    return 0
+
+
+@attrs.frozen
+class _KeyRows:
+    """One stored key of sharding data and the rows it takes in the durable store."""
+
+    key: str
+    type_name: str
+    updates: int
+    snapshot: bool
+    tombstone: bool
+
+
+def _sharding_type(key: str) -> str | None:
+    """The entity type of an internal sharding key, or None if ``key`` is not one."""
+    if not key.startswith("sharding/"):
+        return None
+    type_name, _, rest = key[len("sharding/") :].partition("/")
+    if type_name and (rest == "coordinator" or rest.startswith("entities/")):
+        return type_name
+    return None
+
+
+def _remove_sharding_data(args: argparse.Namespace) -> int:
+    command = "remove-sharding-data"
+    types: list[str] = args.types
+    for type_name in types:
+        if not type_name or "/" in type_name:
+            raise ConfigurationError(
+                f"--type {type_name!r} is invalid: an entity type name is non-empty, without '/'"
+            )
+    if not types and not args.all_types:
+        raise ConfigurationError("say which entity types: --type TYPE (repeatable) or --all-types")
+    _check_timeout("--probe-timeout", args.probe_timeout)
+    config = NodeConfig.load(args.config)
+    path = config.replicator.durable_path
+    if path is None:
+        print(
+            f"nothing to remove: {config.node_name} has no durable store (replicator."
+            "durable_path is not set), so its sharding data lived only in memory"
+        )
+        return 0
+    if not path.exists():
+        print(f"nothing to remove: there is no durable store at {path}")
+        return 0
+    answered = _running_nodes(config, args.probe_timeout)
+    if answered:
+        raise ConfigurationError(
+            f"refusing to remove sharding data: {answered} answered, so cluster "
+            f"{config.cluster_name!r} is running; stop every node first"
+        )
+    try:
+        removed = _delete_sharding_keys(path, None if args.all_types else set(types))
+    except sqlite3.Error as exc:
+        _error(command, f"cannot change the durable store {path}: {exc}")
+        return 1
+    wanted = "every entity type" if args.all_types else ", ".join(types)
+    if not removed:
+        print(f"nothing to remove: no sharding data of {wanted} in {path}")
+        return 0
+    print(f"removed from {path} ({config.node_name}):")
+    for row in removed:
+        parts = (["tombstone"] if row.tombstone else ["snapshot"] if row.snapshot else []) + (
+            [f"{row.updates} updates"] if row.updates else []
+        )
+        print(f"  {row.key}  ({', '.join(parts)})")
+    by_type: dict[str, int] = {}
+    for row in removed:
+        by_type[row.type_name] = by_type.get(row.type_name, 0) + 1
+    summary = ", ".join(f"{name}: {count} keys" for name, count in sorted(by_type.items()))
+    missing = sorted(set(types) - set(by_type)) if not args.all_types else []
+    print(f"{len(removed)} keys removed ({summary})")
+    if missing:
+        print(f"no sharding data found for: {', '.join(missing)}")
+    print("run this on every node's store before starting the cluster again")
+    return 0
+
+
+def _running_nodes(config: NodeConfig, timeout: float) -> str:
+    """Who of the seed nodes and the node itself answers ('' if nobody).
+
+    A node that accepts a link (a TLS handshake as a member of this cluster) but does not answer
+    the status request counts as running too: an older version, or one too busy to answer.
+    """
+    from ._status import open_client, probe_nodes
+
+    targets = list(dict.fromkeys(config.seed_nodes))
+    if config.canonical_address.port != 0 and config.canonical_address not in targets:
+        targets.append(config.canonical_address)
+    if not targets:
+        raise ConfigurationError(
+            "cannot check that the cluster is stopped: the configuration names no seed nodes and "
+            "binds port 0; give it seed_nodes or a bind_port"
+        )
+
+    async def ask() -> str:
+        async with open_client(config) as transport:
+            probes = await probe_nodes(
+                transport, targets, timeout=timeout, stats_timeout=0.05, first_answer=True
+            )
+        return ", ".join(
+            f"{p.reply.node} (at {p.target})"
+            if p.reply is not None
+            else f"a node at {p.target} (it accepted a link but did not answer)"
+            for p in probes
+            if p.reply is not None or p.linked
+        )
+
+    _quiet_logging()
+    try:
+        return trio.run(ask)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"cannot check that the cluster is stopped: cannot listen for answers: {exc}"
+        ) from None
+
+
+def _delete_sharding_keys(path: Path, types: set[str] | None) -> list[_KeyRows]:
+    """Delete the sharding keys of ``types`` (None: every type) in one transaction."""
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=rw", uri=True, isolation_level=None, timeout=5)
+    except sqlite3.Error as exc:
+        raise ConfigurationError(f"cannot open the durable store {path}: {exc}") from None
+    try:
+        try:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            tables = {
+                name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            }
+        except sqlite3.DatabaseError as exc:
+            raise ConfigurationError(
+                f"{path} is not a durable store (an SQLite file): {exc}"
+            ) from None
+        if version != SCHEMA_VERSION or not {"updates", "snapshots"} <= tables:
+            raise ConfigurationError(
+                f"{path} is not a durable store of schema version {SCHEMA_VERSION} "
+                f"(user_version {version}, tables {sorted(tables) or 'none'})"
+            )
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            rows: dict[str, _KeyRows] = {}
+
+            def wanted(key: str) -> str | None:
+                type_name = _sharding_type(key)
+                return type_name if type_name and (types is None or type_name in types) else None
+
+            for key, deleted in db.execute("SELECT key, deleted FROM snapshots"):
+                if type_name := wanted(key):
+                    rows[key] = _KeyRows(key, type_name, 0, not deleted, bool(deleted))
+            for key, count in db.execute("SELECT key, count(*) FROM updates GROUP BY key"):
+                if type_name := wanted(key):
+                    old = rows.get(key) or _KeyRows(key, type_name, 0, False, False)
+                    rows[key] = attrs.evolve(old, updates=count)
+            keys = [(key,) for key in rows]
+            db.executemany("DELETE FROM updates WHERE key = ?", keys)
+            db.executemany("DELETE FROM snapshots WHERE key = ?", keys)
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        return [rows[key] for key in sorted(rows)]
+    finally:
+        db.close()

@@ -1,0 +1,494 @@
+"""``p2pshard status``: what a running node knows of its cluster and its entity types.
+
+Theory of operation. A :class:`StatusRequest` reaches a node like any other message; the node's
+:class:`StatusService` (hooked into ``Node._dispatch``) answers the sender with a
+:class:`StatusReply`: the members as this node sees them (status, roles, ``up_number`` and age
+order), who is unreachable, the leader and the oldest member, and for each entity type started on
+the node its region's counters plus ``node.sharding.cluster_stats`` (every region's shard →
+entity count, and the regions that did not answer in time). Gathering the cluster stats waits for
+other nodes, so each request is answered from a task in the node's nursery, not from the link
+task that delivered it; a few requests at most are answered at once and the rest are dropped.
+
+The asking side (:func:`probe_nodes`) is a client transport: a TCP transport with the mutual TLS
+identity of a node's configuration (the CA, certificate and key it names, so it presents that
+node's name: the certificate decides the name a peer accepts), listening on a free port because
+the answer comes back over a link the node opens to it. ``p2pshard remove-sharding-data`` uses
+the same probe to make sure no node of the cluster is running before it touches a store.
+
+A node cannot forget a peer's address (the transport has no such call), so each probe leaves the
+answering node a link to a port that is gone; it reconnects to it with the capped backoff.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import secrets
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from membership import (
+    Address,
+    ConfigurationError,
+    Envelope,
+    MessageTooLarge,
+    SendQueueFull,
+    SerializationError,
+    Transport,
+    TransportClosed,
+    UniqueAddress,
+    message,
+)
+from membership._cluster import Cluster
+from membership._member import NOT_UP, Member
+from membership._tcp import TcpTransport, open_tcp_transport
+from membership._tls import TlsIdentity
+
+from ._config import NodeConfig
+from ._region import RegionStatistics
+from ._sharding import Sharding
+
+logger = logging.getLogger("p2pshard.status")
+
+MAX_IN_FLIGHT = 4
+"""Status requests a node answers at once; more are dropped (the asker times out)."""
+
+STATS_TIMEOUT_RANGE = (0.05, 10.0)
+"""A node bounds the requested wait for other regions' statistics to this range (seconds)."""
+
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _of(kind: type | tuple[type, ...]) -> Any:
+    return attrs.validators.instance_of(kind)
+
+
+def _tuple_of(kind: type | tuple[type, ...]) -> Any:
+    return attrs.validators.deep_iterable(member_validator=_of(kind), iterable_validator=_of(tuple))
+
+
+def _dict_of(value: type | tuple[type, ...]) -> Any:
+    return attrs.validators.deep_mapping(
+        key_validator=_of(str), value_validator=_of(value), mapping_validator=_of(dict)
+    )
+
+
+def _check_request_id(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < 2**63:
+        raise ValueError(f"{attribute.name} = {value!r} must be an integer in 1..2**63-1")
+
+
+def _check_seconds(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value < math.inf:
+        raise ValueError(f"{attribute.name} = {value!r} must be a number of seconds above 0")
+
+
+_optional_node = attrs.validators.optional(_of(UniqueAddress))
+
+
+@message(name="p2pshard.status.Request")
+@attrs.frozen(kw_only=True)
+class StatusRequest:
+    """Asks a node for a :class:`StatusReply`; ``stats_timeout`` bounds its wait for regions."""
+
+    request_id: int = attrs.field(validator=_check_request_id)
+    stats_timeout: float = attrs.field(default=2.0, validator=_check_seconds)
+
+
+@message(name="p2pshard.status.Member")
+@attrs.frozen(kw_only=True)
+class MemberInfo:
+    """One member as the answering node sees it."""
+
+    node: UniqueAddress = attrs.field(validator=_of(UniqueAddress))
+    status: str = attrs.field(validator=_of(str))
+    """The :class:`membership.MemberStatus` name: ``JOINING``, ``UP``, ``LEAVING`` ..."""
+    roles: tuple[str, ...] = attrs.field(validator=_tuple_of(str))
+    up_number: int = attrs.field(validator=_of(int))
+    """Lower is older; ``NOT_UP`` (2**31-1) for a member that was never Up."""
+    age: int = attrs.field(validator=_of(int))
+    """1 for the oldest member, 2 for the next ...; 0 for a member that was never Up."""
+
+
+@message(name="p2pshard.status.RegionShards")
+@attrs.frozen(kw_only=True)
+class RegionShards:
+    """The shards one region (node) hosts, each with its number of active entities."""
+
+    node: UniqueAddress = attrs.field(validator=_of(UniqueAddress))
+    shards: dict[str, int] = attrs.field(validator=_dict_of(int))
+
+
+@message(name="p2pshard.status.EntityType")
+@attrs.frozen(kw_only=True)
+class EntityTypeStatus:
+    """One entity type started on the answering node."""
+
+    type_name: str = attrs.field(validator=_of(str))
+    region: dict[str, bool | int | float | str | None] = attrs.field(validator=_dict_of(_SCALARS))
+    """This node's ``RegionStatistics`` as a table (the coordinator as a string)."""
+    regions: tuple[RegionShards, ...] = attrs.field(validator=_tuple_of(RegionShards))
+    """``cluster_stats``: every region that answered."""
+    failed: tuple[UniqueAddress, ...] = attrs.field(validator=_tuple_of(UniqueAddress))
+    """``cluster_stats``: the regions that did not answer in time."""
+    error: str = attrs.field(default="", validator=_of(str))
+    """Why the cluster stats are missing, if they are."""
+
+
+@message(name="p2pshard.status.Reply")
+@attrs.frozen(kw_only=True)
+class StatusReply:
+    """A node's answer to :class:`StatusRequest`."""
+
+    request_id: int = attrs.field(validator=_check_request_id)
+    node: UniqueAddress = attrs.field(validator=_of(UniqueAddress))
+    members: tuple[MemberInfo, ...] = attrs.field(validator=_tuple_of(MemberInfo))
+    unreachable: tuple[UniqueAddress, ...] = attrs.field(validator=_tuple_of(UniqueAddress))
+    leader: UniqueAddress | None = attrs.field(validator=_optional_node)
+    oldest: UniqueAddress | None = attrs.field(validator=_optional_node)
+    entity_types: tuple[EntityTypeStatus, ...] = attrs.field(validator=_tuple_of(EntityTypeStatus))
+
+
+# --- the node side -------------------------------------------------------------------------------
+
+
+class StatusService:
+    """Answers :class:`StatusRequest` on a node. ``Node._dispatch`` passes it every message."""
+
+    def __init__(
+        self, transport: Transport, cluster: Cluster, sharding: Sharding, nursery: trio.Nursery
+    ) -> None:
+        self._transport = transport
+        self._cluster = cluster
+        self._sharding = sharding
+        self._nursery = nursery
+        self._in_flight = 0
+
+    def handle(self, envelope: Envelope) -> bool:
+        """Take a status request (answered from a task); False if it is not one."""
+        request = envelope.message
+        if type(request) is not StatusRequest:
+            return False
+        if self._in_flight >= MAX_IN_FLIGHT:
+            logger.warning(
+                "%s: dropped a status request from %s: %d are being answered",
+                self._transport.local_address,
+                envelope.sender,
+                self._in_flight,
+            )
+            return True
+        try:
+            self._nursery.start_soon(self._answer, envelope.sender, request)
+        except RuntimeError:  # the nursery is closing: the node is stopping
+            return True
+        self._in_flight += 1
+        return True
+
+    async def _answer(self, asker: UniqueAddress, request: StatusRequest) -> None:
+        try:
+            low, high = STATS_TIMEOUT_RANGE
+            reply = await self.status(
+                request.request_id, min(max(request.stats_timeout, low), high)
+            )
+            try:
+                self._transport.send_nowait(asker, reply)
+            except MessageTooLarge as exc:  # many regions and shards: send the rest
+                slim = tuple(
+                    attrs.evolve(t, regions=(), failed=(), error=f"too large to send: {exc}")
+                    for t in reply.entity_types
+                )
+                self._transport.send_nowait(asker, attrs.evolve(reply, entity_types=slim))
+        except (SendQueueFull, TransportClosed, SerializationError) as exc:
+            logger.warning(
+                "%s: cannot answer the status request of %s: %s",
+                self._transport.local_address,
+                asker,
+                exc,
+            )
+        finally:
+            self._in_flight -= 1
+
+    async def status(self, request_id: int, stats_timeout: float) -> StatusReply:
+        """This node's view now, with every region's statistics gathered within the timeout."""
+        types: dict[str, EntityTypeStatus] = {}
+
+        async def one(type_name: str) -> None:
+            try:
+                stats = await self._sharding.cluster_stats(type_name, timeout=stats_timeout)
+                regions = tuple(
+                    RegionShards(node=node, shards=dict(shards))
+                    for node, shards in sorted(stats.regions.items())
+                )
+                failed, error = tuple(sorted(stats.failed)), ""
+            except ConfigurationError as exc:  # stopped meanwhile
+                regions, failed, error = (), (), str(exc)
+            try:
+                region = _plain_table(self._sharding.region(type_name).statistics())
+            except ConfigurationError:
+                region = {}
+            types[type_name] = EntityTypeStatus(
+                type_name=type_name, region=region, regions=regions, failed=failed, error=error
+            )
+
+        async with trio.open_nursery() as nursery:
+            for type_name in sorted(self._sharding.type_names):
+                nursery.start_soon(one, type_name)
+        cluster = self._cluster
+        oldest = cluster.oldest()
+        return StatusReply(
+            request_id=request_id,
+            node=self._transport.local_address,
+            members=_member_infos(cluster.members),
+            unreachable=tuple(sorted(m.node for m in cluster.unreachable)),
+            leader=cluster.leader,
+            oldest=None if oldest is None else oldest.node,
+            entity_types=tuple(types[name] for name in sorted(types)),
+        )
+
+
+def _member_infos(members: Iterable[Member]) -> tuple[MemberInfo, ...]:
+    members = list(members)
+    by_age = sorted((m for m in members if m.up_number != NOT_UP), key=Member.age_key)
+    age = {m.node: i for i, m in enumerate(by_age, start=1)}
+    return tuple(
+        MemberInfo(
+            node=m.node,
+            status=m.status.name,
+            roles=tuple(sorted(m.roles)),
+            up_number=m.up_number,
+            age=age.get(m.node, 0),
+        )
+        for m in members
+    )
+
+
+def _plain_table(stats: RegionStatistics) -> dict[str, bool | int | float | str | None]:
+    """An attrs instance's fields as plain values; anything else (an address) as its string."""
+    table: dict[str, bool | int | float | str | None] = {}
+    for field in attrs.fields(type(stats)):
+        value = getattr(stats, field.name)
+        table[field.name] = value if isinstance(value, _SCALARS) else str(value)
+    return table
+
+
+# --- the asking side -----------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Probe:
+    """What came back from one address: the reply, or None; whether a link to it came up."""
+
+    target: Address
+    reply: StatusReply | None
+    linked: bool
+
+
+def client_identity(config: NodeConfig) -> TlsIdentity:
+    """The TLS identity of ``config``'s node, which a command presents to the cluster."""
+    return TlsIdentity(
+        config.cluster_name, config.tls.ca_file, config.tls.cert_file, config.tls.key_file
+    )
+
+
+@asynccontextmanager
+async def open_client(
+    config: NodeConfig, *, bind_host: str | None = None
+) -> AsyncIterator[TcpTransport]:
+    """A transport with ``config``'s identity, listening on a free port for answers.
+
+    It binds ``bind_host`` (default: the config's ``bind_host``) and advertises the config's
+    canonical host, where the nodes can reach the host this runs on.
+
+    Raises:
+        ConfigurationError: unreadable certificate files.
+        OSError: the host cannot be bound.
+    """
+    host = bind_host or config.bind_host
+    advertised = config.canonical_host if bind_host is None and config.canonical_host else host
+    settings = attrs.evolve(
+        config.transport, shutdown_flush_timeout=min(config.transport.shutdown_flush_timeout, 0.5)
+    )
+    async with open_tcp_transport(
+        client_identity(config),
+        config.node_name,
+        Address(host, 0),
+        canonical=Address(advertised, 0),
+        settings=settings,
+    ) as transport:
+        yield transport
+
+
+async def probe_nodes(
+    transport: Transport,
+    targets: Sequence[Address],
+    *,
+    timeout: float,  # noqa: ASYNC109 - one deadline for every target
+    stats_timeout: float,
+    first_answer: bool = False,
+) -> list[Probe]:
+    """Send every target a :class:`StatusRequest` at once; wait up to ``timeout`` for answers.
+
+    With ``first_answer``, return as soon as any target answers (the rest count as silent).
+    Returns one :class:`Probe` per target, in order.
+    """
+    ids = {secrets.randbits(62) + 1: target for target in targets}
+    replies: dict[Address, StatusReply] = {}
+    with trio.move_on_after(timeout):
+        for request_id, target in ids.items():
+            with contextlib.suppress(SendQueueFull):
+                await transport.send(
+                    target, StatusRequest(request_id=request_id, stats_timeout=stats_timeout)
+                )
+        while not (replies and (first_answer or len(replies) == len(ids))):
+            reply = (await transport.receive()).message
+            if isinstance(reply, StatusReply) and reply.request_id in ids:
+                replies[ids[reply.request_id]] = reply
+    statistics = transport.statistics()
+    probes = []
+    for target in targets:
+        peer = statistics.peer(target)
+        linked = peer is not None and (peer.connected or peer.connects > 0)
+        probes.append(Probe(target, replies.get(target), linked))
+    return probes
+
+
+# --- rendering -----------------------------------------------------------------------------------
+
+
+def node_json(node: UniqueAddress | None) -> dict[str, str] | None:
+    """A node incarnation as JSON: name, address and uid (hex, as in the logs)."""
+    if node is None:
+        return None
+    return {"name": node.name, "address": str(node.address), "uid": f"{node.uid:x}"}
+
+
+def reply_json(reply: StatusReply) -> dict[str, Any]:
+    """The reply as a JSON-ready dict (what ``p2pshard status --json`` prints)."""
+    unreachable = set(reply.unreachable)
+    return {
+        "node": node_json(reply.node),
+        "members": [
+            {
+                **(node_json(m.node) or {}),
+                "status": m.status,
+                "roles": list(m.roles),
+                "up_number": None if m.up_number == NOT_UP else m.up_number,
+                "age": m.age or None,
+                "reachable": m.node not in unreachable,
+            }
+            for m in reply.members
+        ],
+        "unreachable": [node_json(n) for n in reply.unreachable],
+        "leader": node_json(reply.leader),
+        "oldest": node_json(reply.oldest),
+        "entity_types": [
+            {
+                "type_name": t.type_name,
+                "region": dict(t.region),
+                "regions": [
+                    {
+                        **(node_json(r.node) or {}),
+                        "shard_count": len(r.shards),
+                        "entity_count": sum(r.shards.values()),
+                        "shards": _sorted_shards(r.shards),
+                    }
+                    for r in t.regions
+                ],
+                "failed": [node_json(n) for n in t.failed],
+                "error": t.error or None,
+            }
+            for t in reply.entity_types
+        ],
+    }
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    ]
+
+
+def _shard_order(shard: str) -> tuple[bool, int, str]:
+    """Numeric shard ids (HashExtractor's) in numeric order, then the others."""
+    numeric = shard.isascii() and shard.isdigit()
+    return (not numeric, int(shard) if numeric else 0, shard)
+
+
+def _sorted_shards(shards: dict[str, int]) -> dict[str, int]:
+    return {shard: shards[shard] for shard in sorted(shards, key=_shard_order)}
+
+
+def _shard_list(shards: dict[str, int], limit: int = 60) -> str:
+    text = " ".join(f"{shard}:{count}" for shard, count in _sorted_shards(shards).items())
+    return text if len(text) <= limit else text[: limit - 3].rsplit(" ", 1)[0] + " ..."
+
+
+def reply_text(reply: StatusReply) -> str:
+    """The reply as readable text: the members, then a table of regions per entity type."""
+    unreachable = set(reply.unreachable)
+    lines = [
+        f"node {reply.node}",
+        f"leader: {reply.leader or 'none'}",
+        f"oldest: {reply.oldest or 'none'}",
+        f"unreachable: {', '.join(map(str, reply.unreachable)) or 'none'}",
+        "",
+    ]
+    lines += _table(
+        ("MEMBER", "ADDRESS", "UID", "STATUS", "ROLES", "UP#", "AGE", "REACHABLE"),
+        [
+            (
+                m.node.name,
+                str(m.node.address),
+                f"{m.node.uid:x}",
+                m.status,
+                ",".join(m.roles) or "-",
+                "-" if m.up_number == NOT_UP else str(m.up_number),
+                str(m.age or "-"),
+                "no" if m.node in unreachable else "yes",
+            )
+            for m in reply.members
+        ],
+    )
+    if not reply.entity_types:
+        lines += ["", "no entity types started on this node"]
+    for t in reply.entity_types:
+        region = t.region
+        lines += [
+            "",
+            f"entity type {t.type_name}",
+            f"  this node: {'proxy' if region.get('proxy') else 'region'}, "
+            f"{'registered' if region.get('registered') else 'not registered'}, "
+            f"{region.get('shards', 0)} shards, {region.get('entities', 0)} entities, "
+            f"{region.get('buffered', 0)} buffered, {region.get('dropped', 0)} dropped",
+            f"  coordinator: {region.get('coordinator') or 'unknown'}",
+        ]
+        if t.error:
+            lines.append(f"  cluster stats: {t.error}")
+        rows = [
+            (
+                r.node.name,
+                str(r.node.address),
+                str(len(r.shards)),
+                str(sum(r.shards.values())),
+                _shard_list(r.shards) or "-",
+            )
+            for r in t.regions
+        ]
+        rows += [(n.name, str(n.address), "?", "?", "(no answer)") for n in t.failed]
+        if rows:
+            header = ("REGION", "ADDRESS", "SHARDS", "ENTITIES", "SHARD:ENTITIES")
+            lines += ["  " + line for line in _table(header, rows)]
+        shards = sum(len(r.shards) for r in t.regions)
+        entities = sum(sum(r.shards.values()) for r in t.regions)
+        lines.append(
+            f"  total: {shards} shards, {entities} entities in {len(t.regions)} regions"
+            + (f"; {len(t.failed)} regions did not answer" if t.failed else "")
+        )
+    return "\n".join(lines)
