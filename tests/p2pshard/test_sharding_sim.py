@@ -101,10 +101,23 @@ def shard_counts(sim: SimCluster, nodes: list[int]) -> list[int]:
 async def test_a_joining_node_gets_its_share_without_losing_or_reordering_messages(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
+    await joining_scenario(2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(100, 120))
+async def test_a_joining_node_under_traffic_many_seeds(
+    autojump_clock: trio.testing.MockClock, seed: int
+) -> None:
+    await joining_scenario(seed)
+
+
+async def joining_scenario(seed: int) -> None:
+    """A 4th node joins 3 with 300 shards while every node writes: balanced in two rounds."""
     shards = 300
     settings = ShardingSettings(rebalance_interval=10.0)
     setup = standard_setup(shards, settings=settings, stop_message=StopNow())
-    async with sim_cluster(2, setup) as sim:
+    async with sim_cluster(seed, setup) as sim:
         for i in (1, 2, 3):
             await sim.start(i)
         await sim.all_up([1, 2, 3])
