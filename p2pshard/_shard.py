@@ -7,17 +7,20 @@ the entity's mailbox and, if the entity is not queued yet, puts it on the region
 ``receive`` for the waiting messages, one at a time (at most ``BATCH`` before others get a turn).
 No entity has a task of its own, so an idle entity costs only its objects.
 
-Workers: a few stay parked while there is nothing to run; when an entity is queued and none is
-idle, another worker is started (up to ``MAX_WORKERS``), so an entity that awaits something slow
-holds up only itself. Extra workers end once idle.
+Workers: a few stay parked while there is nothing to run and are woken directly; when every
+worker is busy and the queue makes no progress for ``SPAWN_AFTER``, another is started (up to
+``MAX_WORKERS``), so an entity that awaits something slow holds up only itself. Extra workers end
+once idle.
 
 Passivation (``ctx.passivate``, idle time, the active-entity limit) appends a :class:`Stop` to
 the mailbox: messages already there are handled first, messages after it are held and start the
 next incarnation once this one stopped. A hand-off (:meth:`Shard.stop_all`) stops every entity
 the same way, entities waiting to restart included (they restart at once to drain their mailbox):
 every message that reached this shard is handled here before the shard reports it stopped.
-Unlike Akka, nothing is dropped at hand-off (akka#30957). At ``handoff_timeout`` entities still
-running are cancelled, and what they held is logged as lost.
+Unlike Akka, nothing is dropped at hand-off (akka#30957). At three quarters of
+``handoff_timeout`` entities still running are cancelled, and what they held is logged as lost.
+An entity that raises while it is stopping is not restarted after a backoff: the messages before
+its stop go to a fresh instance at once, which then stops.
 """
 
 from __future__ import annotations
