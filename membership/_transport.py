@@ -320,6 +320,23 @@ class Transport(abc.ABC):
         else:
             await self._outbox(address).put(frame)
 
+    async def forget(self, address: Address, *, flush_timeout: float) -> None:
+        """Stop linking to ``address`` once what is queued for it is written.
+
+        After ``flush_timeout`` seconds what is still queued is dropped. For peers that were
+        only visiting, such as a command-line client: without it the transport keeps
+        reconnecting to an address that is gone. A later send opens a new link.
+        """
+        outbox = self._outboxes.get(address)
+        if outbox is None:
+            await trio.lowlevel.checkpoint()
+            return
+        with trio.move_on_after(flush_timeout):
+            await outbox.wait_empty()
+        if self._outboxes.get(address) is outbox:
+            del self._outboxes[address]
+            outbox.close()
+
     def set_handler(self, handler: Callable[[Envelope], None] | None) -> None:
         """Deliver received messages by calling ``handler`` instead of queueing them.
 

@@ -15,8 +15,8 @@ node's name: the certificate decides the name a peer accepts), listening on a fr
 the answer comes back over a link the node opens to it. ``p2pshard remove-sharding-data`` uses
 the same probe to make sure no node of the cluster is running before it touches a store.
 
-A node cannot forget a peer's address (the transport has no such call), so each probe leaves the
-answering node a link to a port that is gone; it reconnects to it with the capped backoff.
+Once the answer to a client that is not a member has left, the node forgets the client's
+address (``Transport.forget``), so it does not keep reconnecting to a port that is gone.
 """
 
 from __future__ import annotations
@@ -52,6 +52,10 @@ from membership._tls import TlsIdentity
 from ._config import NodeConfig
 from ._region import RegionStatistics
 from ._sharding import Sharding
+
+FORGET_AFTER = 10.0
+"""Seconds a reply to a client that is not a member may take to leave before its link is
+dropped (see ``Transport.forget``)."""
 
 logger = logging.getLogger("p2pshard.status")
 
@@ -212,6 +216,10 @@ class StatusService:
             )
         finally:
             self._in_flight -= 1
+        if not any(m.node.address == asker.address for m in self._cluster.members):
+            # A command-line client: once it has the answer, stop linking to its port.
+            with contextlib.suppress(TransportClosed):
+                await self._transport.forget(asker.address, flush_timeout=FORGET_AFTER)
 
     async def status(self, request_id: int, stats_timeout: float) -> StatusReply:
         """This node's view now, with every region's statistics gathered within the timeout."""

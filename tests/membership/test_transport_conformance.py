@@ -230,3 +230,35 @@ async def test_peer_that_is_down_does_not_block_other_peers(harness: Harness) ->
     assert stats is not None
     assert not stats.connected
     assert stats.queued_frames > 0
+
+
+async def test_forget_flushes_then_stops_linking_and_a_later_send_links_again(
+    harness: Harness,
+) -> None:
+    a = await harness.start("node-a")
+    b = await harness.start("node-b")
+    target = b.local_address.address
+    for i in range(20):
+        a.send_nowait(target, Seq(i))
+    await a.forget(target, flush_timeout=20)  # what was queued still goes out
+    assert a.statistics().peer(target) is None
+    got = await receive_n(b, 20)
+    assert [e.message for e in got] == [Seq(i) for i in range(20)]
+    await a.send(target, Seq(20))
+    assert [e.message for e in await receive_n(b, 1)] == [Seq(20)]
+    await a.forget(b.local_address.address, flush_timeout=20)
+    await a.forget(b.local_address.address, flush_timeout=20)  # twice, or unknown: nothing
+
+
+async def test_forget_a_peer_that_is_gone_drops_its_queue_after_the_timeout(
+    harness: Harness,
+) -> None:
+    a = await harness.start("node-a")
+    c = await harness.start("node-c")
+    gone = c.local_address.address
+    await harness.stop(c)
+    for i in range(5):
+        a.send_nowait(gone, Seq(i))
+    with trio.fail_after(20):
+        await a.forget(gone, flush_timeout=0.5)
+    assert a.statistics().peer(gone) is None

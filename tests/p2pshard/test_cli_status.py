@@ -169,6 +169,11 @@ async def test_status_shows_members_and_shard_counts(
             assert "REGION" in out
             assert "entity type Counter" in out
             assert f"{len(ids)} entities in 2 regions" in out
+            # The asked node forgets the clients once they have their answers: it links only
+            # to the other member again, instead of reconnecting to ports that are gone.
+            members_only = {nodes[0].address.address}
+            while {p.address for p in nodes[1].statistics().peers} != members_only:  # noqa: ASYNC110
+                await trio.sleep(0.05)
 
 
 async def test_status_of_an_address_where_nothing_listens_exits_1(
