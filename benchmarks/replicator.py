@@ -77,7 +77,6 @@ import logging  # noqa: E402
 import multiprocessing  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
-import select  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
 import statistics  # noqa: E402
@@ -92,6 +91,7 @@ import pycrdt  # noqa: E402
 import trio  # noqa: E402
 
 from benchmarks import transport as transport_bench  # noqa: E402
+from benchmarks._process import BenchmarkError, CommandProcess  # noqa: E402
 from crdt import ReplicationError, WriteLocal, WriteMajority  # noqa: E402
 from membership import MemberStatus  # noqa: E402
 from p2pshard import Node, NodeConfig, open_node  # noqa: E402
@@ -113,10 +113,6 @@ _POLL = 0.05
 """Seconds between checks inside a node process."""
 _PARENT_POLL = 0.25
 """Seconds between checks of the orchestrating process."""
-
-
-class BenchmarkError(Exception):
-    """A measurement failed: a node crashed, timed out, or the data did not converge."""
 
 
 @attrs.frozen(kw_only=True)
@@ -520,72 +516,15 @@ def find_port_block(count: int) -> int:
     raise BenchmarkError(f"no block of {count} free ports found on {HOST}")
 
 
-class Worker:
+class Worker(CommandProcess):
     """One node process and its command pipe."""
 
     def __init__(self, name: str, config: Path, log: Path, *, lifetime: float) -> None:
-        self.name = name
-        self._log = log
-        self._buffer = bytearray()
         args = [sys.executable, str(Path(__file__).resolve()), "--worker", str(config)]
-        args += ["--lifetime", str(lifetime)]
-        with log.open("wb") as stderr:
-            self.process = subprocess.Popen(
-                args,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                cwd=_HERE.parent,
-                start_new_session=True,  # Ctrl-C reaches only us; we stop the nodes
-            )
+        super().__init__(name, [*args, "--lifetime", str(lifetime)], log)
         self.launched_at = time.time()
         self.opened_at = 0.0
         self.cpu_at_open = 0.0
-
-    def log_tail(self, lines: int = 15) -> str:
-        """The last lines of the node's log, for error messages."""
-        try:
-            text = self._log.read_text(errors="replace").splitlines()
-        except OSError:
-            return "(no log)"
-        return "\n".join(f"    {line}" for line in text[-lines:]) or "    (empty log)"
-
-    def _fail(self, what: str) -> BenchmarkError:
-        return BenchmarkError(f"{self.name}: {what}; its log ends with:\n{self.log_tail()}")
-
-    def send(self, command: dict[str, Any]) -> None:
-        """Send one command without waiting for its answer."""
-        assert self.process.stdin is not None
-        try:
-            self.process.stdin.write((json.dumps(command) + "\n").encode())
-            self.process.stdin.flush()
-        except BrokenPipeError:
-            raise self._fail(
-                f"exited (code {self.process.poll()}) before {command['cmd']}"
-            ) from None
-
-    def receive(self, timeout: float, what: str) -> dict[str, Any]:
-        """The next message from the node; raises on an error answer, an exit or the timeout."""
-        assert self.process.stdout is not None
-        fd = self.process.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        while (end := self._buffer.find(b"\n")) < 0:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise self._fail(f"no answer to {what} within {timeout:g} s")
-            readable, _, _ = select.select([fd], [], [], remaining)
-            if not readable:
-                continue
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                self.process.wait(2)
-                raise self._fail(f"exited (code {self.process.poll()}) during {what}")
-            self._buffer += chunk
-        message: dict[str, Any] = json.loads(self._buffer[:end])
-        del self._buffer[: end + 1]
-        if message.get("ok") is False:
-            raise self._fail(f"{what} failed: {message.get('error')}")
-        return message
 
     def request(self, command: dict[str, Any], timeout: float) -> dict[str, Any]:
         """Send one command and wait for its answer."""
@@ -594,22 +533,13 @@ class Worker:
 
     def wait_opened(self, timeout: float) -> None:
         """Wait for the node's "ready": its transport listens and it is joining."""
-        message = self.receive(timeout, "start-up")
-        if message.get("event") != "ready":
-            raise self._fail(f"expected ready, got {message!r}")
+        message = self.wait_event("ready", timeout)
         self.opened_at = float(message["opened_at"])
         self.cpu_at_open = float(message["cpu_s"])
 
     def kill(self) -> None:
         """Kill the process if it still runs, and reap it."""
-        if self.process.poll() is None:
-            self.process.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(5)
-        for pipe in (self.process.stdin, self.process.stdout):
-            if pipe is not None:
-                with contextlib.suppress(OSError):
-                    pipe.close()
+        self.reap()
 
 
 class Nodes:

@@ -88,7 +88,6 @@ import logging  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
-import select  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
 import statistics  # noqa: E402
@@ -104,6 +103,7 @@ import trio.testing  # noqa: E402
 
 from benchmarks import _sharding_worker as worker  # noqa: E402
 from benchmarks import transport as transport_bench  # noqa: E402
+from benchmarks._process import BenchmarkError, CommandProcess  # noqa: E402
 from membership import (  # noqa: E402
     Address,
     LinkConditions,
@@ -153,10 +153,6 @@ SIM_HOST = "10.0.0.1"
 SIM_TLS = TlsFiles(ca_file=Path("ca.pem"), cert_file=Path("n.pem"), key_file=Path("n.key"))
 
 _PARENT_POLL = 0.25
-
-
-class BenchmarkError(Exception):
-    """A measurement failed: a node crashed, timed out, or saw wrong data."""
 
 
 @attrs.frozen(kw_only=True)
@@ -236,69 +232,12 @@ def paired_median(numerators: list[float], denominators: list[float]) -> float:
 # ==== node processes ==============================================================================
 
 
-class Worker:
+class Worker(CommandProcess):
     """One node process (``benchmarks/_sharding_worker.py``) and its command pipe."""
 
     def __init__(self, name: str, certs: Path, log: Path, *, lifetime: float) -> None:
-        self.name = name
-        self._log = log
-        self._buffer = bytearray()
         args = [sys.executable, "-m", "benchmarks._sharding_worker", "--certs", str(certs)]
-        args += ["--lifetime", str(lifetime)]
-        with log.open("wb") as stderr:
-            self.process = subprocess.Popen(
-                args,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                cwd=_HERE.parent,
-                start_new_session=True,  # Ctrl-C reaches only us; we stop the nodes
-            )
-
-    def log_tail(self, lines: int = 15) -> str:
-        """The last lines of the process's log, for error messages."""
-        try:
-            text = self._log.read_text(errors="replace").splitlines()
-        except OSError:
-            return "(no log)"
-        return "\n".join(f"    {line}" for line in text[-lines:]) or "    (empty log)"
-
-    def _fail(self, what: str) -> BenchmarkError:
-        return BenchmarkError(f"{self.name}: {what}; its log ends with:\n{self.log_tail()}")
-
-    def send(self, command: dict[str, Any]) -> None:
-        """Send one command without waiting for its answer."""
-        assert self.process.stdin is not None
-        try:
-            self.process.stdin.write((json.dumps(command) + "\n").encode())
-            self.process.stdin.flush()
-        except BrokenPipeError:
-            raise self._fail(
-                f"exited (code {self.process.poll()}) before {command['cmd']}"
-            ) from None
-
-    def receive(self, timeout: float, what: str) -> dict[str, Any]:
-        """The next message from the process; raises on an error answer, an exit or the timeout."""
-        assert self.process.stdout is not None
-        fd = self.process.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        while (end := self._buffer.find(b"\n")) < 0:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise self._fail(f"no answer to {what} within {timeout:g} s")
-            readable, _, _ = select.select([fd], [], [], remaining)
-            if not readable:
-                continue
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                self.process.wait(2)
-                raise self._fail(f"exited (code {self.process.poll()}) during {what}")
-            self._buffer += chunk
-        message: dict[str, Any] = json.loads(self._buffer[:end])
-        del self._buffer[: end + 1]
-        if message.get("ok") is False:
-            raise self._fail(f"{what} failed: {message.get('error')}")
-        return message
+        super().__init__(name, [*args, "--lifetime", str(lifetime)], log)
 
     def request(self, command: dict[str, Any], timeout: float) -> dict[str, Any]:
         """Send one command and wait for its answer (``timeout`` plus a margin)."""
@@ -309,9 +248,7 @@ class Worker:
 
     def wait_ready(self, timeout: float) -> None:
         """Wait until the process has imported everything and reads commands."""
-        message = self.receive(timeout, "start-up")
-        if message.get("event") != "ready":
-            raise self._fail(f"expected ready, got {message!r}")
+        self.wait_event("ready", timeout)
 
     def kill(self) -> None:
         """Ask the process to stop, kill it if it does not, and reap it."""
@@ -320,14 +257,7 @@ class Worker:
                 self.send({"cmd": "stop"})
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(5)
-        if self.process.poll() is None:
-            self.process.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(5)
-        for pipe in (self.process.stdin, self.process.stdout):
-            if pipe is not None:
-                with contextlib.suppress(OSError):
-                    pipe.close()
+        self.reap()
 
 
 @contextlib.contextmanager

@@ -110,6 +110,8 @@ class Worker:
 class Workers:
     """Starts node processes and remembers them, so that none outlives the test."""
 
+    command: Sequence[str] = tuple(WORKER)
+    """The worker program, to which each process gets its config path."""
     started: list[Worker] = attrs.Factory(list)
 
     async def start(self, *configs: Path) -> list[Worker]:
@@ -120,7 +122,7 @@ class Workers:
             log = config.parent / f"worker-{len(self.started) + 1}.log"
             with log.open("wb") as stderr:
                 process = await trio.lowlevel.open_process(
-                    [*WORKER, str(config)],
+                    [*self.command, str(config)],
                     stdin=PIPE,
                     stdout=PIPE,
                     stderr=stderr,
@@ -141,8 +143,8 @@ class Workers:
 
 
 @asynccontextmanager
-async def workers() -> AsyncIterator[Workers]:
-    running = Workers()
+async def workers(command: Sequence[str] = tuple(WORKER)) -> AsyncIterator[Workers]:
+    running = Workers(command)
     try:
         yield running
     finally:

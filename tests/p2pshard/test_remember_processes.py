@@ -9,12 +9,9 @@ bounds its time with ``trio.fail_after`` and kills what is still running at the 
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from subprocess import PIPE
 
 import attrs
 import trio
@@ -23,8 +20,7 @@ from crdt import ReplicatorSettings
 from p2pshard import NodeConfig
 from p2pshard._extractor import stable_shard
 from p2pshard._localcluster import LocalCluster
-from tests.crdt.durable_worker import Lines
-from tests.crdt.test_durability_processes import FAST, REPO, Worker, all_up
+from tests.crdt.test_durability_processes import FAST, Worker, all_up, workers
 from tests.p2pshard.sharding_worker import SHARDS
 from tests.p2pshard.test_cli import free_port_block
 
@@ -51,49 +47,6 @@ def prepare(data_dir: Path, nodes: int) -> list[Path]:
         )
         path.write_text(config.to_toml())
     return configs
-
-
-@attrs.define(eq=False)
-class Workers:
-    """Starts sharding node processes and remembers them, so that none outlives the test."""
-
-    started: list[Worker] = attrs.Factory(list)
-
-    async def start(self, *configs: Path) -> list[Worker]:
-        """Start one process per config (at once), then wait until each is Up and ready."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("P2PSHARD_")}
-        new = []
-        for config in configs:
-            log = config.parent / f"worker-{len(self.started) + 1}.log"
-            with log.open("wb") as stderr:
-                process = await trio.lowlevel.open_process(
-                    [*WORKER, str(config)],
-                    stdin=PIPE,
-                    stdout=PIPE,
-                    stderr=stderr,
-                    cwd=REPO,
-                    env={**env, "PYTHONUNBUFFERED": "1"},
-                )
-            assert process.stdout is not None
-            worker = Worker(process, log, Lines(process.stdout))
-            self.started.append(worker)
-            new.append(worker)
-        for worker in new:
-            await worker.ready()
-        return new
-
-    async def kill_all(self) -> None:
-        for worker in self.started:
-            await worker.close()
-
-
-@asynccontextmanager
-async def workers() -> AsyncIterator[Workers]:
-    running = Workers()
-    try:
-        yield running
-    finally:
-        await running.kill_all()
 
 
 async def id_list(node: Worker, command: str) -> list[str]:
@@ -157,7 +110,7 @@ async def test_remembered_entities_restart_after_every_node_was_killed(tmp_path:
     buddy = kept[0]  # in forgotten's shard
     shard_of = {e: stable_shard(e, SHARDS) for e in touched}
     with trio.fail_after(60):
-        async with workers() as running:
+        async with workers(WORKER) as running:
             nodes = await running.start(*configs)
             await all_up(nodes)
             for entity_id in touched:
