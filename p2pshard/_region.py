@@ -32,7 +32,6 @@ from membership import (
     TransportClosed,
     UniqueAddress,
 )
-from membership._member import MemberStatus
 
 from ._allocation import EntityId, ShardId
 from ._entity import EntityContext, EntityRef, EntityState, Reply
@@ -208,6 +207,7 @@ class ShardRegion:
             settings,
             hosting=factory is not None,
             now=trio.current_time(),
+            oldest=_oldest(sharding._cluster, role),
         )
         self._proxy = sharding._singletons.proxy(coordinator_name(type_name), role=role)
         self._nursery = nursery
@@ -355,31 +355,21 @@ class ShardRegion:
                 self._shard_cache.clear()
             self._shard_cache[entity_id] = shard_id
         await trio.lowlevel.checkpoint_if_cancelled()
-        shard = self._running.get(shard_id)
-        home = self._core.homes.get(shard_id)
-        if shard is not None or home is None or home is self._self_node:
+        home = self._remote_home(shard_id)
+        if home is None:
             # Staying here for now; checked, so it would not fail later when it leaves.
             # (A message for another node is checked by encoding it, below.)
             self._sharding._check_message(message)
-        if shard is not None:
+            if not self._place_here(shard_id, entity_id, message, reply):
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return
             self._delivered_local += 1
-            shard.deliver(entity_id, message, reply)
             # Like a send on the transport, a local send yields only now and then: a sender
             # that tells many entities fills their mailboxes and the workers take them in batches.
             self._unyielded += 1
             if self._unyielded >= YIELD_EVERY or reply is not None:
                 self._unyielded = 0
                 await trio.lowlevel.cancel_shielded_checkpoint()
-            return
-        if home is None or home is self._self_node:
-            self._buffer(shard_id, (entity_id, message, reply))
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            return
-        queue = self._flushing.get(shard_id)
-        if queue is not None:  # older messages of this shard are still on their way there
-            self._sharding._check_message(message)
-            queue.append((entity_id, message, reply))
-            await trio.lowlevel.cancel_shielded_checkpoint()
             return
         delivery = self._delivery(shard_id, entity_id, message, reply)
         try:
@@ -432,21 +422,40 @@ class ShardRegion:
     def _buffer(self, shard_id: ShardId, delivery: Delivery) -> None:
         self._apply(self._core.buffer(shard_id, delivery, trio.current_time()))
 
+    def _remote_home(self, shard_id: ShardId) -> UniqueAddress | None:
+        """The node to send ``shard_id``'s message straight to, or None if it stays here.
+
+        It stays while the shard runs here, has no known home yet, or older messages of it are
+        still on their way.
+        """
+        if shard_id in self._running or shard_id in self._flushing:
+            return None
+        home = self._core.homes.get(shard_id)
+        return None if home is None or home is self._self_node else home
+
+    def _place_here(
+        self, shard_id: ShardId, entity_id: EntityId, message: object, reply: Reply | None
+    ) -> bool:
+        """Deliver to the running shard (True), or queue behind a flush, or buffer."""
+        shard = self._running.get(shard_id)
+        if shard is not None:
+            shard.deliver(entity_id, message, reply)
+            return True
+        home = self._core.homes.get(shard_id)
+        queue = self._flushing.get(shard_id)
+        if queue is not None and home is not None and home is not self._self_node:
+            queue.append((entity_id, message, reply))  # behind the older ones going there
+        else:
+            self._buffer(shard_id, (entity_id, message, reply))
+        return False
+
     def _route_nowait(
         self, shard_id: ShardId, entity_id: EntityId, message: object, reply: Reply | None
     ) -> None:
         """Route a message that came from another region (no waiting: a link task calls it)."""
-        shard = self._running.get(shard_id)
-        if shard is not None:
-            shard.deliver(entity_id, message, reply)
-            return
-        home = self._core.homes.get(shard_id)
-        if home is None or home is self._self_node:
-            self._buffer(shard_id, (entity_id, message, reply))
-            return
-        queue = self._flushing.get(shard_id)
-        if queue is not None:
-            queue.append((entity_id, message, reply))
+        home = self._remote_home(shard_id)
+        if home is None:
+            self._place_here(shard_id, entity_id, message, reply)
             return
         try:
             self._transport.send_nowait(home, self._delivery(shard_id, entity_id, message, reply))
@@ -659,34 +668,15 @@ class ShardRegion:
 
     async def _run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         cluster = self._sharding._cluster
-        coordinator = _oldest(cluster, self.role)
         async with trio.open_nursery() as nursery, cluster.subscribe() as events:
             self._apply(self._core.tick(trio.current_time()))  # the first Register
             task_status.started()
 
             async def follow_cluster() -> None:
-                nonlocal coordinator
                 async for _ in events:
-                    now = trio.current_time()
+                    members = {m.node: m.status for m in cluster.members}
                     oldest = _oldest(cluster, self.role)
-                    if oldest != coordinator:
-                        coordinator = oldest
-                        if oldest is not None:
-                            self._apply(self._core.coordinator_changed(now))
-                    gone = [
-                        m.node
-                        for m in cluster.members
-                        if m.status in (MemberStatus.DOWN, MemberStatus.REMOVED)
-                    ]
-                    known = {m.node for m in cluster.members}
-                    gone += [h for h in set(self._core.homes.values()) if h not in known]
-                    if gone:
-                        self._apply(self._core.regions_gone(gone, now))
-                    if (
-                        cluster.self_member.status is MemberStatus.LEAVING
-                        and not self._core.graceful
-                    ):
-                        self._apply(self._core.graceful_shutdown(now))
+                    self._apply(self._core.cluster_changed(oldest, members, trio.current_time()))
                 # The subscription ends when this node is out of the cluster: nothing more to do.
                 self._sharding.close()
 

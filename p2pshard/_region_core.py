@@ -35,12 +35,12 @@ from __future__ import annotations
 import collections
 import enum
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Generic, TypeAlias, TypeVar
 
 import attrs
 
-from membership import UniqueAddress
+from membership import MemberStatus, UniqueAddress
 
 from ._allocation import ShardId
 from ._protocol import (
@@ -68,6 +68,8 @@ REGISTER_FIRST_RETRY = 0.1
 """Seconds before the first repeat of Register; each repeat doubles it up to retry_interval."""
 
 D = TypeVar("D")
+
+_GONE = frozenset({MemberStatus.DOWN, MemberStatus.REMOVED})
 
 
 class LocalShard(enum.Enum):
@@ -150,8 +152,13 @@ class ShardRegionCore(Generic[D]):
         *,
         hosting: bool,
         now: float,
+        oldest: UniqueAddress | None = None,
     ) -> None:
-        """Build a region (``hosting``) or proxy that starts registering at once."""
+        """Build a region (``hosting``) or proxy that starts registering at once.
+
+        ``oldest`` is the member the coordinator runs on as the region starts (see
+        :meth:`cluster_changed`).
+        """
         self.type_name = type_name
         self.self_node = self_node
         self.number_of_shards = number_of_shards
@@ -167,6 +174,7 @@ class ShardRegionCore(Generic[D]):
         self.refused: str | None = None
         self.graceful = False
         self.stopped = False
+        self._oldest = oldest
         self._pending_handoff: dict[ShardId, int] = {}  # shard stopping → its hand-off id
         self._host_after_stop: set[ShardId] = set()
         self._register_backoff = REGISTER_FIRST_RETRY
@@ -275,6 +283,31 @@ class ShardRegionCore(Generic[D]):
         elif shard in self.buffers and self.registered:
             effects.append(self._get_home(shard))
         return effects + self._maybe_stopped()
+
+    def cluster_changed(
+        self,
+        oldest: UniqueAddress | None,
+        members: Mapping[UniqueAddress, MemberStatus],
+        now: float,
+    ) -> list[RegionEffect[D]]:
+        """The cluster view changed: the ``oldest`` member of the role, and every member's status.
+
+        The oldest runs the coordinator, so a new oldest means registering again; homes on nodes
+        that are down, removed or gone are forgotten; this node Leaving starts the graceful
+        shutdown.
+        """
+        effects: list[RegionEffect[D]] = []
+        if oldest != self._oldest:
+            self._oldest = oldest
+            if oldest is not None:
+                effects += self.coordinator_changed(now)
+        gone = {node for node, status in members.items() if status in _GONE}
+        gone |= {home for home in self.homes.values() if home not in members}
+        if gone:
+            effects += self.regions_gone(gone, now)
+        if members.get(self.self_node) is MemberStatus.LEAVING and not self.graceful:
+            effects += self.graceful_shutdown(now)
+        return effects
 
     def coordinator_changed(self, now: float) -> list[RegionEffect[D]]:
         """The coordinator moved (the oldest member changed): register again, now."""

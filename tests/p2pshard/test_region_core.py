@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from membership import Address, UniqueAddress
+from membership import Address, MemberStatus, UniqueAddress
 from p2pshard._allocation import ShardId
 from p2pshard._entity import EntityEvent, EntityState, IllegalEntityTransition, transition
 from p2pshard._protocol import (
@@ -944,3 +944,36 @@ def test_gone_is_final_and_the_illegal_list_is_complete() -> None:
     assert len(LEGAL) + len(ILLEGAL) == len(EntityState) * len(EntityEvent)
     assert all(s is not EntityState.GONE for s, _ in LEGAL)
     assert (EntityState.RESTARTING, EntityEvent.STOP) in ILLEGAL
+
+
+# -- the cluster view ---------------------------------------------------------------------------
+
+
+def test_cluster_changed_registers_again_only_when_the_oldest_changes() -> None:
+    core: ShardRegionCore[str] = ShardRegionCore(
+        TYPE, SELF, SHARDS, ShardingSettings(), hosting=True, now=0.0, oldest=COORD
+    )
+    up = {SELF: MemberStatus.UP, N2: MemberStatus.UP, COORD: MemberStatus.UP}
+    assert core.cluster_changed(COORD, up, 1.0) == []  # the same coordinator
+    assert core.cluster_changed(N2, up, 2.0) == [register()]
+    assert core.cluster_changed(N2, up, 3.0) == []
+    assert core.cluster_changed(None, {SELF: MemberStatus.UP}, 4.0) == []  # nobody yet: wait
+
+
+def test_cluster_changed_forgets_homes_on_nodes_down_removed_or_gone() -> None:
+    core = region(registered=True)
+    core.receive(COORD, home("1", N2), 0.0)
+    core.receive(COORD, home("2", N3), 0.0)
+    core.receive(COORD, home("3", COORD), 0.0)
+    view = {SELF: MemberStatus.UP, N2: MemberStatus.DOWN, COORD: MemberStatus.UP}  # N3 gone
+    assert core.cluster_changed(None, view, 1.0) == []
+    assert core.homes == {ShardId("3"): COORD}
+
+
+def test_cluster_changed_starts_the_graceful_shutdown_when_this_node_leaves() -> None:
+    core = region(registered=True)
+    leaving = {SELF: MemberStatus.LEAVING, COORD: MemberStatus.UP}
+    effects = core.cluster_changed(None, leaving, 1.0)
+    assert effects[0] == shutdown_req()
+    assert core.graceful
+    assert core.cluster_changed(None, leaving, 2.0) == []  # once
