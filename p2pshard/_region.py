@@ -52,7 +52,7 @@ from ._region_core import (
 from ._region_core import Refused as RefusedEffect
 from ._remember import RememberStore
 from ._settings import ShardingSettings
-from ._shard import EntityFactory, Scheduler, Shard
+from ._shard import FORCED_STOP_FRACTION, EntityFactory, Scheduler, Shard
 
 if TYPE_CHECKING:
     from ._sharding import Sharding
@@ -67,9 +67,6 @@ SHARD_CACHE_SIZE = 100_000
 
 YIELD_EVERY = 32
 """Local tells between two yields to the scheduler (a tell is always a cancel point)."""
-
-FORCED_STOP_FRACTION = 0.75
-"""Part of ``handoff_timeout`` a region waits for a handed-off shard's entities to stop."""
 
 _LOCAL_ERRORS: dict[str, type[ShardingError]] = {
     "p2pshard.BufferOverflow": BufferOverflow,

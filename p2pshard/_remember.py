@@ -18,19 +18,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import trio
 from pycrdt import Doc, Map
 
-from crdt import ReadMajority, ReplicationError, Replicator, WriteMajority
+from crdt import ReadMajority, Replicator, WriteMajority
 
+from ._retry import until_done
 from ._settings import ShardingSettings
 
 logger = logging.getLogger("p2pshard.remember")
-
-RETRY_BACKOFF = (0.2, 5.0)
-"""First and longest pause between retries of a failed read or write of a remembered set."""
 
 
 def entities_key(type_name: str, shard_id: str) -> str:
@@ -62,19 +61,18 @@ class RememberStore:
 
     async def load(self) -> list[str]:
         """The remembered ids (sorted), retrying the majority read until it succeeds."""
-        pause = RETRY_BACKOFF[0]
-        while True:
-            try:
-                doc = await self._replicator.get(self.key, self._read)
-                break
-            except ReplicationError as exc:
-                self.failures += 1
-                logger.warning("reading %s failed (%s); retrying in %g s", self.key, exc, pause)
-                await trio.sleep(pause)
-                pause = min(pause * 2, RETRY_BACKOFF[1])
+        doc = await until_done(
+            lambda: self._replicator.get(self.key, self._read),
+            f"reading {self.key}",
+            logger,
+            on_failure=self._failed,
+        )
         if doc is None:
             return []
         return sorted(map(str, list(doc.get("entities", type=Map).keys())))
+
+    def _failed(self) -> None:
+        self.failures += 1
 
     def add(self, entity_id: str, done: Callable[[], None]) -> None:
         """Remember ``entity_id``; ``done`` runs once a majority has it."""
@@ -101,23 +99,13 @@ class RememberStore:
             batch, self._queue = self._queue, []
             if not batch:
                 continue
-            pause = RETRY_BACKOFF[0]
-            while True:
-                try:
-                    await self._replicator.update(self.key, _changes(batch), self._write)
-                    self.writes += 1
-                    break
-                except ReplicationError as exc:
-                    self.failures += 1
-                    logger.warning(
-                        "remembering %d change(s) in %s failed (%s); retrying in %g s",
-                        len(batch),
-                        self.key,
-                        exc,
-                        pause,
-                    )
-                    await trio.sleep(pause)
-                    pause = min(pause * 2, RETRY_BACKOFF[1])
+            await until_done(
+                partial(self._replicator.update, self.key, _changes(batch), self._write),
+                f"remembering {len(batch)} change(s) in {self.key}",
+                logger,
+                on_failure=self._failed,
+            )
+            self.writes += 1
             for _, _, done in batch:
                 if done is not None:
                     done()

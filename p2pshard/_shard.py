@@ -51,6 +51,10 @@ MIN_WORKERS = 2
 MAX_WORKERS = 10_000
 """Most worker tasks at once: the most entities whose ``receive`` can be awaiting at once."""
 
+FORCED_STOP_FRACTION = 0.75
+"""Part of ``handoff_timeout`` a shard waits for its entities to stop before it cancels them:
+a little before the coordinator gives a hand-off up, so ShardStopped still reaches it."""
+
 SPAWN_AFTER = 0.005
 """Seconds entities may wait in the run queue, with every worker busy and none of them taking
 the next entity, before another worker starts (an entity awaiting something slow)."""
@@ -221,16 +225,9 @@ class Shard:
             )
             self._pending = []  # new messages wait for the lease
             stopped = trio.Event()
-            self._on_stopped = stopped.set
-            self.stopping = True
-            for cell in list(self.entities.values()):
-                if cell._state is _RESTARTING:
-                    self._restarts.pop(cell, None)
-                    cell._set(EntityEvent.RESTARTED)
-                self.passivate(cell)
-            if not self.entities:
-                stopped.set()
-            with trio.move_on_after(self.region.settings.handoff_timeout * 0.75):
+            self.stop_all(stopped.set)
+            grace = self.region.settings.handoff_timeout * FORCED_STOP_FRACTION
+            with trio.move_on_after(grace):
                 await stopped.wait()
             if self.entities:
                 self.force_stop()

@@ -28,7 +28,7 @@ from typing import Any
 import attrs
 import trio
 
-from crdt import GetFailure, ReadMajorityPlus, ReplicationError, Replicator, WriteMajorityPlus
+from crdt import GetFailure, ReadMajorityPlus, Replicator, WriteMajorityPlus
 from membership import (
     ClusterError,
     ConfigurationError,
@@ -63,35 +63,24 @@ from ._protocol import (
     ShardHome,
 )
 from ._region import AskSlot, ShardRegion, ShardRegionState, coordinator_name
+from ._retry import until_done
 from ._settings import ShardingSettings
 from ._shard import EntityFactory
 
 logger = logging.getLogger("p2pshard.sharding")
 
-_TO_REGION = (
-    RegisterAck,
-    RegisterRefused,
-    ShardHome,
-    HostShard,
-    BeginHandOff,
-    BeginHandOffAck,
-    HandOff,
-)
 _PLAIN = frozenset({int, float, str, bytes, bool, type(None)})
 _INT_MIN, _INT_LIMIT = -(1 << 63), 1 << 64  # what msgpack encodes
 _MAX_CHECKED_BYTES = 4096
-STATE_RETRY_BACKOFF = (0.2, 5.0)
-"""First and longest pause between retries of a failed read or write of coordinator state."""
 
 
 def _small_scalar(value: object) -> bool:
     """A value msgpack surely encodes in a small frame: a number, a short string, None."""
-    kind = type(value)
-    if kind is int:
-        return _INT_MIN <= value < _INT_LIMIT  # type: ignore[operator]
-    if kind is str or kind is bytes:
-        return len(value) <= _MAX_CHECKED_BYTES  # type: ignore[arg-type]
-    return kind in _PLAIN
+    if type(value) is int:
+        return _INT_MIN <= value < _INT_LIMIT
+    if type(value) is str or type(value) is bytes:
+        return len(value) <= _MAX_CHECKED_BYTES
+    return type(value) in _PLAIN
 
 
 def coordinator_key(type_name: str) -> str:
@@ -418,52 +407,54 @@ class Sharding:
     def handle(self, envelope: Envelope) -> bool:
         """Take a sharding message from the transport; False if it is not one."""
         message, sender = envelope.message, envelope.sender
-        kind = type(message)
-        if kind is EntityDelivery:
-            region = self._regions.get(message.type_name)  # type: ignore[attr-defined]
-            if region is not None:
-                region._on_delivery(sender, message)  # type: ignore[arg-type]
-            elif message.request_id:  # type: ignore[attr-defined]
-                self._reply(
-                    message.origin or sender,  # type: ignore[attr-defined]
-                    EntityReply(
-                        request_id=message.request_id,  # type: ignore[attr-defined]
-                        error_type="p2pshard.ShardingError",
-                        error_text=f"entity type {message.type_name!r} is not started on "  # type: ignore[attr-defined]
-                        f"{self._transport.local_address}",
-                    ),
-                )
-            return True
-        if kind is EntityReply:
-            self._complete(message)  # type: ignore[arg-type]
-            return True
-        if isinstance(message, _TO_REGION):
-            region = self._regions.get(message.type_name)
-            if region is not None:
-                region._on_control(sender, message)
-            return True
-        if kind is GetRegionStats:
-            region = self._regions.get(message.type_name)  # type: ignore[attr-defined]
-            counts = {} if region is None else region.shard_entity_counts()
-            with contextlib.suppress(SendQueueFull, TransportClosed):
-                self._transport.send_nowait(
-                    sender,
-                    RegionStats(
-                        type_name=message.type_name,  # type: ignore[attr-defined]
-                        request_id=message.request_id,  # type: ignore[attr-defined]
-                        shards=counts,
-                    ),
-                )
-            return True
-        if kind is RegionStats:
-            request = self._stats.get(message.request_id)  # type: ignore[attr-defined]
-            if request is not None and sender in request.waiting:
-                request.waiting.discard(sender)
-                request.answers[sender] = dict(message.shards)  # type: ignore[attr-defined]
-                if not request.waiting:
-                    request.done.set()
-            return True
-        return False
+        match message:
+            case EntityDelivery():
+                self._on_delivery(sender, message)
+            case EntityReply():
+                self._complete(message)
+            case (
+                RegisterAck()
+                | RegisterRefused()
+                | ShardHome()
+                | HostShard()
+                | BeginHandOff()
+                | BeginHandOffAck()
+                | HandOff()
+            ):  # from the coordinator, or a relayed acknowledgement
+                region = self._regions.get(message.type_name)
+                if region is not None:
+                    region._on_control(sender, message)
+            case GetRegionStats(type_name=type_name, request_id=request_id):
+                region = self._regions.get(type_name)
+                counts = {} if region is None else region.shard_entity_counts()
+                stats = RegionStats(type_name=type_name, request_id=request_id, shards=counts)
+                with contextlib.suppress(SendQueueFull, TransportClosed):
+                    self._transport.send_nowait(sender, stats)
+            case RegionStats(request_id=request_id, shards=shards):
+                request = self._stats.get(request_id)
+                if request is not None and sender in request.waiting:
+                    request.waiting.discard(sender)
+                    request.answers[sender] = dict(shards)
+                    if not request.waiting:
+                        request.done.set()
+            case _:
+                return False
+        return True
+
+    def _on_delivery(self, sender: UniqueAddress, delivery: EntityDelivery) -> None:
+        region = self._regions.get(delivery.type_name)
+        if region is not None:
+            region._on_delivery(sender, delivery)
+        elif delivery.request_id:
+            self._reply(
+                delivery.origin or sender,
+                EntityReply(
+                    request_id=delivery.request_id,
+                    error_type="p2pshard.ShardingError",
+                    error_text=f"entity type {delivery.type_name!r} is not started on "
+                    f"{self._transport.local_address}",
+                ),
+            )
 
     # -- the coordinator --------------------------------------------------------------------
 
@@ -526,38 +517,20 @@ class Sharding:
                     wakeup.set()  # something is due sooner than the timer sleeps
 
             async def write_event(event: DomainEvent) -> None:
-                pause = STATE_RETRY_BACKOFF[0]
-                while True:
-                    try:
-                        await replicator.update(key, lambda doc: apply_event(doc, event), write)
-                        break
-                    except ReplicationError as exc:
-                        logger.warning(
-                            "coordinator %s: writing %s failed (%s); retrying in %g s",
-                            type_name,
-                            event,
-                            exc,
-                            pause,
-                        )
-                        await trio.sleep(pause)
-                        pause = min(pause * 2, STATE_RETRY_BACKOFF[1])
+                await until_done(
+                    lambda: replicator.update(key, lambda doc: apply_event(doc, event), write),
+                    f"coordinator {type_name}: writing {event}",
+                    logger,
+                )
                 apply(core.state_updated(event, True, trio.current_time()))
 
             async def load() -> None:
-                pause = STATE_RETRY_BACKOFF[0]
-                while True:
-                    try:
-                        doc = await replicator.get(key, read)
-                        break
-                    except GetFailure as exc:
-                        logger.warning(
-                            "coordinator %s: reading its state failed (%s); retrying in %g s",
-                            type_name,
-                            exc,
-                            pause,
-                        )
-                        await trio.sleep(pause)
-                        pause = min(pause * 2, STATE_RETRY_BACKOFF[1])
+                doc = await until_done(
+                    lambda: replicator.get(key, read),
+                    f"coordinator {type_name}: reading its state",
+                    logger,
+                    retry_on=GetFailure,
+                )
                 state = (
                     CoordinatorState(remember_entities=settings.remember_entities)
                     if doc is None
