@@ -21,7 +21,6 @@ import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Protocol
 
 import attrs
 import trio
@@ -43,6 +42,7 @@ from ._events import ClusterEvent, diff
 from ._failure_detector import FailureDetectorSettings
 from ._gossip import Gossip, convergence, leader, oldest, reachability_excluding_downed
 from ._heartbeat import Heartbeat, HeartbeatRsp, HeartbeatSenderState, heartbeat_response
+from ._lease import HeldLease
 from ._member import Member, MemberStatus
 from ._sbr import (
     AcquireLease,
@@ -63,16 +63,8 @@ SBR_TICK = 1.0
 """Seconds between split brain resolver ticks (Akka: 1 s)."""
 
 
-class DowningLease(Protocol):
-    """What the lease-majority strategy needs from a lease (the leases issue implements it)."""
-
-    async def acquire(self) -> bool:
-        """Try to take the lease: True if granted, False if another owner holds it."""
-        ...
-
-    async def release(self) -> bool:
-        """Give the lease back: True if released."""
-        ...
+DowningLease = HeldLease
+"""What the lease-majority strategy needs from a lease (see :class:`HeldLease`)."""
 
 
 @attrs.frozen
@@ -463,7 +455,7 @@ class Cluster:
             logger.error("%s: lease-majority needs a downing lease; none was given", self._node)
         else:
             try:
-                granted = await self._downing_lease.acquire()
+                granted = await self._downing_lease.acquire() is not None
             except ClusterError as exc:
                 logger.warning("%s: downing lease not acquired: %s", self._node, exc)
         assert self._sbr is not None

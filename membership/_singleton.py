@@ -27,8 +27,9 @@ import trio
 
 from . import _wire
 from ._address import UniqueAddress
-from ._cluster import Cluster, DowningLease
+from ._cluster import Cluster
 from ._errors import ClusterError, ConfigurationError, SendQueueFull, TransportClosed
+from ._lease import HeldLease
 from ._member import MemberStatus
 from ._singleton_core import (
     HAND_OVER_MESSAGES,
@@ -138,7 +139,7 @@ class _Manager:
         name: str,
         fn: SingletonFunction,
         role: str | None,
-        lease: DowningLease | None,
+        lease: HeldLease | None,
         buffer_size: int,
         retry_interval: float,
     ) -> None:
@@ -223,25 +224,10 @@ class _Manager:
         try:
             with trio.CancelScope() as scope:
                 self.instance_scope = scope
-                if self.lease is not None:
-                    while not await self.lease.acquire():  # noqa: ASYNC110 - polls a remote lease
-                        await trio.sleep(self.core.retry_interval)
-                while True:
-                    send, receive = trio.open_memory_channel[SingletonRequest](self.buffer_size)
-                    self.inbox_send = send
-                    while self.buffer:
-                        sender, envelope = self.buffer.popleft()
-                        self._deliver(sender, envelope)
-                    try:
-                        await self.fn(SingletonContext(self.name, me, receive))
-                        logger.info("%s: singleton %r returned", me, self.name)
-                        await trio.sleep_forever()
-                    except Exception:
-                        logger.exception("%s: singleton %r crashed; restarting", me, self.name)
-                        await trio.sleep(RESTART_BACKOFF)
-                    finally:
-                        self.inbox_send = None
-                        send.close()
+                if self.lease is None:
+                    await self._serve(me)
+                else:
+                    await self._serve_under_lease(me, self.lease)
         finally:
             self.instance_scope = None
             if self.lease is not None:
@@ -252,6 +238,41 @@ class _Manager:
                         logger.warning("%s: singleton lease not released: %s", me, exc)
             self.instance_done.set()
             self._apply(self.core.instance_stopped(trio.current_time()))
+
+    async def _serve_under_lease(self, me: UniqueAddress, lease: HeldLease) -> None:
+        """Run the instance only while the lease is held; stop it at once when it is lost."""
+        while True:
+            while True:
+                try:
+                    if await lease.acquire() is not None:
+                        break
+                    logger.info("%s: singleton %r: another owner holds its lease", me, self.name)
+                except ClusterError as exc:
+                    logger.warning("%s: singleton %r: lease not acquired: %s", me, self.name, exc)
+                await trio.sleep(self.core.retry_interval)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._serve, me)
+                await lease.wait_lost()
+                logger.warning("%s: singleton %r lost its lease; stopping it", me, self.name)
+                nursery.cancel_scope.cancel()
+
+    async def _serve(self, me: UniqueAddress) -> None:
+        while True:
+            send, receive = trio.open_memory_channel[SingletonRequest](self.buffer_size)
+            self.inbox_send = send
+            while self.buffer:
+                sender, envelope = self.buffer.popleft()
+                self._deliver(sender, envelope)
+            try:
+                await self.fn(SingletonContext(self.name, me, receive))
+                logger.info("%s: singleton %r returned", me, self.name)
+                await trio.sleep_forever()
+            except Exception:
+                logger.exception("%s: singleton %r crashed; restarting", me, self.name)
+                await trio.sleep(RESTART_BACKOFF)
+            finally:
+                self.inbox_send = None
+                send.close()
 
     def receive(self, sender: UniqueAddress, envelope: SingletonEnvelope) -> None:
         if self.inbox_send is not None and self.core.running:
@@ -432,11 +453,15 @@ class Singletons:
         fn: SingletonFunction,
         *,
         role: str | None = None,
-        lease: DowningLease | None = None,
+        lease: HeldLease | None = None,
         buffer_size: int = 1000,
         retry_interval: float = 1.0,
     ) -> None:
         """Run ``fn`` as the singleton ``name`` whenever this node is the oldest (of ``role``).
+
+        With a ``lease`` (Akka's ``use-lease``), the instance starts only once the lease is
+        granted (asked for again every ``retry_interval``), is stopped at once when it is lost
+        and started again when it is granted again, and the lease is released at hand-over.
 
         Raises:
             ConfigurationError: ``name`` is already started on this node, or this node lacks

@@ -28,12 +28,20 @@ from ._entity import EntityContext as EntityContext
 from ._entity import EntityRef as EntityRef
 from ._errors import AskTimeout as AskTimeout
 from ._errors import BufferOverflow as BufferOverflow
+from ._errors import LeaseUnavailable as LeaseUnavailable
 from ._errors import RegionStopped as RegionStopped
 from ._errors import RemoteEntityError as RemoteEntityError
 from ._errors import ShardingError as ShardingError
 from ._extractor import HashExtractor as HashExtractor
 from ._extractor import MessageExtractor as MessageExtractor
 from ._extractor import ShardingEnvelope as ShardingEnvelope
+from ._lease import Lease as Lease
+from ._lease import LeaseBackend as LeaseBackend
+from ._lease import LeaseGrant as LeaseGrant
+from ._lease import Leases as Leases
+from ._lease import LeaseSettings as LeaseSettings
+from ._lease_memory import MemoryLeaseBackend as MemoryLeaseBackend
+from ._lease_sqlite import SqliteLeaseBackend as SqliteLeaseBackend
 from ._node import Node as Node
 from ._node import open_node as open_node
 from ._region import RegionStatistics as RegionStatistics
@@ -42,4 +50,5 @@ from ._region import ShardRegionState as ShardRegionState
 from ._region import ShardState as ShardState
 from ._settings import ShardingSettings as ShardingSettings
 from ._sharding import ClusterShardingStats as ClusterShardingStats
+from ._sharding import IncarnationObserver as IncarnationObserver
 from ._sharding import Sharding as Sharding

@@ -42,6 +42,8 @@ from membership._cluster_core import ClusterSettings
 from membership._failure_detector import FailureDetectorSettings
 from membership._sbr import SplitBrainResolverSettings
 
+from ._lease import LeaseSettings
+
 ENV_PREFIX = "P2PSHARD_"
 """Environment variables that override configuration values start with this."""
 
@@ -198,6 +200,13 @@ class NodeConfig:
         stable_after = 20.0
         down_all_when_unstable = "on"  # or "off", or seconds
 
+        [lease]  # p2pshard.LeaseSettings: shard leases, lease-majority downing
+        backend = "sqlite"  # every node on this host shares the file; or "etcd"
+        path = "leases.db"
+        # endpoints = ["http://10.0.0.5:2379"]  # backend = "etcd"
+        ttl = 15.0
+        renew_interval = 3.0
+
     Environment variables override the file: ``P2PSHARD_`` and the field name in upper case, a
     double underscore for each table level. Lists are comma-separated, tables of ``name = value``
     are comma-separated ``name=value`` lists, booleans are true/false/1/0/yes/no, and an empty
@@ -290,6 +299,11 @@ class NodeConfig:
     )
     """The node's replicated keys: gossip, notifications, durable keys (default
     ``ReplicatorSettings()``; ``[replicator]`` in a file)."""
+
+    lease: LeaseSettings = attrs.field(factory=LeaseSettings, validator=_instance_of(LeaseSettings))
+    """Where the node's leases live and how they are kept alive (default: no lease backend;
+    ``[lease]`` in a file). Needed by ``ShardingSettings.use_lease`` and the lease-majority split
+    brain strategy."""
 
     log_level: str = attrs.field(default="INFO", validator=_check_log_level)
     """The least severe log records to emit: DEBUG, INFO, WARNING or ERROR (default INFO)."""

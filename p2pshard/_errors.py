@@ -43,3 +43,11 @@ class BufferOverflow(ShardingError):
 
 class RegionStopped(ShardingError):
     """The region has stopped (its node left or shut the entity type down); nothing is sent."""
+
+
+class LeaseUnavailable(ClusterError):
+    """The lease backend did not answer in time, or failed.
+
+    Whether the operation took effect is unknown; it is not a refusal (``acquire`` returns None
+    for that). Try again later.
+    """

@@ -1,39 +1,404 @@
-"""The lease a shard holds while its entities run: the hook the lease backends plug into.
+"""Leases with fencing tokens: one owner at a time per name, kept alive in the background.
 
-Theory of operation. A :class:`ShardLease` is one shard's claim on a name that at most one holder
-can have at a time (Akka's ``Lease``, plus the fencing token that Akka's lacks). A shard of an
-entity type started with ``shard_lease=`` asks for its lease before any entity starts; messages
-wait meanwhile. When the lease is lost the shard stops its entities (they get the stop message),
-holds new messages and asks again. A hand-off releases the lease once the entities stopped. The
-token reaches entities as ``ctx.lease_token``, so their own writes can be fenced.
+Theory of operation. A :class:`Lease` is one owner's handle on a lease name in a
+:class:`LeaseBackend` (SQLite, etcd, or in memory). :meth:`Lease.acquire` asks the backend for the
+name; a grant carries a fencing token that is larger than every token granted for that name
+before, so a store that remembers the largest token it has seen can refuse a write from a holder
+that lost the lease without knowing it (a paused process, a partitioned node). Akka's lease has
+no such token.
+
+After a grant a task renews the lease every ``renew_interval``. The holder's *deadline* is
+computed on this process's clock: the time the last successful request was **sent**, plus
+``ttl``, minus ``safety_margin``. The backend counts ``ttl`` from the moment it handles the
+request, which is later, so the holder stops believing it holds the lease before the backend lets
+anyone else take it, by at least ``safety_margin`` (room for clocks that run at slightly
+different rates). :meth:`Lease.check` never blocks: it compares the clock with that deadline, so a
+process that was paused past it sees False at once when it wakes, before its keep-alive task runs.
+
+The lease is *lost* when a renewal is refused (someone else holds it, or it expired), or when the
+deadline passes because the backend did not answer in time; :meth:`Lease.wait_lost` returns then.
+A failed renewal is retried every quarter ``renew_interval`` until the deadline. An answer that
+could not be had within ``operation_timeout`` raises :class:`LeaseUnavailable`: the outcome is
+unknown, which is not the same as a refusal (``acquire`` returns None for that).
+
+A shard of an entity type started with ``ShardingSettings(use_lease=True)`` holds the lease
+``<cluster>-shard-<type>-<shard>`` while its entities run (see ``p2pshard._shard``); the
+coordinator singleton and the lease-majority downing strategy can hold one too.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import attrs
+import trio
+
+from membership import ConfigurationError
+from membership._settings import in_range
 
 from ._allocation import ShardId
+from ._errors import LeaseUnavailable
+
+logger = logging.getLogger("p2pshard.lease")
+
+RETRY_FRACTION = 0.25
+"""A failed renewal is retried after this fraction of ``renew_interval``."""
 
 
-class ShardLease(Protocol):
-    """One shard's lease. Backends implement it; see the module docstring."""
+def _invalid(instance: Any, attribute: attrs.Attribute[Any], value: Any, allowed: str) -> None:
+    raise ConfigurationError(
+        f"{type(instance).__name__}.{attribute.name} = {value!r} is invalid: must be {allowed}"
+    )
 
-    async def acquire(self) -> int | None:
-        """Try to take the lease: its fencing token when granted, None when someone has it."""
-        ...
 
-    async def wait_lost(self) -> None:
-        """Return when the lease is lost.
+def _check_backend(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value not in (None, "sqlite", "etcd"):
+        _invalid(instance, attribute, value, "'sqlite', 'etcd' or None")
 
-        Lost means expired, taken over, or its backend unreachable for longer than is safe.
+
+def _check_path(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and (not isinstance(value, Path) or not str(value)):
+        _invalid(instance, attribute, value, "a path or None")
+
+
+def _check_endpoints(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, tuple) or not all(
+        isinstance(url, str) and url.startswith(("http://", "https://")) for url in value
+    ):
+        _invalid(instance, attribute, value, "a tuple of http:// or https:// URLs")
+
+
+@attrs.frozen(kw_only=True)
+class LeaseSettings:
+    """Where a node's leases live and how they are kept alive (the ``[lease]`` table).
+
+    ``backend`` None (default) means the node has no lease backend: entity types with
+    ``use_lease``, singletons with a lease and the lease-majority strategy are then refused at
+    start. ``"sqlite"`` keeps leases in the file ``path``, shared by every node on one host;
+    ``"etcd"`` keeps them in an etcd cluster reached at ``endpoints`` (multi-host).
+    """
+
+    backend: Literal["sqlite", "etcd"] | None = attrs.field(default=None, validator=_check_backend)
+    """``"sqlite"``, ``"etcd"`` or None (default: no leases)."""
+
+    path: Path | None = attrs.field(default=None, validator=_check_path)
+    """sqlite: the database file every node on the host shares."""
+
+    endpoints: tuple[str, ...] = attrs.field(default=(), validator=_check_endpoints)
+    """etcd: client URLs such as ``http://127.0.0.1:2379``; tried in order."""
+
+    ttl: float = attrs.field(default=15.0, validator=in_range(0.1, 3600.0))
+    """Seconds a grant or renewal is valid in the backend (default 15; Akka's heartbeat-timeout).
+    etcd counts whole seconds: it is rounded up there."""
+
+    renew_interval: float = attrs.field(default=3.0, validator=in_range(0.01, 1800.0))
+    """Seconds between renewals (default 3); must be under ``ttl / 2``."""
+
+    operation_timeout: float = attrs.field(default=5.0, validator=in_range(0.01, 3600.0))
+    """Seconds an acquire, renewal or release may take before it counts as failed (default 5);
+    must be under ``ttl - safety_margin``."""
+
+    safety_margin: float = attrs.field(default=1.0, validator=in_range(0.0, 1800.0))
+    """Seconds the holder stops believing it holds the lease before the backend could grant it
+    to another owner (default 1): room for clock rate differences."""
+
+    def __attrs_post_init__(self) -> None:
+        name = type(self).__name__
+        if self.renew_interval >= self.ttl / 2:
+            raise ConfigurationError(
+                f"{name}.renew_interval = {self.renew_interval!r} is invalid: must be under "
+                f"ttl / 2 = {self.ttl / 2:g}, so that a lost renewal can be retried in time"
+            )
+        if self.safety_margin >= self.ttl / 2:
+            raise ConfigurationError(
+                f"{name}.safety_margin = {self.safety_margin!r} is invalid: must be under "
+                f"ttl / 2 = {self.ttl / 2:g}"
+            )
+        if self.operation_timeout >= self.ttl - self.safety_margin:
+            raise ConfigurationError(
+                f"{name}.operation_timeout = {self.operation_timeout!r} is invalid: must be "
+                f"under ttl - safety_margin = {self.ttl - self.safety_margin:g}, or a grant "
+                "could arrive already expired"
+            )
+        if self.backend == "sqlite" and self.path is None:
+            raise ConfigurationError(
+                f"{name}.path is missing: backend 'sqlite' needs the database file every node "
+                "on the host shares"
+            )
+        if self.backend == "etcd" and not self.endpoints:
+            raise ConfigurationError(
+                f"{name}.endpoints is empty: backend 'etcd' needs at least one client URL "
+                "such as 'http://127.0.0.1:2379'"
+            )
+
+
+@attrs.frozen
+class LeaseGrant:
+    """A granted lease: the name, its owner, the fencing token and the holder's deadline."""
+
+    name: str
+    owner: str
+    token: int
+    """Larger than every token granted for ``name`` before: fences the holder's writes."""
+    deadline: float
+    """Time on the trio clock after which the holder must not act on this grant any more."""
+
+
+class LeaseBackend(Protocol):
+    """Where leases live. Every method raises :class:`LeaseUnavailable` when it cannot tell.
+
+    A backend counts ``ttl`` from a moment no earlier than the call began, on a clock that runs
+    at the rate of the callers' clocks; the holder's deadline relies on that.
+    """
+
+    async def try_acquire(self, name: str, owner: str, ttl: float) -> int | None:
+        """Grant ``name`` to ``owner`` for ``ttl`` seconds: a new token larger than all before.
+
+        Returns None when another owner holds an unexpired grant. ``owner`` itself holding it
+        (an earlier grant it lost track of) gets a new grant and token.
         """
         ...
 
-    async def release(self) -> None:
+    async def renew(self, name: str, owner: str, token: int, ttl: float) -> bool:
+        """Extend the grant ``token`` by ``ttl`` from now: False if it is no longer held."""
+        ...
+
+    async def release(self, name: str, owner: str, token: int) -> bool:
+        """End the grant ``token`` so that others may acquire: False if it was not held."""
+        ...
+
+    async def holder(self, name: str) -> tuple[str, int] | None:
+        """The owner and token of the unexpired grant of ``name``, if any (for inspection)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close connections; leases held stay in the backend until they expire."""
+        ...
+
+
+class _Held:
+    """One grant while its keep-alive task runs."""
+
+    def __init__(self, grant: LeaseGrant) -> None:
+        self.grant = grant
+        self.lost = trio.Event()
+        self.scope = trio.CancelScope()
+
+
+class Lease:
+    """One owner's handle on the lease ``name`` in ``backend``; renewals run in ``nursery``.
+
+    Example:
+        >>> async def run_fenced(backend: LeaseBackend, nursery: trio.Nursery) -> None:
+        ...     lease = Lease(backend, "orders-writer", "node-1", nursery=nursery)
+        ...     grant = await lease.acquire()
+        ...     if grant is not None:
+        ...         while lease.check():
+        ...             await write_with_token(grant.token)
+        ...         await lease.release()
+    """
+
+    def __init__(
+        self,
+        backend: LeaseBackend,
+        name: str,
+        owner: str,
+        settings: LeaseSettings | None = None,
+        *,
+        nursery: trio.Nursery,
+    ) -> None:
+        for what, value in (("name", name), ("owner", owner)):
+            if not isinstance(value, str) or not value or len(value) > 512:
+                raise ConfigurationError(
+                    f"lease {what} {value!r} is invalid: must be a non-empty string of at most "
+                    "512 characters"
+                )
+        self.backend = backend
+        self.name = name
+        self.owner = owner
+        self.settings = settings if settings is not None else LeaseSettings()
+        self._nursery = nursery
+        self._held: _Held | None = None
+        self._lock = trio.Lock()
+
+    @property
+    def grant(self) -> LeaseGrant | None:
+        """The current grant (its deadline moves with each renewal), or None."""
+        return None if self._held is None else self._held.grant
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token of the current grant, or None."""
+        return None if self._held is None else self._held.grant.token
+
+    def check(self) -> bool:
+        """Whether the lease is held now: a grant whose deadline has not passed. Never blocks."""
+        held = self._held
+        return (
+            held is not None
+            and not held.lost.is_set()
+            and trio.current_time() < held.grant.deadline
+        )
+
+    async def acquire(self) -> LeaseGrant | None:
+        """Take the lease and keep it alive: the grant, or None when another owner holds it.
+
+        Returns the current grant if it is still held.
+
+        Raises:
+            LeaseUnavailable: the backend did not answer within ``operation_timeout``, or failed.
+        """
+        async with self._lock:
+            if self.check():
+                assert self._held is not None
+                return self._held.grant
+            self._forget()
+            settings = self.settings
+            sent = trio.current_time()
+            with trio.move_on_after(settings.operation_timeout) as scope:
+                token = await self.backend.try_acquire(self.name, self.owner, settings.ttl)
+            if scope.cancelled_caught:
+                raise LeaseUnavailable(
+                    f"lease {self.name!r}: the backend did not answer an acquire within "
+                    f"operation_timeout ({settings.operation_timeout:g} s)"
+                )
+            if token is None:
+                return None
+            grant = LeaseGrant(
+                self.name, self.owner, token, sent + settings.ttl - settings.safety_margin
+            )
+            held = self._held = _Held(grant)
+            self._nursery.start_soon(self._keep_alive, held)
+            logger.debug("lease %s granted to %s with token %d", self.name, self.owner, token)
+            return grant
+
+    async def wait_lost(self) -> None:
+        """Return when the current grant is lost (at once if none is held)."""
+        held = self._held
+        if held is not None:
+            await held.lost.wait()
+
+    async def release(self) -> bool:
+        """Stop renewing and give the lease back: True if the backend confirmed it.
+
+        Raises:
+            LeaseUnavailable: the backend did not answer; the lease expires by itself.
+        """
+        async with self._lock:
+            held, self._held = self._held, None
+            if held is None:
+                return False
+            held.scope.cancel()
+            if held.lost.is_set():
+                return False
+            with trio.move_on_after(self.settings.operation_timeout) as scope:
+                released = await self.backend.release(self.name, self.owner, held.grant.token)
+            if scope.cancelled_caught:
+                raise LeaseUnavailable(
+                    f"lease {self.name!r}: the backend did not answer a release within "
+                    f"operation_timeout ({self.settings.operation_timeout:g} s); it expires "
+                    "by itself"
+                )
+            return released
+
+    def _forget(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            held.scope.cancel()
+            held.lost.set()
+
+    async def _keep_alive(self, held: _Held) -> None:
+        settings = self.settings
+        renew_at = trio.current_time() + settings.renew_interval
+        reason = "its deadline passed without a successful renewal"
+        with held.scope:
+            while True:
+                await trio.sleep_until(min(renew_at, held.grant.deadline))
+                sent = trio.current_time()
+                if sent >= held.grant.deadline:
+                    break
+                renewed: bool | None = None
+                with trio.move_on_at(min(sent + settings.operation_timeout, held.grant.deadline)):
+                    try:
+                        renewed = await self.backend.renew(
+                            self.name, self.owner, held.grant.token, settings.ttl
+                        )
+                    except LeaseUnavailable as exc:
+                        logger.warning("lease %s: renewal failed: %s", self.name, exc)
+                    except Exception:  # a backend bug must not take the node down
+                        logger.exception("lease %s: renewal failed", self.name)
+                if renewed is None:  # unknown: try again soon, until the deadline
+                    renew_at = trio.current_time() + settings.renew_interval * RETRY_FRACTION
+                    continue
+                if not renewed:
+                    reason = "the backend refused the renewal (expired or taken over)"
+                    break
+                deadline = sent + settings.ttl - settings.safety_margin
+                held.grant = attrs.evolve(held.grant, deadline=deadline)
+                renew_at = sent + settings.renew_interval
+            logger.warning("lease %s of %s lost: %s", self.name, self.owner, reason)
+            held.lost.set()
+
+
+LeaseFactory = Callable[[str], Lease]
+"""Makes this node's handle on a lease name."""
+
+
+class ShardLease(Protocol):
+    """What a shard needs of its lease; :class:`Lease` is one."""
+
+    async def acquire(self) -> LeaseGrant | None:
+        """Take the lease: the grant, or None when someone else has it."""
+        ...
+
+    async def wait_lost(self) -> None:
+        """Return when the current grant is lost."""
+        ...
+
+    async def release(self) -> bool:
         """Give the lease up (the shard stopped)."""
         ...
 
 
 ShardLeaseFactory = Callable[[str, ShardId], ShardLease]
 """Makes the lease of one shard from the entity type name and the shard id."""
+
+
+class Leases:
+    """This node's leases (``node.leases``): handles on names in the node's lease backend.
+
+    The owner of every lease taken through it is the node's address ``host:port``, as in Akka:
+    only one process at a time can listen there, so a restarted node may take back at once what
+    its previous incarnation held (with a new token).
+
+    Example:
+        >>> async def exclusive_job(node: Node) -> None:
+        ...     lease = node.leases.lease("nightly-report")
+        ...     if await lease.acquire() is not None:
+        ...         ...
+    """
+
+    def __init__(
+        self,
+        backend: LeaseBackend,
+        owner: str,
+        settings: LeaseSettings,
+        cluster_name: str,
+        nursery: trio.Nursery,
+    ) -> None:
+        self.backend = backend
+        self.owner = owner
+        self.settings = settings
+        self.cluster_name = cluster_name
+        self._nursery = nursery
+
+    def lease(self, name: str) -> Lease:
+        """A handle on the lease ``name``, owned by this node, kept alive in the node's nursery."""
+        return Lease(self.backend, name, self.owner, self.settings, nursery=self._nursery)
+
+    def shard_lease_name(self, type_name: str, shard_id: str) -> str:
+        """The lease a shard holds: ``<cluster>-shard-<type>-<shard>`` (as Akka names it)."""
+        return f"{self.cluster_name}-shard-{type_name}-{shard_id}"

@@ -35,6 +35,8 @@ from membership._tls import TlsIdentity
 from membership._trioutil import single_error
 
 from ._config import NodeConfig
+from ._lease import LeaseBackend, Leases, LeaseSettings
+from ._lease_sqlite import SqliteLeaseBackend
 from ._sharding import Sharding
 from ._status import StatusService
 
@@ -60,6 +62,7 @@ class Node:
     _replicators: dict[str, Replicator] = attrs.Factory(dict)
     _sharding: Sharding | None = None
     _status: StatusService | None = None
+    _leases: Leases | None = None
     _nursery: trio.Nursery | None = None
     _rng: random.Random = attrs.Factory(random.Random)
 
@@ -89,6 +92,20 @@ class Node:
         """Replicated keys holding pycrdt documents, with majority reads and writes."""
         assert self._replicator is not None
         return self._replicator
+
+    @property
+    def leases(self) -> Leases:
+        """This node's leases, from the ``[lease]`` backend of its configuration.
+
+        Raises:
+            ConfigurationError: the node has no lease backend.
+        """
+        if self._leases is None:
+            raise ConfigurationError(
+                "this node has no lease backend: set [lease] backend (and path or endpoints) in "
+                "its config, or pass lease_backend= to open_node"
+            )
+        return self._leases
 
     @property
     def sharding(self) -> Sharding:
@@ -217,6 +234,7 @@ async def open_node(
     transport: Transport | None = None,
     rng: random.Random | None = None,
     downing_lease: DowningLease | None = None,
+    lease_backend: LeaseBackend | None = None,
 ) -> AsyncIterator[Node]:
     """Start a node and join the cluster through its seed nodes; leaving the block leaves.
 
@@ -226,7 +244,10 @@ async def open_node(
             network's, in tests). The caller keeps ownership of it.
         rng: the source of the node's random choices (gossip targets); a seeded one makes a
             simulated run replayable.
-        downing_lease: the lease the ``lease-majority`` split brain strategy competes for.
+        downing_lease: the lease the ``lease-majority`` split brain strategy competes for
+            (default: ``<cluster>-p2pshard-sbr`` in the node's lease backend).
+        lease_backend: a lease backend to use instead of the one ``config.lease`` names (a
+            simulated cluster's shared one, in tests). The caller keeps ownership of it.
 
     Example:
         >>> async def main() -> None:
@@ -235,26 +256,69 @@ async def open_node(
         ...         await node.terminated.wait()
 
     Raises:
-        ConfigurationError: unreadable certificate files.
+        ConfigurationError: unreadable certificate files; the lease-majority strategy without a
+            lease.
         OSError: the bind address is not available.
     """
-    if transport is not None:
-        async with _run(config, transport, rng, downing_lease, wall_offset=0.0) as node:
-            yield node
-        return
-    async with (
-        open_tcp_transport(
-            _tls_identity(config),
-            config.node_name,
-            config.bind_address,
-            canonical=config.canonical_address,
-            settings=config.transport,
-        ) as tcp,
-        _run(
-            config, tcp, rng, downing_lease, wall_offset=time.time() - trio.current_time()
-        ) as node,
+    sbr = config.split_brain_resolver
+    if (
+        sbr.active_strategy == "lease-majority"
+        and downing_lease is None
+        and lease_backend is None
+        and config.lease.backend is None
     ):
-        yield node
+        raise ConfigurationError(
+            "split_brain_resolver.active_strategy = 'lease-majority' needs a lease: set [lease] "
+            "backend (and path or endpoints) in the config"
+        )
+    async with _lease_backend(config.lease, lease_backend) as backend:
+        if transport is not None:
+            async with _run(
+                config, transport, rng, downing_lease, backend, wall_offset=0.0
+            ) as node:
+                yield node
+            return
+        async with (
+            open_tcp_transport(
+                _tls_identity(config),
+                config.node_name,
+                config.bind_address,
+                canonical=config.canonical_address,
+                settings=config.transport,
+            ) as tcp,
+            _run(
+                config,
+                tcp,
+                rng,
+                downing_lease,
+                backend,
+                wall_offset=time.time() - trio.current_time(),
+            ) as node,
+        ):
+            yield node
+
+
+@asynccontextmanager
+async def _lease_backend(
+    settings: LeaseSettings, given: LeaseBackend | None
+) -> AsyncIterator[LeaseBackend | None]:
+    """The given backend, or the one ``settings`` names (closed at the end), or None."""
+    if given is not None or settings.backend is None:
+        yield given
+        return
+    backend: LeaseBackend
+    if settings.backend == "sqlite":
+        assert settings.path is not None
+        backend = SqliteLeaseBackend(settings.path, busy_timeout=settings.operation_timeout)
+    else:
+        from ._lease_etcd import EtcdLeaseBackend
+
+        backend = EtcdLeaseBackend(settings.endpoints, request_timeout=settings.operation_timeout)
+    try:
+        yield backend
+    finally:
+        with trio.CancelScope(shield=True):
+            await backend.aclose()
 
 
 @asynccontextmanager
@@ -263,23 +327,38 @@ async def _run(
     transport: Transport,
     rng: random.Random | None,
     downing_lease: DowningLease | None,
+    lease_backend: LeaseBackend | None,
     *,
     wall_offset: float,
 ) -> AsyncIterator[Node]:
-    cluster = Cluster(
-        transport,
-        settings=config.cluster,
-        failure_detector=config.failure_detector,
-        split_brain_resolver=config.split_brain_resolver,
-        seed_nodes=config.seed_nodes,
-        roles=config.roles,
-        rng=rng,
-        downing_lease=downing_lease,
-        wall_offset=wall_offset,
-    )
-    node = Node(config, transport, cluster, rng=rng or random.Random())
     with single_error():
         async with trio.open_nursery() as nursery:
+            leases = None
+            if lease_backend is not None:
+                address = transport.local_address.address
+                leases = Leases(
+                    lease_backend, str(address), config.lease, config.cluster_name, nursery
+                )
+            sbr = config.split_brain_resolver
+            if (
+                downing_lease is None
+                and leases is not None
+                and sbr.active_strategy == "lease-majority"
+            ):
+                downing_lease = leases.lease(sbr.lease_name_for(config.cluster_name))
+            cluster = Cluster(
+                transport,
+                settings=config.cluster,
+                failure_detector=config.failure_detector,
+                split_brain_resolver=sbr,
+                seed_nodes=config.seed_nodes,
+                roles=config.roles,
+                rng=rng,
+                downing_lease=downing_lease,
+                wall_offset=wall_offset,
+            )
+            node = Node(config, transport, cluster, rng=rng or random.Random())
+            node._leases = leases
             node._singletons = Singletons(transport, cluster, nursery)
             transport.set_handler(node._dispatch)
             nursery.start_soon(node._log_membership)
@@ -292,7 +371,13 @@ async def _run(
                 ) as node._replicator:
                     node._replicators[config.replicator.name] = node._replicator
                     node._sharding = Sharding(
-                        transport, cluster, node._singletons, node._replicator, nursery, node._rng
+                        transport,
+                        cluster,
+                        node._singletons,
+                        node._replicator,
+                        nursery,
+                        node._rng,
+                        leases,
                     )
                     node._status = StatusService(transport, cluster, node._sharding, nursery)
                     try:

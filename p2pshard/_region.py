@@ -568,6 +568,8 @@ class ShardRegion:
 
     def _shard_stopped(self, shard_id: ShardId) -> None:
         shard = self._shards.pop(shard_id, None)
+        if shard is not None:
+            shard.close()
         if shard is not None and shard.store is not None:
             shard.store.close()
         if shard is not None and shard.lease is not None:

@@ -65,6 +65,17 @@ class ShardingSettings:
     )
     """Entities per batch of the ``"constant"`` recovery (default 5)."""
 
+    use_lease: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    """Each shard holds the lease ``<cluster>-shard-<type>-<shard>`` of the node's lease backend
+    while its entities run (Akka's ``use-lease``; default off). The node needs a ``[lease]``
+    backend; see ``p2pshard._lease``."""
+
+    coordinator_use_lease: bool = attrs.field(
+        default=False, validator=attrs.validators.instance_of(bool)
+    )
+    """The coordinator singleton holds the lease ``<cluster>-singleton-sharding/<type>`` while it
+    runs (Akka's singleton ``use-lease``; default off)."""
+
     lease_retry_interval: float = attrs.field(default=5.0, validator=in_range(0.01, 3600.0))
     """Seconds between a shard's attempts to take its lease, when the entity type uses shard
     leases (default 5)."""

@@ -162,6 +162,7 @@ class Shard:
         self.lease: ShardLease | None = None
         self._pending: list[tuple[EntityId, object, Reply | None]] | None = None
         self._loading: trio.CancelScope | None = None
+        self._watching = trio.CancelScope()
 
     # -- remembered entities ----------------------------------------------------------------
 
@@ -194,22 +195,27 @@ class Shard:
             if self.store is not None:
                 await self._recover(self.store)
             self._release_pending()
-            if self.lease is not None:
-                await self._watch_lease(self.lease)
         self._loading = None
+        if self.lease is not None and not scope.cancelled_caught:
+            with self._watching:  # until the shard is closed, through a hand-off too
+                await self._watch_lease(self.lease)
+
+    def close(self) -> None:
+        """The shard has stopped: stop watching its lease."""
+        self._watching.cancel()
 
     async def _acquire(self, lease: ShardLease) -> None:
         settings = self.region.settings
         while True:
             try:
-                token = await lease.acquire()
+                grant = await lease.acquire()
             except Exception as exc:  # a backend failure is a refusal: ask again
                 logger.warning(
                     "shard %s/%s: lease not acquired: %s", self.region.type_name, self.shard_id, exc
                 )
-                token = None
-            if token is not None:
-                self.lease_token = token
+                grant = None
+            if grant is not None:
+                self.lease_token = grant.token
                 return
             await trio.sleep(settings.lease_retry_interval)
 
@@ -217,24 +223,45 @@ class Shard:
         while True:
             await lease.wait_lost()
             self.lease_token = None
-            logger.warning(
-                "shard %s/%s: lease lost; stopping its %d entities",
-                self.region.type_name,
-                self.shard_id,
-                len(self.entities),
-            )
-            self._pending = []  # new messages wait for the lease
-            stopped = trio.Event()
-            self.stop_all(stopped.set)
-            grace = self.region.settings.handoff_timeout * FORCED_STOP_FRACTION
-            with trio.move_on_after(grace):
-                await stopped.wait()
-            if self.entities:
-                self.force_stop()
-            self.stopping = False
-            self._on_stopped = None
+            self._lease_lost()
+            if self.stopping:  # it was being handed off: nothing more to do
+                return
             await self._acquire(lease)
+            if self.store is not None:
+                await self._recover(self.store)  # the remembered entities come back
             self._release_pending()
+
+    def _lease_lost(self) -> None:
+        """Stop every entity at once, without its stop message: it may not act any more.
+
+        Messages waiting in mailboxes wait for the next grant instead; the message an entity
+        was handling when the lease was lost is cut short.
+        """
+        logger.warning(
+            "shard %s/%s: lease lost; stopping its %d entities at once",
+            self.region.type_name,
+            self.shard_id,
+            len(self.entities),
+        )
+        waiting: list[tuple[EntityId, object, Reply | None]] = []
+        for cell in list(self.entities.values()):
+            for queue in (cell._mailbox, cell._held):
+                for message, reply in queue or ():
+                    if not isinstance(message, (Stop, Wake)):
+                        waiting.append((cell.entity_id, message, reply))
+            cell._mailbox = cell._held = None
+            self._restarts.pop(cell, None)
+            if cell._scope is not None:
+                cell._scope.cancel()
+            self._entity_stopped(cell, forget=False)
+        if self.stopping:  # handed off meanwhile: the messages follow the shard
+            for entity_id, message, reply in waiting:
+                self.region._route_nowait(self.shard_id, entity_id, message, reply)
+            self._done()
+        elif self._pending is None:
+            self._pending = waiting  # new messages wait for the lease
+        else:
+            self._pending[:0] = waiting
 
     def _release_pending(self) -> None:
         if self._pending is not None:
@@ -343,7 +370,7 @@ class Shard:
                 if type(message) is Wake:
                     if instance is None:
                         try:
-                            cell._instance = region._factory(cell)
+                            self._create(cell)
                         except Exception as exc:
                             self._crashed(cell, exc, None)
                             if cell._state is _RESTARTING:
@@ -351,7 +378,7 @@ class Shard:
                     continue
                 try:
                     if instance is None:
-                        instance = cell._instance = region._factory(cell)
+                        instance = self._create(cell)
                     result = await instance.receive(message, cell)
                 except Exception as exc:
                     self._crashed(cell, exc, reply)
@@ -386,7 +413,7 @@ class Shard:
         )
         if reply is not None:
             reply.fail(_qualified(type(exc)), str(exc))
-        cell._instance = None
+        self._drop(cell)
         cell._set(EntityEvent.CRASHED)
         if cell._state is _RESTARTING:
             self._restarts[cell] = trio.current_time() + backoff
@@ -408,9 +435,29 @@ class Shard:
                 )
         self._entity_stopped(cell)
 
-    def _entity_stopped(self, cell: EntityContext) -> None:
-        cell._set(EntityEvent.STOPPED)
+    def _create(self, cell: EntityContext) -> Entity:
+        """A new incarnation of the entity: the factory's object."""
+        instance: Entity = self.region._factory(cell)
+        cell._instance = instance
+        observers = self.region._sharding._observers
+        if observers:
+            for observer in observers:
+                observer.entity_started(self.region.type_name, cell.entity_id, self.lease_token)
+        return instance
+
+    def _drop(self, cell: EntityContext) -> None:
+        """The incarnation ends (stopped, crashed, or its shard lost its lease)."""
+        if cell._instance is None:
+            return
         cell._instance = None
+        observers = self.region._sharding._observers
+        if observers:
+            for observer in observers:
+                observer.entity_stopped(self.region.type_name, cell.entity_id)
+
+    def _entity_stopped(self, cell: EntityContext, *, forget: bool = True) -> None:
+        cell._set(EntityEvent.STOPPED)
+        self._drop(cell)
         if self.entities.get(cell.entity_id) is cell:
             del self.entities[cell.entity_id]
         self._restarts.pop(cell, None)
@@ -419,7 +466,7 @@ class Shard:
         held = cell._held
         cell._mailbox = cell._held = None
         waiting = rest + (held or [])
-        if not waiting and self.store is not None and not self.stopping:
+        if forget and not waiting and self.store is not None and not self.stopping:
             self.store.remove(cell.entity_id)  # passivated: forgotten (a hand-off keeps it)
         if waiting:  # the next incarnation gets them, in order (and stops after, in a hand-off)
             successor = self._new_cell(cell.entity_id, remembered=True)

@@ -23,7 +23,7 @@ import contextlib
 import itertools
 import logging
 import random
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -43,11 +43,16 @@ from membership import (
 from membership._cluster import Cluster
 from membership._singleton import SingletonContext, Singletons
 
-from ._allocation import ClusterView, LeastShardAllocationStrategy, ShardAllocationStrategy
+from ._allocation import (
+    ClusterView,
+    LeastShardAllocationStrategy,
+    ShardAllocationStrategy,
+    ShardId,
+)
 from ._coordinator import SendTo, ShardCoordinatorCore, UpdateState
 from ._coordinator_state import CoordinatorState, DomainEvent, apply_event
 from ._extractor import MessageExtractor
-from ._lease import ShardLeaseFactory
+from ._lease import Leases, ShardLease, ShardLeaseFactory
 from ._protocol import (
     COORDINATOR_COMMANDS,
     BeginHandOff,
@@ -104,6 +109,18 @@ class _StatsRequest:
         self.done = trio.Event()
 
 
+class IncarnationObserver(Protocol):
+    """Told of entity incarnations on one node (see :meth:`Sharding.observe`)."""
+
+    def entity_started(self, type_name: str, entity_id: str, lease_token: int | None) -> None:
+        """An incarnation of ``entity_id`` was made (with its shard's lease token, if any)."""
+        ...
+
+    def entity_stopped(self, type_name: str, entity_id: str) -> None:
+        """The incarnation of ``entity_id`` on this node ended."""
+        ...
+
+
 class Sharding:
     """``node.sharding``: entity types on this node. See the module docstring.
 
@@ -123,8 +140,10 @@ class Sharding:
         replicator: Replicator,
         nursery: trio.Nursery,
         rng: random.Random,
+        leases: Leases | None = None,
     ) -> None:
         self._transport = transport
+        self._leases = leases
         self._cluster = cluster
         self._singletons = singletons
         self._replicator = replicator
@@ -136,7 +155,17 @@ class Sharding:
         self._stats: dict[int, _StatsRequest] = {}
         self._scalar_fields: dict[type, tuple[str, ...]] = {}
         self._closed = False
+        self._observers: list[IncarnationObserver] = []
         cluster.add_exiting_task(self._shutdown_on_exit, first=True)
+
+    def observe(self, observer: IncarnationObserver) -> None:
+        """Tell ``observer`` of every entity incarnation that starts or ends on this node.
+
+        For invariant checkers (``p2pshard.testing``): an incarnation starts when the factory
+        makes the entity object and ends when it is dropped (stopped, crashed, or its shard
+        lost its lease). The calls are synchronous, on the path of the entity: keep them cheap.
+        """
+        self._observers.append(observer)
 
     # -- starting ---------------------------------------------------------------------------
 
@@ -158,8 +187,10 @@ class Sharding:
         shards) and role; a node without ``role`` gets a proxy instead, as Akka does.
         ``entity_factory`` makes an entity from its :class:`EntityContext` (the class itself,
         usually). ``stop_message`` is what an entity receives before it is stopped for a
-        hand-off or passivation (None: stopped without a message). ``shard_lease`` makes the
-        lease each shard must hold before its entities start (see ``p2pshard._lease``).
+        hand-off or passivation (None: stopped without a message). With
+        ``settings.use_lease`` each shard holds its lease from the node's lease backend before
+        its entities start; ``shard_lease`` makes another lease per shard instead (see
+        ``p2pshard._lease``).
 
         Example:
             >>> async def main(node: Node) -> None:
@@ -169,7 +200,7 @@ class Sharding:
 
         Raises:
             ConfigurationError: the type is already started here; an invalid name, factory or
-                extractor.
+                extractor; leases asked for on a node without a lease backend.
         """
         self._check_new(type_name, extractor)
         if not callable(entity_factory):
@@ -194,7 +225,21 @@ class Sharding:
         async def coordinator(ctx: SingletonContext) -> None:
             await self._run_coordinator(ctx, type_name, number_of_shards, settings, strategy)
 
-        await self._singletons.start(coordinator_name(type_name), coordinator, role=role)
+        coordinator_lease = None
+        if settings.coordinator_use_lease:
+            leases = self._need_leases(type_name, "coordinator_use_lease")
+            coordinator_lease = leases.lease(
+                f"{leases.cluster_name}-singleton-{coordinator_name(type_name)}"
+            )
+        if shard_lease is None and settings.use_lease:
+            leases = self._need_leases(type_name, "use_lease")
+
+            def shard_lease(type_name: str, shard_id: ShardId) -> ShardLease:
+                return leases.lease(leases.shard_lease_name(type_name, shard_id))
+
+        await self._singletons.start(
+            coordinator_name(type_name), coordinator, role=role, lease=coordinator_lease
+        )
         return await self._start_region(
             type_name, entity_factory, extractor, settings, stop_message, role, shard_lease
         )
@@ -216,6 +261,14 @@ class Sharding:
         return await self._start_region(
             type_name, None, extractor, settings or ShardingSettings(), None, role
         )
+
+    def _need_leases(self, type_name: str, setting: str) -> Leases:
+        if self._leases is None:
+            raise ConfigurationError(
+                f"entity type {type_name!r} has ShardingSettings.{setting} on, but this node has "
+                "no lease backend: set [lease] backend (and path or endpoints) in its config"
+            )
+        return self._leases
 
     def _check_new(self, type_name: str, extractor: object) -> None:
         if not isinstance(type_name, str) or not type_name or "/" in type_name:

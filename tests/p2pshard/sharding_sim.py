@@ -21,7 +21,17 @@ import trio
 from membership import Address, LinkConditions, SimNetwork
 from membership._member import MemberStatus
 from membership._sbr import SplitBrainResolverSettings
-from p2pshard import EntityContext, HashExtractor, Node, NodeConfig, TlsFiles, message, open_node
+from p2pshard import (
+    EntityContext,
+    HashExtractor,
+    LeaseSettings,
+    MemoryLeaseBackend,
+    Node,
+    NodeConfig,
+    TlsFiles,
+    message,
+    open_node,
+)
 from p2pshard._region import ShardRegion
 
 TLS = TlsFiles(ca_file=Path("ca.pem"), cert_file=Path("n.pem"), key_file=Path("n.key"))
@@ -67,6 +77,10 @@ class PassivateMe:
 @attrs.frozen(kw_only=True)
 class StopNow:
     pass
+
+
+SIM_LEASES = LeaseSettings(ttl=4.0, renew_interval=1.0, operation_timeout=1.0, safety_margin=0.5)
+"""Short leases, so that simulated runs see expiry and take-over within seconds."""
 
 
 @attrs.define
@@ -157,6 +171,10 @@ class SimCluster:
     seeds: tuple[Address, ...] = (addr(1), addr(2))
     roles: dict[int, tuple[str, ...]] = attrs.field(factory=dict)
     stable_after: float = 5.0
+    lease_backend: MemoryLeaseBackend | None = None
+    lease_settings: LeaseSettings = SIM_LEASES
+    exit_when_terminated: bool = False
+    on_exit: Callable[[int], None] | None = None
 
     async def start(self, i: int) -> Node:
         return await self.nursery.start(self._run, i)  # type: ignore[no-any-return]
@@ -172,6 +190,7 @@ class SimCluster:
             roles=self.roles.get(i, ()),
             split_brain_resolver=SplitBrainResolverSettings(stable_after=self.stable_after),
             shutdown_timeout=30.0,
+            lease=self.lease_settings,
         )
         self.leave[i], self.done[i] = trio.Event(), trio.Event()
         try:
@@ -179,17 +198,29 @@ class SimCluster:
                 self.scopes[i] = scope
                 async with (
                     self.net.transport(addr(i), f"n{i}") as transport,
-                    open_node(config, transport=transport, rng=random.Random(i)) as node,
+                    open_node(
+                        config,
+                        transport=transport,
+                        rng=random.Random(i),
+                        lease_backend=self.lease_backend,
+                    ) as node,
                 ):
                     self.nodes[i] = node
                     if self.setup is not None:
                         await self.setup(i, node, self)
                     task_status.started(node)
-                    await self.leave[i].wait()
+                    if self.exit_when_terminated:  # as the node command does
+                        async with trio.open_nursery() as either:
+                            for event in (self.leave[i], node.terminated):
+                                either.start_soon(_set_then_cancel, event, either.cancel_scope)
+                    else:
+                        await self.leave[i].wait()
         finally:
             self.nodes.pop(i, None)
             self.regions.pop(i, None)
             self.done[i].set()
+            if self.on_exit is not None:
+                self.on_exit(i)
 
     def crash(self, i: int) -> None:
         self.net.crash(addr(i))
@@ -222,6 +253,11 @@ def standard_setup(
         )
 
     return setup
+
+
+async def _set_then_cancel(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
 
 
 @asynccontextmanager

@@ -386,8 +386,8 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
         "(did you mean bind_port?); allowed: cluster_name, node_name, bind_host, bind_port, "
     )
     assert message.endswith(
-        "tls, transport, cluster, failure_detector, split_brain_resolver, replicator, log_level, "
-        "shutdown_timeout"
+        "tls, transport, cluster, failure_detector, split_brain_resolver, replicator, lease, "
+        "log_level, shutdown_timeout"
     )
 
 

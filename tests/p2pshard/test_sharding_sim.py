@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import attrs
 import pytest
@@ -14,6 +15,7 @@ from p2pshard import (
     AskTimeout,
     EntityContext,
     HashExtractor,
+    MemoryLeaseBackend,
     Node,
     ShardingSettings,
     ShardRegion,
@@ -388,45 +390,40 @@ async def test_remembered_entities_restart_without_a_message_after_their_node_cr
         )
 
 
-@attrs.define(eq=False)
-class TableLease:
-    """A shard lease in a dict shared by the test's nodes, with a fencing counter."""
-
-    table: dict[str, str]
-    name: str
-    owner: str
-    tokens: list[int]
-    lost: trio.Event = attrs.field(factory=trio.Event)
-
-    async def acquire(self) -> int | None:
-        await trio.lowlevel.checkpoint()
-        if self.table.setdefault(self.name, self.owner) != self.owner:
-            return None
-        self.lost = trio.Event()
-        self.tokens[0] += 1
-        return self.tokens[0]
-
-    async def wait_lost(self) -> None:
-        await self.lost.wait()
-
-    async def release(self) -> None:
-        await trio.lowlevel.checkpoint()
-        if self.table.get(self.name) == self.owner:
-            del self.table[self.name]
-
-
 @message(name="tests.sharding.Token")
 @attrs.frozen
 class Token:
     pass
 
 
+@attrs.define
+class Lifetimes:
+    """Every incarnation on every node, from the regions' observer hook: (node, start, end)."""
+
+    spans: dict[str, list[list[Any]]] = attrs.field(factory=dict)
+
+    def observer(self, node: str) -> Any:
+        spans = self.spans
+
+        class Observer:
+            def entity_started(self, type_name: str, entity_id: str, token: int | None) -> None:
+                spans.setdefault(entity_id, []).append([node, trio.current_time(), None, token])
+
+            def entity_stopped(self, type_name: str, entity_id: str) -> None:
+                for span in reversed(spans[entity_id]):
+                    if span[0] == node and span[2] is None:
+                        span[2] = trio.current_time()
+                        return
+
+        return Observer()
+
+
 async def test_a_shard_starts_entities_only_while_it_holds_its_lease(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    table: dict[str, str] = {}
-    tokens = [0]
-    leases: dict[str, TableLease] = {}
+    backend = MemoryLeaseBackend()
+    lifetimes = Lifetimes()
+    name = "sim-shard-Counter-0"
 
     class Fenced:
         def __init__(self, ctx: EntityContext) -> None:
@@ -436,49 +433,47 @@ async def test_a_shard_starts_entities_only_while_it_holds_its_lease(
             return (ctx.lease_token, self.started)
 
     async def setup(i: int, node: Node, sim: SimCluster) -> None:
-        def lease(type_name: str, shard: str) -> TableLease:
-            leases[f"n{i}/{shard}"] = TableLease(table, f"{type_name}/{shard}", f"n{i}", tokens)
-            return leases[f"n{i}/{shard}"]
-
+        node.sharding.observe(lifetimes.observer(f"n{i}"))
         sim.regions[i] = await node.sharding.start(
             "Counter",
             Fenced,
             extractor=HashExtractor(1),
-            settings=ShardingSettings(lease_retry_interval=1.0),
-            shard_lease=lease,
+            settings=ShardingSettings(use_lease=True, lease_retry_interval=1.0),
         )
 
     async with sim_cluster(11, setup) as sim:
-        table["Counter/0"] = "someone else"
+        sim.lease_backend = backend
+        assert await backend.try_acquire(name, "someone else", 20.0) == 1
         await sim.start(1)
         await sim.all_up([1])
         ref = sim.regions[1].entity_ref("e")
         with pytest.raises(AskTimeout):  # the lease is taken: no entity starts
             await ref.ask(Token(), timeout=10)
-        del table["Counter/0"]
-        first = await ref.ask(Token(), timeout=10)
+        first = await ref.ask(Token(), timeout=20)  # it expired: granted to n1 with token 2
         assert isinstance(first, tuple)
-        token, started = first
-        assert token == 1
-        table["Counter/0"] = "someone else"  # taken over: lost here, so the entity stops
-        leases["n1/0"].lost.set()
-        await trio.sleep(0.5)
+        assert first[0] == 2
+        assert await backend.holder(name) == ("10.0.0.1:1", 2)
+
+        # Cut off from the backend: n1 stops the entity before anyone else can take the lease.
+        backend.cut_off("10.0.0.1:1")
+        while await backend.try_acquire(name, "someone else", 20.0) is None:  # noqa: ASYNC110
+            await trio.sleep(0.01)
+        taken_at = trio.current_time()
+        [span] = lifetimes.spans["e"]
+        assert span[0] == "n1"
+        assert span[2] is not None
+        assert span[2] < taken_at
         assert sim.nodes[1].sharding.region_state("Counter").shards[0].entity_ids == frozenset()
-        waiting = trio.Event()
 
-        async def ask_later() -> None:
-            answer = await ref.ask(Token(), timeout=60)
-            assert isinstance(answer, tuple)
-            assert answer[0] == 2
-            assert answer[1] > started  # a new incarnation
-            waiting.set()
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(ask_later)
-            await trio.sleep(5)
-            assert not waiting.is_set()
-            del table["Counter/0"]
-        assert waiting.is_set()
+        # Back in touch, n1 asks again; a message sent meanwhile waits and reaches the next
+        # incarnation, with a larger token, once the other owner's grant expires.
+        backend.cut_off("10.0.0.1:1", False)
+        answer = await ref.ask(Token(), timeout=40)
+        assert isinstance(answer, tuple)
+        assert answer[0] == 4
+        assert answer[1] > taken_at + 19
+        spans = lifetimes.spans["e"]
+        assert [s[3] for s in spans] == [2, 4]
 
 
 def run_sharding_scenario(seed: int) -> tuple[str, list[tuple[str, str, float]]]:

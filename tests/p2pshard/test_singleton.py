@@ -21,7 +21,7 @@ from membership import Address, LinkConditions, SimNetwork
 from membership._member import MemberStatus
 from membership._sbr import SplitBrainResolverSettings
 from membership._singleton import SingletonContext, SingletonUnavailable
-from p2pshard import Node, NodeConfig, TlsFiles, open_node
+from p2pshard import MemoryLeaseBackend, Node, NodeConfig, TlsFiles, open_node
 
 TLS = TlsFiles(ca_file=Path("ca.pem"), cert_file=Path("n.pem"), key_file=Path("n.key"))
 SEEDS = (Address("10.0.0.1", 1), Address("10.0.0.1", 2))
@@ -30,27 +30,6 @@ BOUND = 60.0  # seconds until a singleton runs again after a disruption (mock cl
 
 def addr(i: int) -> Address:
     return Address("10.0.0.1", i)
-
-
-@attrs.define
-class InMemoryLease:
-    """A downing lease shared by the nodes of one test: the first to ask gets it."""
-
-    holder: list[str]
-    owner: str
-
-    async def acquire(self) -> bool:
-        await trio.lowlevel.checkpoint()
-        if not self.holder:
-            self.holder.append(self.owner)
-        return self.holder == [self.owner]
-
-    async def release(self) -> bool:
-        await trio.lowlevel.checkpoint()
-        if self.holder == [self.owner]:
-            self.holder.clear()
-            return True
-        return False
 
 
 @attrs.define
@@ -70,7 +49,7 @@ class Harness:
     leave: dict[int, trio.Event] = attrs.field(factory=dict)
     done: dict[int, trio.Event] = attrs.field(factory=dict)
     runs: list[Interval] = attrs.field(factory=list)
-    lease_holder: list[str] = attrs.field(factory=list)
+    leases: MemoryLeaseBackend = attrs.field(factory=MemoryLeaseBackend)
 
     def singleton(self, name: str) -> Callable[[SingletonContext], object]:
         async def counter(ctx: SingletonContext) -> None:
@@ -107,7 +86,7 @@ class Harness:
                         config,
                         transport=transport,
                         rng=random.Random(i),
-                        downing_lease=InMemoryLease(self.lease_holder, f"n{i}"),
+                        lease_backend=self.leases,
                     ) as node,
                 ):
                     self.nodes[i] = node
@@ -264,23 +243,39 @@ async def test_ask_for_a_singleton_started_nowhere_times_out(
         assert proxy.statistics_returned >= 1  # the oldest sent it back: nothing runs there
 
 
-async def test_singleton_with_a_lease_starts_only_once_it_holds_the_lease(
+async def test_singleton_with_a_lease_runs_only_while_it_holds_the_lease(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with harness(8) as h:
         node = await h.start(1)
-        holder = ["someone-else"]
-        lease = InMemoryLease(holder, "n1")
-        started = trio.Event()
+        owner = "10.0.0.1:1"
+        assert await h.leases.try_acquire("guarded", "someone-else", 30.0) == 1
+        runs: list[Interval] = []
 
         async def guarded(ctx: SingletonContext) -> None:
-            started.set()
-            await trio.sleep_forever()
+            run = Interval("n1", trio.current_time())
+            runs.append(run)
+            try:
+                await trio.sleep_forever()
+            finally:
+                run.end = trio.current_time()
 
-        await node.singletons.start("guarded", guarded, lease=lease)
-        await trio.sleep(30)
-        assert not started.is_set()  # refused: another owner holds it
-        holder.clear()  # the other owner lets go
-        with trio.fail_after(10):
-            await started.wait()
-        assert holder == ["n1"]
+        await node.singletons.start("guarded", guarded, lease=node.leases.lease("guarded"))
+        await trio.sleep(25)
+        assert not runs  # refused: another owner holds it
+        await trio.sleep(10)  # it expired
+        assert len(runs) == 1
+        assert await h.leases.holder("guarded") == (owner, 2)
+
+        h.leases.cut_off(owner)  # lost: the instance stops before the lease could be taken
+        with trio.fail_after(60):
+            while await h.leases.try_acquire("guarded", "someone-else", 5.0) is None:  # noqa: ASYNC110
+                await trio.sleep(0.1)
+        taken_at = trio.current_time()
+        assert runs[0].end is not None
+        assert runs[0].end < taken_at
+        h.leases.cut_off(owner, False)
+        await trio.sleep(10)  # the other grant expired: it runs again, under token 4
+        assert len(runs) == 2
+        assert runs[1].end is None
+        assert await h.leases.holder("guarded") == (owner, 4)

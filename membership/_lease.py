@@ -1,0 +1,42 @@
+"""What membership needs from a lease: the split brain resolver's and the singletons'.
+
+The lease implementations (SQLite, etcd, in memory) live in ``p2pshard``, a higher layer; this
+module only says what shape they have, so that the lease-majority strategy and a singleton that
+runs under a lease can use one without importing them.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class FencedGrant(Protocol):
+    """A granted lease: its fencing token grows with every grant of the same lease name."""
+
+    @property
+    def token(self) -> int:
+        """The fencing token of this grant."""
+        ...
+
+
+class HeldLease(Protocol):
+    """A lease one owner takes, keeps alive in the background, and may lose.
+
+    ``acquire`` returns the grant, or None when another owner holds the lease; it raises a
+    :class:`membership.ClusterError` when the outcome is unknown (the backend did not answer).
+    ``wait_lost`` returns once the grant is lost (expired, taken over, or its backend unreachable
+    for longer than is safe), or at once when no grant is held. ``release`` gives the lease back
+    and says whether the backend confirmed it.
+    """
+
+    async def acquire(self) -> FencedGrant | None:
+        """Take the lease: the grant, or None if another owner holds it."""
+        ...
+
+    async def wait_lost(self) -> None:
+        """Return when the current grant is lost (at once if none is held)."""
+        ...
+
+    async def release(self) -> bool:
+        """Give the lease back: True if the backend confirmed it."""
+        ...
