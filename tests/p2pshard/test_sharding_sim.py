@@ -24,6 +24,7 @@ from p2pshard import (
 from p2pshard._extractor import stable_shard
 
 from .sharding_sim import (
+    SIM_LEASES,
     Add,
     PassivateMe,
     Read,
@@ -474,6 +475,37 @@ async def test_a_shard_starts_entities_only_while_it_holds_its_lease(
         assert answer[1] > taken_at + 19
         spans = lifetimes.spans["e"]
         assert [s[3] for s in spans] == [2, 4]
+
+
+async def test_a_hand_off_releases_the_shard_lease_so_the_new_home_need_not_wait(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    backend = MemoryLeaseBackend()
+    lifetimes = Lifetimes()
+
+    async def setup(i: int, node: Node, sim: SimCluster) -> None:
+        node.sharding.observe(lifetimes.observer(f"n{i}"))
+        await standard_setup(
+            1, settings=ShardingSettings(use_lease=True, lease_retry_interval=30.0)
+        )(i, node, sim)
+
+    async with sim_cluster(12, setup) as sim:
+        sim.lease_backend = backend
+        await sim.start(1)
+        await sim.all_up([1])
+        assert await sim.regions[1].entity_ref("e").ask(Read(), timeout=10) == ("n1", 0)
+        await sim.start(2)
+        await sim.all_up([1, 2])
+        await sim.graceful_leave(1)  # the shard moves to n2
+        assert await sim.regions[2].entity_ref("e").ask(Read(), timeout=10) == ("n2", 0)
+        first, second = lifetimes.spans["e"]
+        assert first[0] == "n1"
+        assert second[0] == "n2"
+        assert second[3] > first[3]  # a larger token
+        # Released at hand-off: taken at the first try, long before the lease could expire
+        # (a refusal would have meant waiting lease_retry_interval = 30 s).
+        assert second[1] - first[2] < SIM_LEASES.ttl
+        assert await backend.holder("sim-shard-Counter-0") == ("10.0.0.1:2", second[3])
 
 
 def run_sharding_scenario(seed: int) -> tuple[str, list[tuple[str, str, float]]]:

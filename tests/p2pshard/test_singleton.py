@@ -279,3 +279,28 @@ async def test_singleton_with_a_lease_runs_only_while_it_holds_the_lease(
         assert len(runs) == 2
         assert runs[1].end is None
         assert await h.leases.holder("guarded") == (owner, 4)
+
+
+async def test_lease_majority_a_two_two_split_leaves_the_side_that_got_the_lease(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    sbr = SplitBrainResolverSettings(active_strategy="lease-majority", stable_after=5.0)
+    async with harness(9, sbr) as h:
+        for i in (1, 2, 3, 4):
+            await h.start(i)
+        await all_up(h, [1, 2, 3, 4])
+        h.net.partition([addr(1), addr(2)], [addr(3), addr(4)])
+        with trio.fail_after(BOUND):
+            while not (  # noqa: ASYNC110 - polls cluster state on the mock clock
+                all(h.nodes[i].terminated.is_set() for i in (1, 2))
+                or all(h.nodes[i].terminated.is_set() for i in (3, 4))
+            ):
+                await trio.sleep(0.5)
+        holder = await h.leases.holder("sim-p2pshard-sbr")
+        assert holder is not None
+        survivors = [i for i in (1, 2, 3, 4) if not h.nodes[i].terminated.is_set()]
+        # Equal halves: the side with the lowest address tries at once and the other waits
+        # acquire_lease_delay_for_minority, so n1's side takes the lease and stays.
+        assert survivors == [1, 2]
+        assert holder[0] in {"10.0.0.1:1", "10.0.0.1:2"}
+        assert {m.node.name for m in h.nodes[1].cluster.members} == {"n1", "n2"}
