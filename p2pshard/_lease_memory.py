@@ -35,7 +35,6 @@ class MemoryLeaseBackend:
         self._paused: dict[str, float] = {}
         self._latency = latency
         self._closed = False
-        self.calls = 0
 
     def pause(self, owner: str, until: float) -> None:
         """Hold ``owner``'s calls until ``until`` on the trio clock (a paused process)."""
@@ -58,7 +57,6 @@ class MemoryLeaseBackend:
             await trio.sleep_until(paused)
         if owner in self._cut_off:
             await trio.sleep_forever()
-        self.calls += 1
 
     async def try_acquire(self, name: str, owner: str, ttl: float) -> int | None:
         """See :meth:`p2pshard.LeaseBackend.try_acquire`."""

@@ -63,21 +63,32 @@ class SqliteLeaseBackend:
         self._busy_timeout = busy_timeout
         self._limiter = trio.CapacityLimiter(threads)
         self._ready = False
+        self._creating = trio.Lock()
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None)
         try:
             conn.execute("PRAGMA synchronous=NORMAL")
-            if not self._ready:
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute(_SCHEMA)
-                self._ready = True
         except BaseException:
             conn.close()
             raise
         return conn
 
+    def _create(self) -> None:
+        conn = self._connect()
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(_SCHEMA)
+        finally:
+            conn.close()
+
     async def _run(self, what: str, fn: Callable[[sqlite3.Connection, float, str], _T]) -> _T:
+        if not self._ready:
+            async with self._creating:  # one thread creates the table, the others wait
+                if not self._ready:
+                    await self._in_thread(what, self._create)
+                    self._ready = True
+
         def work() -> _T:
             conn = self._connect()
             try:
@@ -88,13 +99,14 @@ class SqliteLeaseBackend:
             finally:
                 conn.close()  # an uncommitted transaction rolls back
 
+        return await self._in_thread(what, work)
+
+    async def _in_thread(self, what: str, work: Callable[[], _T]) -> _T:
         try:
             return await trio.to_thread.run_sync(
                 work, limiter=self._limiter, abandon_on_cancel=True
             )
-        except sqlite3.Error as exc:
-            raise LeaseUnavailable(f"sqlite lease file {self.path}: {what} failed: {exc}") from exc
-        except OSError as exc:
+        except (sqlite3.Error, OSError) as exc:
             raise LeaseUnavailable(f"sqlite lease file {self.path}: {what} failed: {exc}") from exc
 
     async def try_acquire(self, name: str, owner: str, ttl: float) -> int | None:
