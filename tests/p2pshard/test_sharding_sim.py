@@ -13,6 +13,7 @@ import trio.testing
 from membership import deterministic_scheduling
 from p2pshard import (
     AskTimeout,
+    ConfigurationError,
     EntityContext,
     HashExtractor,
     MemoryLeaseBackend,
@@ -506,6 +507,26 @@ async def test_a_hand_off_releases_the_shard_lease_so_the_new_home_need_not_wait
         # (a refusal would have meant waiting lease_retry_interval = 30 s).
         assert second[1] - first[2] < SIM_LEASES.ttl
         assert await backend.holder("sim-shard-Counter-0") == ("10.0.0.1:2", second[3])
+
+
+async def test_the_coordinator_runs_under_its_lease_and_leases_need_a_backend(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    backend = MemoryLeaseBackend()
+    settings = ShardingSettings(use_lease=True, coordinator_use_lease=True)
+    async with sim_cluster(13, standard_setup(4, settings=settings)) as sim:
+        sim.lease_backend = backend
+        await sim.start(1)
+        await sim.all_up([1])
+        assert await sim.regions[1].entity_ref("e").ask(Read(), timeout=10) == ("n1", 0)
+        holder = await backend.holder("sim-singleton-sharding/Counter")
+        assert holder is not None
+        assert holder[0] == "10.0.0.1:1"
+
+        sim.lease_backend = None  # a node without a lease backend refuses leases, saying why
+        with pytest.raises(ConfigurationError, match=r"use_lease on, but this node has no lease"):
+            await sim.start(2)
+        assert 2 not in sim.nodes
 
 
 def run_sharding_scenario(seed: int) -> tuple[str, list[tuple[str, str, float]]]:
