@@ -250,7 +250,9 @@ class ShardCoordinatorCore:
         return effects + self._unstash(now)
 
     def next_deadline(self) -> float:
-        """When :meth:`tick` has something to do next."""
+        """When :meth:`tick` has something to do next (never, while the state is loading)."""
+        if self.phase is CoordinatorPhase.LOADING:
+            return float("inf")  # tick does nothing yet: a past deadline would spin the timer
         deadlines = [self._next_rebalance, *self._unstarted.values()]
         deadlines += [w.deadline for w in self._workers.values()]
         return min(deadlines)
