@@ -18,6 +18,7 @@ shares one clock, "the same instant" is exact here.
 from __future__ import annotations
 
 import random
+import signal
 from typing import Any
 
 import attrs
@@ -30,6 +31,9 @@ from p2pshard import EntityId, HashExtractor, MemoryLeaseBackend, Node, Sharding
 from .sharding_sim import Add, SimCluster, addr, counter_factory, sim_cluster
 
 NODES = 5
+WALL_LIMIT = 120
+"""Real seconds one run may take (about 2 s is usual): past it the run fails instead of hanging
+(under the mock clock, a task that spins without sleeping stops time)."""
 ENTITIES = 20
 SHARDS = 10
 
@@ -262,5 +266,21 @@ def run_chaos(
             seed, use_lease=use_lease, duration=duration, double_activation_at=double_activation_at
         )
 
-    with deterministic_scheduling(seed):
-        return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    def hung(signum: int, frame: object) -> None:
+        raise ChaosHung(
+            f"seed {seed}: not done after {WALL_LIMIT} s of real time: a task that never lets "
+            "the mock clock move on (a busy loop)?"
+        )
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(WALL_LIMIT)
+    try:
+        with deterministic_scheduling(seed):
+            return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+class ChaosHung(Exception):
+    """A chaos run took longer than ``WALL_LIMIT`` seconds of real time."""
