@@ -282,5 +282,8 @@ def run_chaos(
         signal.signal(signal.SIGALRM, previous)
 
 
-class ChaosHung(Exception):
-    """A chaos run took longer than ``WALL_LIMIT`` seconds of real time."""
+class ChaosHung(BaseException):
+    """A chaos run took longer than ``WALL_LIMIT`` seconds of real time.
+
+    A BaseException, so that no ``except Exception`` in the code under test swallows it.
+    """
