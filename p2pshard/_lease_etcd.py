@@ -33,6 +33,7 @@ The backend speaks etcd's v3 JSON gateway (``POST /v3/...``, etcd 3.4 or newer) 
 which runs under trio. In that JSON, keys and values are base64, 64-bit integers are strings,
 and a field whose value is zero, false or empty is left out. Endpoints are tried in order when
 one cannot be connected to (the request was then never sent, so trying it elsewhere is safe);
+at most ``MAX_IN_FLIGHT`` requests are in flight at once;
 the one that answered is tried first next time. Any other failure (a timeout, an error status, an
 answer that does not parse) raises :class:`LeaseUnavailable` naming the endpoint, the operation
 and the lease, since whether the request took effect is unknown: a request that timed out may
@@ -52,6 +53,7 @@ from typing import Any, TypeVar
 
 import attrs
 import httpx
+import trio
 
 from membership import ConfigurationError
 
@@ -64,6 +66,12 @@ _Json = dict[str, Any]
 
 _GRPC_NOT_FOUND = 5
 """The gRPC status code etcd gives for a lease that does not exist (any more)."""
+
+MAX_IN_FLIGHT = 8
+"""Requests one backend has in flight at most; the rest wait their turn. Without a cap, a node
+renewing a thousand shard leases at once swamps httpx's connection pool (whose bookkeeping grows
+with the queue, encode/httpcore#1035) and gets almost no renewal through; cancelled requests also
+leak pool slots there (encode/httpcore#1093), and the cap bounds that too."""
 
 _MAX_TTL = 9_000_000_000
 """The largest TTL etcd grants, in seconds (its ``MaxLeaseTTL``)."""
@@ -210,8 +218,14 @@ class EtcdLeaseBackend:
         self.request_timeout = float(request_timeout)
         # trust_env=False: proxy variables meant for the web must not reroute lease traffic.
         self._client = httpx.AsyncClient(
-            timeout=self.request_timeout, transport=transport, trust_env=False
+            timeout=self.request_timeout,
+            transport=transport,
+            trust_env=False,
+            limits=httpx.Limits(
+                max_connections=MAX_IN_FLIGHT, max_keepalive_connections=MAX_IN_FLIGHT
+            ),
         )
+        self._in_flight = trio.Semaphore(MAX_IN_FLIGHT)
         self._preferred = 0
         self._grants: dict[tuple[str, str, int], _Grant] = {}
         self._closed = False
@@ -402,7 +416,8 @@ class EtcdLeaseBackend:
             index = (self._preferred + step) % count
             url = self.endpoints[index] + path
             try:
-                response = await self._client.post(url, json=body)
+                async with self._in_flight:
+                    response = await self._client.post(url, json=body)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 failures.append(f"{self.endpoints[index]}: {_describe(exc)}")
                 continue

@@ -13,6 +13,9 @@ lease. That clock starts again at boot, so each row also records the boot id
 Each operation opens its own connection in a worker thread (at most ``threads`` at a time), so an
 operation that outlives its caller's ``operation_timeout`` is abandoned without blocking the
 next; an abandoned acquire may still commit, and that grant then expires unrenewed after ``ttl``.
+One more connection stays open for the backend's lifetime: when the last connection to a WAL
+database closes, SQLite checkpoints and deletes the log, which costs several disk syncs; with it
+open an operation takes a fraction of a millisecond instead of ~20 ms on a slow disk.
 A locked or unreadable file raises :class:`LeaseUnavailable` naming the file and the error.
 """
 
@@ -64,6 +67,7 @@ class SqliteLeaseBackend:
         self._limiter = trio.CapacityLimiter(threads)
         self._ready = False
         self._creating = trio.Lock()
+        self._keeper: sqlite3.Connection | None = None
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None)
@@ -75,12 +79,16 @@ class SqliteLeaseBackend:
         return conn
 
     def _create(self) -> None:
-        conn = self._connect()
+        conn = sqlite3.connect(
+            self.path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False
+        )
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(_SCHEMA)
-        finally:
+        except BaseException:
             conn.close()
+            raise
+        self._keeper = conn
 
     async def _run(self, what: str, fn: Callable[[sqlite3.Connection, float, str], _T]) -> _T:
         if not self._ready:
@@ -172,4 +180,7 @@ class SqliteLeaseBackend:
         return await self._run(f"read of {name!r}", holder)
 
     async def aclose(self) -> None:
-        """Nothing to close: each operation opens and closes its own connection."""
+        """Close the connection that keeps the write-ahead log open."""
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.close()

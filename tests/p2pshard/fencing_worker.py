@@ -53,8 +53,9 @@ class FencedStore:
 
 async def main(lease_db: Path, store_db: Path, owner: str) -> None:
     store = FencedStore(store_db)
+    backend = SqliteLeaseBackend(lease_db)
     async with trio.open_nursery() as nursery:
-        lease = Lease(SqliteLeaseBackend(lease_db), "fenced", owner, SETTINGS, nursery=nursery)
+        lease = Lease(backend, "fenced", owner, SETTINGS, nursery=nursery)
         with trio.fail_after(30):
             while (grant := await lease.acquire()) is None:  # noqa: ASYNC110 - polls the file
                 await trio.sleep(0.05)
@@ -77,6 +78,7 @@ async def main(lease_db: Path, store_db: Path, owner: str) -> None:
                 print(f"lost {lost.is_set()}", flush=True)
         store.close()
         nursery.cancel_scope.cancel()
+    await backend.aclose()
 
 
 if __name__ == "__main__":

@@ -336,6 +336,8 @@ async def test_an_unreadable_sqlite_file_is_unavailable_with_the_file_named(
         lease = Lease(backend, "x", "me", SETTINGS, nursery=nursery)
         with pytest.raises(LeaseUnavailable, match="not-a-db"):
             await lease.acquire()
+    await backend.aclose()
     missing_dir = SqliteLeaseBackend(tmp_path / "no" / "such" / "dir.db")
     with pytest.raises(LeaseUnavailable, match=r"dir\.db"):
         await missing_dir.try_acquire("x", "me", 1.0)
+    await missing_dir.aclose()

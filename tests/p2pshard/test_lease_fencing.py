@@ -69,12 +69,14 @@ def check_fencing(worker: subprocess.Popen[str], lease_db: Path, store_db: Path)
 
 
 async def take_over(lease_db: Path, store_db: Path) -> int:
+    backend = SqliteLeaseBackend(lease_db)
     async with trio.open_nursery() as nursery:
-        lease = Lease(SqliteLeaseBackend(lease_db), "fenced", "b", SETTINGS, nursery=nursery)
+        lease = Lease(backend, "fenced", "b", SETTINGS, nursery=nursery)
         with trio.fail_after(SETTINGS.ttl * 5):
             while (grant := await lease.acquire()) is None:  # noqa: ASYNC110 - polls the file
                 await trio.sleep(0.05)
         with closing(FencedStore(store_db)) as store:
             assert store.write("k", "from-b", grant.token)
         nursery.cancel_scope.cancel()
-        return grant.token
+    await backend.aclose()
+    return grant.token
