@@ -55,6 +55,7 @@ class FrameDecoder:
         offset = 0
         end = len(buffer)
         limit = self._max_frame_size
+        whole = b""
         while end - offset >= HEADER_SIZE:
             (size,) = HEADER.unpack_from(buffer, offset)
             if size > limit:
@@ -65,7 +66,12 @@ class FrameDecoder:
             stop = offset + HEADER_SIZE + size
             if stop > end:
                 break
-            frames.append(bytes(buffer[offset + HEADER_SIZE : stop]))
+            if not whole:
+                # One copy of the buffer as bytes, once a frame is complete (not before: a big
+                # frame arrives in many pieces), so that each frame is then a single slice.
+                # Slicing the bytearray and converting each slice costs a copy more per frame.
+                whole = bytes(buffer)
+            frames.append(whole[offset + HEADER_SIZE : stop])
             offset = stop
         if offset:
             del buffer[:offset]

@@ -24,6 +24,7 @@ from membership import (
     SerializationError,
     message,
 )
+from membership._framing import encode_frame
 from membership._wire import (
     EXT_TUPLE,
     HEADER,
@@ -32,8 +33,14 @@ from membership._wire import (
     KIND_PLAIN,
     MAX_NESTING,
     WIRE_VERSION,
+    FrameEncoder,
+    _by_name,
+    _EnumSpec,
+    _init_only_stores,
     _pack_nested,
     decode,
+    decode_header,
+    decode_parts,
     encode,
     wire_name,
 )
@@ -498,3 +505,241 @@ def test_registered_names_with_arbitrary_fields_only_raise_message_decode_error(
     ):
         with contextlib.suppress(MessageDecodeError):
             decode(payload)
+
+
+# --- the fast paths ------------------------------------------------------------------------------
+# The receive path builds a registered class by storing its fields when its __init__ only stores
+# them, and the send path frames through a FrameEncoder. These tests hold both to the plain paths:
+# the constructor, and encode() plus encode_frame().
+
+
+@message(name="tests.wire.Converted")
+@attrs.frozen
+class Converted:
+    n: int = attrs.field(converter=int)
+
+
+@message(name="tests.wire.Checked")
+@attrs.frozen
+class Checked:
+    n: int
+
+    def __attrs_post_init__(self) -> None:
+        if self.n < 0:
+            raise ValueError("n must not be negative")
+
+
+@message(name="tests.wire.CachedHash")
+@attrs.frozen(cache_hash=True)
+class CachedHash:
+    n: int
+
+
+@message(name="tests.wire.HandWritten")
+@attrs.frozen
+class HandWritten:
+    n: int
+
+    def __init__(self, n: int) -> None:
+        if not isinstance(n, int):
+            raise TypeError("n must be an int")
+        self.__attrs_init__(n)  # type: ignore[attr-defined]
+
+
+@message(name="tests.wire.WithDict")
+@attrs.frozen(slots=False)
+class WithDict:
+    n: int
+
+
+def test_only_a_constructor_that_just_stores_its_fields_is_bypassed() -> None:
+    plain: list[type[Any]] = [Point, Options, Private, Versioned, DefaultName, Holder, Shape]
+    checked: list[type[Any]] = [Positive, Converted, Checked, CachedHash, HandWritten, WithDict]
+    for cls in plain:
+        assert _init_only_stores(cls, attrs.fields(cls)), cls
+    for cls in checked:
+        assert not _init_only_stores(cls, attrs.fields(cls)), cls
+
+
+def test_classes_that_check_or_convert_their_fields_are_still_built_by_their_constructor() -> None:
+    assert decode(object_frame("tests.wire.Converted", "5")).message == Converted(5)
+    for name, bad in [
+        ("tests.wire.Positive", 0),
+        ("tests.wire.Checked", -1),
+        ("tests.wire.HandWritten", "1"),
+    ]:
+        with pytest.raises(MessageDecodeError, match=r"ValueError|TypeError"):
+            decode(object_frame(name, bad))
+    cached = decode(object_frame("tests.wire.CachedHash", 7)).message
+    assert cached == CachedHash(7)
+    assert hash(cached) == hash(CachedHash(7))
+    assert round_trip(WithDict(3)) == WithDict(3)
+    assert round_trip(HandWritten(4)) == HandWritten(4)
+
+
+def reference_decode(payload: bytes) -> tuple[int, object]:
+    """The decoder as it was before the fast paths: every object through its constructor."""
+    kind, to_uid = decode_header(payload)
+
+    def build(value: Any) -> object:
+        if not isinstance(value, list) or not value or not isinstance(value[0], str):
+            raise MessageDecodeError("object body is not [wire_name, *fields]")
+        spec = _by_name.get(value[0])
+        if spec is None:
+            raise MessageDecodeError(f"unknown message type {value[0]!r}: not registered")
+        if isinstance(spec, _EnumSpec):
+            if len(value) != 2:
+                raise MessageDecodeError("enum needs exactly one value")
+            return spec.cls(value[1])
+        values = value[1:]
+        if len(values) > len(spec.aliases):
+            raise MessageDecodeError("more fields than this node knows")
+        return spec.cls(**dict(zip(spec.aliases, values, strict=False)))
+
+    def ext_hook(depth: int, code: int, data: bytes) -> object:
+        if depth > MAX_NESTING:
+            raise MessageDecodeError("nested too deep")
+        inner = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=False,
+            ext_hook=lambda c, d: ext_hook(depth + 1, c, d),
+        )
+        if code in (1, 5):  # EXT_OBJECT, EXT_ENUM
+            return build(inner)
+        if not isinstance(inner, list):
+            raise MessageDecodeError("extension does not hold a list")
+        constructors: dict[int, Any] = {2: tuple, 3: frozenset, 4: set}
+        if code not in constructors:
+            raise MessageDecodeError("unknown extension type")
+        return constructors[code](inner)
+
+    try:
+        value = msgpack.unpackb(
+            payload[HEADER_SIZE:],
+            raw=False,
+            strict_map_key=False,
+            ext_hook=lambda c, d: ext_hook(1, c, d),
+        )
+        if kind == KIND_OBJECT:
+            value = build(value)
+    except MessageDecodeError:
+        raise
+    except Exception as exc:
+        raise MessageDecodeError(f"{type(exc).__name__}") from None
+    return to_uid, value
+
+
+def outcome(decoder: Any, payload: bytes) -> tuple[str, object]:
+    try:
+        to_uid, value = decoder(payload)
+    except (FrameDecodeError, MessageDecodeError) as exc:
+        return type(exc).__name__, None
+    return "ok", (to_uid, typed(value))
+
+
+registered_names = st.sampled_from(
+    [
+        "tests.wire.Point",
+        "tests.wire.Options",
+        "tests.wire.Private",
+        "tests.wire.Versioned",
+        "tests.wire.Holder",
+        "tests.wire.Positive",
+        "tests.wire.Converted",
+        "tests.wire.Checked",
+        "tests.wire.CachedHash",
+        "tests.wire.HandWritten",
+        "tests.wire.Color",
+        "?",
+    ]
+)
+
+
+@fuzz
+@given(name=registered_names, fields=st.lists(values, max_size=4), nested=st.booleans())
+def test_fast_decode_accepts_and_refuses_exactly_what_the_constructors_do(
+    name: str, fields: list[object], nested: bool
+) -> None:
+    body = _pack_nested([name, *fields])
+    payload = (
+        frame(msgpack.packb([msgpack.ExtType(1, body)]))
+        if nested
+        else frame(body, kind=KIND_OBJECT)
+    )
+    assert outcome(decode_parts, payload) == outcome(reference_decode, payload)
+
+
+@fuzz
+@given(data=st.binary(max_size=60))
+def test_fast_decode_refuses_arbitrary_bytes_as_the_reference_does(data: bytes) -> None:
+    for payload in (data, frame(data), frame(data, kind=KIND_OBJECT)):
+        assert outcome(decode_parts, payload) == outcome(reference_decode, payload)
+
+
+def test_fast_decode_reports_what_was_wrong() -> None:
+    assert decode_parts(encode(Point(1, 2), to_uid=9)) == (9, Point(1, 2))
+    with pytest.raises(FrameDecodeError, match="3 bytes is shorter than the header"):
+        decode_parts(b"\x01\x02\x00")
+    with pytest.raises(FrameDecodeError, match="wire version 2 is not supported"):
+        decode_parts(frame(b"\xc0", version=2))
+    with pytest.raises(FrameDecodeError, match="unknown frame kind 7"):
+        decode_parts(frame(b"\xc0", kind=7))
+    with pytest.raises(MessageDecodeError, match=r"not \[wire_name, \*fields\]"):
+        decode_parts(frame(msgpack.packb([]), kind=KIND_OBJECT))
+    with pytest.raises(MessageDecodeError, match="arrived with 3 fields; this node knows 2"):
+        decode_parts(object_frame("tests.wire.Point", 1, 2, 3))
+    with pytest.raises(MessageDecodeError, match="missing 1 required positional argument"):
+        decode_parts(object_frame("tests.wire.Point", 1))
+
+
+@fast
+@given(value=values, to_uid=st.integers(min_value=0, max_value=2**64 - 1))
+def test_frame_encoder_makes_the_frame_encode_and_encode_frame_make(
+    value: object, to_uid: int
+) -> None:
+    encoder = FrameEncoder(1 << 20)
+    assert encoder.frame(value, to_uid) == encode_frame(encode(value, to_uid=to_uid))
+
+
+def test_frame_encoder_refuses_what_encode_refuses_and_stays_usable() -> None:
+    encoder = FrameEncoder(1024)
+    for value in ([1, 2, Unregistered()], [2**64], Holder([Holder((Unregistered(),))])):
+        with pytest.raises(SerializationError) as refused:
+            encoder.frame(value, 0)
+        with pytest.raises(SerializationError) as expected:
+            encode(value)
+        assert str(refused.value) == str(expected.value)
+        assert encoder.frame([3], 0) == encode_frame(encode([3]))  # no half-written message
+    big = b"x" * 1010
+    with pytest.raises(MessageTooLarge) as refused_size:
+        encoder.frame(big, 0)
+    with pytest.raises(MessageTooLarge) as expected_size:
+        encode(big, max_size=1024 - 4)
+    assert str(refused_size.value) == str(expected_size.value)
+    fits = b"x" * (1024 - 4 - HEADER_SIZE - 3)  # 3: the msgpack bin header
+    assert encoder.frame(fits, 0) == encode_frame(encode(fits))
+
+
+def test_frame_encoder_follows_a_class_registered_again() -> None:
+    @attrs.frozen
+    class Moving:
+        n: int
+
+    message(name="tests.wire.Moving")(Moving)
+    encoder = FrameEncoder(1 << 20)
+    assert encoder.frame(Moving(1), 0) == encode_frame(encode(Moving(1)))
+    message(name="tests.wire.Moved")(Moving)
+    framed = encoder.frame(Moving(1), 0)
+    assert decode(framed[4:]).message == Moving(1)
+    assert b"tests.wire.Moved" in framed
+
+    @attrs.frozen
+    class Moving2:  # the same class defined again, as when its module is reloaded
+        n: int
+
+    Moving2.__qualname__ = Moving.__qualname__
+    message(name="tests.wire.Moved")(Moving2)
+    with pytest.raises(SerializationError, match="is not serializable"):
+        encoder.frame(Moving(1), 0)
+    assert decode(encoder.frame(Moving2(2), 0)[4:]).message == Moving2(2)

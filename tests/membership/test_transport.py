@@ -1,0 +1,147 @@
+"""The parts both transports share: a peer's send queue, and delivery to a handler.
+
+The queue's waiting is tested directly (one link task takes frames; senders wait for room; a
+flush waits for the queue to empty); delivery runs over both implementations, like the
+conformance kit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from membership import Address, Envelope, UniqueAddress
+from membership._address import MAX_UID
+from membership._transport import Outbox
+
+from .conftest import Harness, Seq
+from .test_transport_conformance import receive_n
+
+PEER = Address("127.0.0.1", 1)
+
+
+async def test_a_queued_frame_wakes_the_task_waiting_for_frames() -> None:
+    outbox = Outbox(PEER, 4)
+    taken: list[bytes] = []
+
+    async def link() -> None:
+        await outbox.wait_for_frames()
+        taken.extend(outbox.take(1 << 10))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(link)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not taken
+        outbox.put_nowait(b"a")
+    assert taken == [b"a"]
+
+
+async def test_a_second_task_waiting_for_the_same_frames_is_refused() -> None:
+    outbox = Outbox(PEER, 4)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outbox.wait_for_frames)
+        await trio.testing.wait_all_tasks_blocked()
+        with pytest.raises(RuntimeError, match="another task already waits for frames"):
+            await outbox.wait_for_frames()
+        outbox.put_nowait(b"a")
+
+
+async def test_a_cancelled_wait_for_frames_lets_the_next_one_wait() -> None:
+    outbox = Outbox(PEER, 4)
+    with trio.move_on_after(0.01):
+        await outbox.wait_for_frames()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outbox.wait_for_frames)
+        await trio.testing.wait_all_tasks_blocked()
+        outbox.put_nowait(b"a")
+    assert list(outbox.frames) == [b"a"]
+
+
+async def test_closing_wakes_the_task_waiting_for_frames() -> None:
+    outbox = Outbox(PEER, 4)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outbox.wait_for_frames)
+        await trio.testing.wait_all_tasks_blocked()
+        outbox.close()
+    assert outbox.closed
+
+
+async def test_taking_frames_wakes_a_sender_waiting_for_room_then_a_flush() -> None:
+    outbox = Outbox(PEER, 2)
+    outbox.put_nowait(b"a")
+    outbox.put_nowait(b"b")
+    flushed = trio.Event()
+
+    async def flush() -> None:
+        await outbox.wait_empty()
+        flushed.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outbox.put, b"c")
+        await trio.testing.wait_all_tasks_blocked()
+        assert list(outbox.frames) == [b"a", b"b"]
+        assert outbox.take(1) == [b"a"]
+        await trio.testing.wait_all_tasks_blocked()
+        assert list(outbox.frames) == [b"b", b"c"]
+        nursery.start_soon(flush)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not flushed.is_set()
+        assert outbox.take(1 << 10) == [b"b", b"c"]
+    assert flushed.is_set()
+
+
+async def test_a_handler_gets_every_message_in_order_even_after_it_raised(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    a = await harness.start("node-a")
+    b = await harness.start("node-b")
+    got: list[Envelope] = []
+    all_in = trio.Event()
+
+    def handle(envelope: Envelope) -> None:
+        got.append(envelope)
+        if len(got) == 20:
+            all_in.set()
+        if envelope.message == Seq(3):
+            raise RuntimeError("handler bug")
+
+    b.set_handler(handle)
+    for i in range(20):
+        await a.send(b.local_address, Seq(i))
+    with trio.fail_after(20):
+        await all_in.wait()
+    assert [e.message for e in got] == [Seq(i) for i in range(20)]
+    assert {e.sender for e in got} == {a.local_address}
+    assert b.statistics().messages_received == 20
+    assert "handler failed on Seq" in caplog.text
+    b.set_handler(None)
+    await a.send(b.local_address.address, Seq(20))
+    with trio.fail_after(20):
+        assert (await b.receive()).message == Seq(20)
+
+
+async def test_each_send_takes_its_own_destinations_route(harness: Harness) -> None:
+    # The transport remembers the route of the destination it sent to last (by identity): a
+    # send to another destination, or to another incarnation at the same address, must not
+    # take it.
+    a = await harness.start("node-a")
+    b = await harness.start("node-b")
+    c = await harness.start("node-c")
+    node_b = b.local_address
+    other_b = UniqueAddress(node_b.address, node_b.name, node_b.uid % MAX_UID + 1)
+    for i in range(3):
+        await a.send(node_b, Seq(i))
+        await a.send(c.local_address.address, Seq(i))
+        await a.send(other_b, Seq(100 + i))  # for an incarnation that is not there: dropped
+        a.send_nowait(a.local_address, Seq(200 + i))  # to itself
+    await a.send(node_b, Seq(3))  # after the dropped ones on the same link
+    assert [e.message for e in await receive_n(b, 4)] == [Seq(0), Seq(1), Seq(2), Seq(3)]
+    assert b.statistics().messages_dropped_wrong_incarnation == 3
+    assert [e.message for e in await receive_n(c, 3)] == [Seq(0), Seq(1), Seq(2)]
+    assert [e.message for e in await receive_n(a, 3)] == [Seq(200), Seq(201), Seq(202)]
+    for nowhere in (None, "node-b", node_b.address.host):
+        with pytest.raises(TypeError, match="send needs an Address or UniqueAddress"):
+            a.send_nowait(nowhere, Seq(0))  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="send needs an Address or UniqueAddress"):
+            await a.send(nowhere, Seq(0))  # type: ignore[arg-type]
