@@ -7,7 +7,10 @@ runs under a lease can use one without importing them.
 
 from __future__ import annotations
 
+import logging
 from typing import Protocol
+
+import trio
 
 
 class FencedGrant(Protocol):
@@ -40,3 +43,23 @@ class HeldLease(Protocol):
     async def release(self) -> bool:
         """Give the lease back: True if the backend confirmed it."""
         ...
+
+
+async def acquire_until_granted(
+    lease: HeldLease, retry_interval: float, what: str, logger: logging.Logger
+) -> FencedGrant:
+    """Ask for ``lease`` every ``retry_interval`` seconds until it is granted.
+
+    A refusal is logged at info level; a failure of the backend (any exception) is logged as a
+    warning and counts as a refusal. ``what`` names the holder in the log ("shard Counter/3").
+    """
+    while True:
+        try:
+            grant = await lease.acquire()
+        except Exception as exc:  # the backend failed: ask again later
+            logger.warning("%s: lease not acquired: %s", what, exc)
+        else:
+            if grant is not None:
+                return grant
+            logger.info("%s: another owner holds its lease", what)
+        await trio.sleep(retry_interval)

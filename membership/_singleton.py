@@ -29,7 +29,7 @@ from . import _wire
 from ._address import UniqueAddress
 from ._cluster import Cluster
 from ._errors import ClusterError, ConfigurationError, SendQueueFull, TransportClosed
-from ._lease import HeldLease
+from ._lease import HeldLease, acquire_until_granted
 from ._member import MemberStatus
 from ._singleton_core import (
     HAND_OVER_MESSAGES,
@@ -242,14 +242,9 @@ class _Manager:
     async def _serve_under_lease(self, me: UniqueAddress, lease: HeldLease) -> None:
         """Run the instance only while the lease is held; stop it at once when it is lost."""
         while True:
-            while True:
-                try:
-                    if await lease.acquire() is not None:
-                        break
-                    logger.info("%s: singleton %r: another owner holds its lease", me, self.name)
-                except ClusterError as exc:
-                    logger.warning("%s: singleton %r: lease not acquired: %s", me, self.name, exc)
-                await trio.sleep(self.core.retry_interval)
+            await acquire_until_granted(
+                lease, self.core.retry_interval, f"{me}: singleton {self.name!r}", logger
+            )
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._serve, me)
                 await lease.wait_lost()

@@ -36,7 +36,7 @@ from typing import Any, Literal, Protocol
 import attrs
 import trio
 
-from membership import ConfigurationError
+from membership import ConfigurationError, HeldLease
 from membership._settings import in_range
 
 from ._allocation import ShardId
@@ -347,20 +347,9 @@ LeaseFactory = Callable[[str], Lease]
 """Makes this node's handle on a lease name."""
 
 
-class ShardLease(Protocol):
-    """What a shard needs of its lease; :class:`Lease` is one."""
-
-    async def acquire(self) -> LeaseGrant | None:
-        """Take the lease: the grant, or None when someone else has it."""
-        ...
-
-    async def wait_lost(self) -> None:
-        """Return when the current grant is lost."""
-        ...
-
-    async def release(self) -> bool:
-        """Give the lease up (the shard stopped)."""
-        ...
+ShardLease = HeldLease
+"""What a shard needs of its lease (membership's :class:`~membership.HeldLease`); :class:`Lease`
+is one."""
 
 
 ShardLeaseFactory = Callable[[str, ShardId], ShardLease]

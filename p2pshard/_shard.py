@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from membership._lease import acquire_until_granted
+
 from ._allocation import EntityId, ShardId
 from ._entity import WAKE, Entity, EntityContext, EntityEvent, EntityState, Mail, Reply, Stop, Wake
 from ._lease import ShardLease
@@ -205,19 +207,13 @@ class Shard:
         self._watching.cancel()
 
     async def _acquire(self, lease: ShardLease) -> None:
-        settings = self.region.settings
-        while True:
-            try:
-                grant = await lease.acquire()
-            except Exception as exc:  # a backend failure is a refusal: ask again
-                logger.warning(
-                    "shard %s/%s: lease not acquired: %s", self.region.type_name, self.shard_id, exc
-                )
-                grant = None
-            if grant is not None:
-                self.lease_token = grant.token
-                return
-            await trio.sleep(settings.lease_retry_interval)
+        grant = await acquire_until_granted(
+            lease,
+            self.region.settings.lease_retry_interval,
+            f"shard {self.region.type_name}/{self.shard_id}",
+            logger,
+        )
+        self.lease_token = grant.token
 
     async def _watch_lease(self, lease: ShardLease) -> None:
         while True:

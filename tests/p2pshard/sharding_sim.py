@@ -127,6 +127,69 @@ class Journal:
                 assert a.end <= b.start, f"{entity_id}: incarnations overlap: {a.node}, {b.node}"
 
 
+@attrs.define
+class Span:
+    node: str
+    entity_id: str
+    start: float
+    end: float | None = None
+    token: int | None = None
+
+
+@attrs.define
+class ActivationChecker:
+    """Every entity incarnation on every node; :meth:`violations` finds overlapping ones."""
+
+    spans: dict[str, list[Span]] = attrs.field(factory=dict)
+    open: dict[str, dict[str, Span]] = attrs.field(factory=dict)
+
+    def observer(self, node: str) -> Any:
+        checker = self
+
+        class Observer:
+            def entity_started(self, type_name: str, entity_id: str, token: int | None) -> None:
+                checker.started(node, entity_id, token)
+
+            def entity_stopped(self, type_name: str, entity_id: str) -> None:
+                checker.stopped(node, entity_id)
+
+        return Observer()
+
+    def started(self, node: str, entity_id: str, token: int | None) -> None:
+        span = Span(node, entity_id, trio.current_time(), token=token)
+        self.spans.setdefault(entity_id, []).append(span)
+        self.open.setdefault(node, {})[entity_id] = span
+
+    def stopped(self, node: str, entity_id: str) -> None:
+        span = self.open.get(node, {}).pop(entity_id, None)
+        if span is not None:
+            span.end = trio.current_time()
+
+    def node_gone(self, node: str) -> None:
+        """The node crashed or exited: its incarnations end now."""
+        for span in self.open.pop(node, {}).values():
+            span.end = trio.current_time()
+
+    def incarnations(self) -> int:
+        return sum(len(spans) for spans in self.spans.values())
+
+    def violations(self) -> list[str]:
+        """One line per pair of incarnations of one entity alive at the same instant."""
+        found = []
+        for entity_id, spans in sorted(self.spans.items()):
+            ordered = sorted(spans, key=lambda s: s.start)
+            for i, a in enumerate(ordered):
+                a_end = float("inf") if a.end is None else a.end
+                for b in ordered[i + 1 :]:
+                    if b.start >= a_end:
+                        break
+                    found.append(
+                        f"{entity_id}: {a.node} [{a.start:.3f}, {a.end}] token {a.token} and "
+                        f"{b.node} [{b.start:.3f}, {b.end}] token {b.token} overlap"
+                    )
+        return found
+
+
 def counter_factory(journal: Journal, node: str) -> Callable[[EntityContext], Any]:
     class Counter:
         def __init__(self, ctx: EntityContext) -> None:

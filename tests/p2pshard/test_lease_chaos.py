@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import trio
 
-from .lease_chaos import ActivationChecker, run_chaos
+from .lease_chaos import run_chaos
+from .sharding_sim import ActivationChecker
 
 DEFAULT_SEEDS = range(1, 16)
 SLOW_SEEDS = range(1000, 2000)

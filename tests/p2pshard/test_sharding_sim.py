@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
 
 import attrs
 import pytest
@@ -26,6 +25,7 @@ from p2pshard._extractor import stable_shard
 
 from .sharding_sim import (
     SIM_LEASES,
+    ActivationChecker,
     Add,
     PassivateMe,
     Read,
@@ -398,33 +398,11 @@ class Token:
     pass
 
 
-@attrs.define
-class Lifetimes:
-    """Every incarnation on every node, from the regions' observer hook: (node, start, end)."""
-
-    spans: dict[str, list[list[Any]]] = attrs.field(factory=dict)
-
-    def observer(self, node: str) -> Any:
-        spans = self.spans
-
-        class Observer:
-            def entity_started(self, type_name: str, entity_id: str, token: int | None) -> None:
-                spans.setdefault(entity_id, []).append([node, trio.current_time(), None, token])
-
-            def entity_stopped(self, type_name: str, entity_id: str) -> None:
-                for span in reversed(spans[entity_id]):
-                    if span[0] == node and span[2] is None:
-                        span[2] = trio.current_time()
-                        return
-
-        return Observer()
-
-
 async def test_a_shard_starts_entities_only_while_it_holds_its_lease(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     backend = MemoryLeaseBackend()
-    lifetimes = Lifetimes()
+    lifetimes = ActivationChecker()
     name = "sim-shard-Counter-0"
 
     class Fenced:
@@ -462,9 +440,9 @@ async def test_a_shard_starts_entities_only_while_it_holds_its_lease(
             await trio.sleep(0.01)
         taken_at = trio.current_time()
         [span] = lifetimes.spans["e"]
-        assert span[0] == "n1"
-        assert span[2] is not None
-        assert span[2] < taken_at
+        assert span.node == "n1"
+        assert span.end is not None
+        assert span.end < taken_at
         assert sim.nodes[1].sharding.region_state("Counter").shards[0].entity_ids == frozenset()
 
         # Back in touch, n1 asks again; a message sent meanwhile waits and reaches the next
@@ -475,14 +453,14 @@ async def test_a_shard_starts_entities_only_while_it_holds_its_lease(
         assert answer[0] == 4
         assert answer[1] > taken_at + 19
         spans = lifetimes.spans["e"]
-        assert [s[3] for s in spans] == [2, 4]
+        assert [s.token for s in spans] == [2, 4]
 
 
 async def test_a_hand_off_releases_the_shard_lease_so_the_new_home_need_not_wait(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     backend = MemoryLeaseBackend()
-    lifetimes = Lifetimes()
+    lifetimes = ActivationChecker()
 
     async def setup(i: int, node: Node, sim: SimCluster) -> None:
         node.sharding.observe(lifetimes.observer(f"n{i}"))
@@ -500,13 +478,14 @@ async def test_a_hand_off_releases_the_shard_lease_so_the_new_home_need_not_wait
         await sim.graceful_leave(1)  # the shard moves to n2
         assert await sim.regions[2].entity_ref("e").ask(Read(), timeout=10) == ("n2", 0)
         first, second = lifetimes.spans["e"]
-        assert first[0] == "n1"
-        assert second[0] == "n2"
-        assert second[3] > first[3]  # a larger token
+        assert first.node == "n1"
+        assert second.node == "n2"
+        assert second.token > first.token  # type: ignore[operator]  # a larger token
         # Released at hand-off: taken at the first try, long before the lease could expire
         # (a refusal would have meant waiting lease_retry_interval = 30 s).
-        assert second[1] - first[2] < SIM_LEASES.ttl
-        assert await backend.holder("sim-shard-Counter-0") == ("10.0.0.1:2", second[3])
+        assert first.end is not None
+        assert second.start - first.end < SIM_LEASES.ttl
+        assert await backend.holder("sim-shard-Counter-0") == ("10.0.0.1:2", second.token)
 
 
 async def test_the_coordinator_runs_under_its_lease_and_leases_need_a_backend(
