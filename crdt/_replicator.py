@@ -309,6 +309,14 @@ class Replicator:
         """The keys this replica holds, sorted."""
         return self._core.held_keys()
 
+    def digest(self, key: str) -> bytes | None:
+        """A digest of this replica's value of ``key`` (None when absent).
+
+        Replicas holding the same value have equal digests, so comparing them across nodes tells
+        whether the replicas have converged (``p2pshard.testing`` does that after a chaos run).
+        """
+        return self._core.digest(key)
+
     def statistics(self) -> ReplicatorStatistics:
         """A snapshot of the counters; ``bytes_per_key`` costs one encoding per key."""
         core = self._core.statistics()

@@ -5,8 +5,9 @@
 runs several nodes as separate processes on one host, with throwaway certificates (the README's
 main job). ``p2pshard status`` asks a running node for its members and shards;
 ``p2pshard remove-sharding-data`` deletes entity types' sharding state from a stopped node's
-durable store. Errors in what the user typed or configured end with a one-line message and exit
-status 2; a node that fails at run time, or does not answer, exits with 1.
+durable store; ``p2pshard chaos`` runs seeded chaos schedules on a simulated cluster. Errors in
+what the user typed or configured end with a one-line message and exit status 2; a node that
+fails at run time, or does not answer, exits with 1.
 """
 
 from __future__ import annotations
@@ -129,6 +130,44 @@ def _parser() -> argparse.ArgumentParser:
         default=3.0,
         help="seconds to wait for a running node to answer (default 3)",
     )
+
+    chaos = commands.add_parser(
+        "chaos",
+        help="run seeded chaos schedules on a simulated cluster and check every invariant",
+        description="Run a simulated cluster (one process, mock clock) under random partitions, "
+        "flaky and slow links, crashes and pauses, with a counter workload, then check single "
+        "activation, acknowledged messages kept exactly once, per-sender order, agreement after "
+        "heal, at most one singleton and replica convergence. Prints a summary table; a failing "
+        "seed is run once more to check that it reproduces, and the command that replays it is "
+        "printed. Exit status 1 when an invariant was broken.",
+    )
+    chaos.add_argument("--seeds", type=int, default=100, help="how many seeds (default 100)")
+    chaos.add_argument("--start-seed", type=int, default=0, help="the first seed (default 0)")
+    chaos.add_argument(
+        "--seed", type=int, help="run this one seed and print its faults and violations"
+    )
+    chaos.add_argument("--nodes", type=int, default=5, help="cluster size (default 5)")
+    chaos.add_argument(
+        "--duration", type=float, default=30.0, help="simulated seconds of faults (default 30)"
+    )
+    chaos.add_argument(
+        "--quiet",
+        type=float,
+        default=40.0,
+        help="simulated seconds without faults before the final checks (default 40)",
+    )
+    chaos.add_argument(
+        "--faults",
+        help="comma-separated fault kinds to draw from (default: all of partition, isolate, "
+        "bridge, one-way, flaky, slow, crash, pause)",
+    )
+    chaos.add_argument(
+        "--no-lease", action="store_true", help="run without shard and singleton leases"
+    )
+    chaos.add_argument(
+        "--jobs", type=int, default=0, help="processes to run seeds in (default: one per core)"
+    )
+    chaos.add_argument("--json", action="store_true", help="print one JSON object per seed")
     return parser
 
 
@@ -144,6 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _status(args)
         if args.command == "remove-sharding-data":
             return _remove_sharding_data(args)
+        if args.command == "chaos":
+            return _chaos(args)
         from ._localcluster import LocalCluster
 
         cluster = LocalCluster(
@@ -158,6 +199,77 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigurationError as exc:
         print(f"p2pshard {args.command}: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _chaos(args: argparse.Namespace) -> int:
+    import os
+    import time
+
+    from .testing import ChaosSettings, run_chaos, run_seeds, summarize
+    from .testing._chaos import FAULTS
+
+    faults = FAULTS if args.faults is None else tuple(k.strip() for k in args.faults.split(","))
+    settings = ChaosSettings(
+        nodes=args.nodes,
+        duration=args.duration,
+        quiet=args.quiet,
+        faults=faults,
+        use_lease=not args.no_lease,
+    )
+    if args.seeds < 1:
+        raise ConfigurationError(f"--seeds {args.seeds} is invalid: must be at least 1")
+    if args.seed is not None:
+        logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
+        report = run_chaos(args.seed, settings)
+        print(f"seed {report.seed}: trace {report.trace_hash}")
+        print("faults:")
+        for fault in report.faults:
+            print(f"  {fault}")
+        print(
+            f"{report.incarnations} entity incarnations, {report.acknowledged} of "
+            f"{report.sent} messages acknowledged"
+        )
+        print(f"violations: {len(report.violations)}")
+        for violation in report.violations:
+            print(f"  {violation}")
+        return 0 if report.ok else 1
+    jobs = args.jobs or os.cpu_count() or 1
+    seeds = range(args.start_seed, args.start_seed + args.seeds)
+    started = time.monotonic()
+    reports = []
+    for report in run_seeds(seeds, settings, jobs=jobs):
+        reports.append(report)
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "seed": report.seed,
+                        "violations": [str(v) for v in report.violations],
+                        "faults": len(report.faults),
+                        "incarnations": report.incarnations,
+                        "sent": report.sent,
+                        "acknowledged": report.acknowledged,
+                        "trace_hash": report.trace_hash,
+                    }
+                ),
+                flush=True,
+            )
+        elif not report.ok:
+            print(f"seed {report.seed}: {report.violations[0]}", flush=True)
+    if not args.json:
+        print(summarize(reports))
+        print(f"{'real seconds':<28}{time.monotonic() - started:>10.1f}")
+    failing = [r for r in reports if not r.ok]
+    if failing:
+        first = failing[0]
+        [again] = run_seeds([first.seed], settings)
+        same = again.trace_hash == first.trace_hash
+        print(
+            f"seed {first.seed} run again: "
+            + ("the same trace, it reproduces" if same else "a different trace: NOT reproducible")
+        )
+        return 1
+    return 0
 
 
 def _certs(args: argparse.Namespace) -> int:

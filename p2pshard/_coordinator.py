@@ -21,7 +21,8 @@ regions registered, among regions not shutting down; then the owner gets HostSha
 waits for the next interval), the strategy names shards to move; for each a worker
 sends BeginHandOff to every region and proxy, waits for all acknowledgements (a region that is
 gone counts as acknowledged), sends HandOff to the owner and waits for ShardStopped, then
-deallocates the shard. GetShardHome for a shard in hand-off waits and is answered when the
+deallocates the shard; whoever has not answered gets its BeginHandOff or HandOff again every
+``retry_interval``. GetShardHome for a shard in hand-off waits and is answered when the
 hand-off ends. A worker gives up after ``handoff_timeout`` (the shard stays where it was). Unlike
 Akka, a worker whose owner region disappears completes at once (akka#29034, #27259): the region's
 termination deallocates its shards.
@@ -115,6 +116,7 @@ class _Worker:
     owner: UniqueAddress
     waiting_acks: set[UniqueAddress]
     deadline: float
+    resend_at: float
     handing_off: bool = False
 
 
@@ -232,6 +234,9 @@ class ShardCoordinatorCore:
             elif now >= due:
                 self._unstarted[shard] = now + self.settings.shard_start_timeout
                 effects.append(self._send(region, HostShard(type_name=self.type_name, shard=shard)))
+        for worker in self._workers.values():
+            if now >= worker.resend_at:
+                effects += self._resend(worker, now)
         for shard, worker in list(self._workers.items()):
             if now >= worker.deadline:
                 logger.warning(
@@ -254,7 +259,7 @@ class ShardCoordinatorCore:
         if self.phase is CoordinatorPhase.LOADING:
             return float("inf")  # tick does nothing yet: a past deadline would spin the timer
         deadlines = [self._next_rebalance, *self._unstarted.values()]
-        deadlines += [w.deadline for w in self._workers.values()]
+        deadlines += [min(w.deadline, w.resend_at) for w in self._workers.values()]
         return min(deadlines)
 
     def rebalance_in_progress(self) -> frozenset[ShardId]:
@@ -390,7 +395,12 @@ class ShardCoordinatorCore:
         everyone = set(self.state.regions) | set(self.state.region_proxies)
         self._handoffs += 1
         worker = _Worker(
-            shard, self._handoffs, owner, everyone, now + self.settings.handoff_timeout
+            shard,
+            self._handoffs,
+            owner,
+            everyone,
+            now + self.settings.handoff_timeout,
+            now + self.settings.retry_interval,
         )
         self._workers[shard] = worker
         logger.info("coordinator %s: moving shard %s off %s", self.type_name, shard, owner)
@@ -402,6 +412,26 @@ class ShardCoordinatorCore:
             for node in _ordered(everyone)
         ]
         return effects + self._maybe_hand_off(worker)
+
+    def _resend(self, worker: _Worker, now: float) -> list[CoordinatorEffect]:
+        """Ask again whoever has not answered yet (every ``retry_interval``).
+
+        A BeginHandOff, a HandOff or its reply may have been lost with a broken connection.
+        Regions answer repeats alike, so a resend costs a message, where waiting would hold the
+        shard's messages for up to ``handoff_timeout``.
+        """
+        worker.resend_at = now + self.settings.retry_interval
+        if worker.deadline == float("inf"):
+            return []  # stopped; its deallocation is being written
+        if worker.handing_off:
+            hand_off = HandOff(
+                type_name=self.type_name, shard=worker.shard, handoff_id=worker.handoff_id
+            )
+            return [self._send(worker.owner, hand_off)]
+        begin = BeginHandOff(
+            type_name=self.type_name, shard=worker.shard, handoff_id=worker.handoff_id
+        )
+        return [self._send(node, begin) for node in _ordered(worker.waiting_acks)]
 
     def _maybe_hand_off(self, worker: _Worker) -> list[CoordinatorEffect]:
         if worker.waiting_acks or worker.handing_off:
@@ -417,7 +447,9 @@ class ShardCoordinatorCore:
         if worker is None:
             return []
         if ok and self.state.shards.get(shard) == worker.owner:
-            worker.deadline = float("inf")  # ends when the deallocation is written
+            worker.deadline = worker.resend_at = float(
+                "inf"
+            )  # ends when the deallocation is written
             return self._update(ShardHomeDeallocated(shard))
         del self._workers[shard]
         return self._answer_deferred(shard, now)

@@ -278,6 +278,15 @@ class ShardRegion:
         """Shard id → active entities, for the shards hosted here."""
         return {shard_id: len(shard.entities) for shard_id, shard in self._shards.items()}
 
+    def shard_homes(self) -> dict[ShardId, UniqueAddress]:
+        """The shard homes this region knows now (a copy): shard id → the hosting node.
+
+        Regions learn homes from the coordinator and forget those on nodes that leave; after a
+        quiet period every region's table agrees with the coordinator's (``p2pshard.testing``
+        checks that).
+        """
+        return dict(self._core.homes)
+
     def statistics(self) -> RegionStatistics:
         """Counters for diagnostics: shards, entities, buffered and dropped messages."""
         core = self._core

@@ -1,7 +1,7 @@
 """A simulated cluster running sharded entities, for the sharding scenario tests.
 
-Each node runs ``open_node`` over one :class:`SimNetwork` with a seeded rng, and starts the
-entity type ``Counter`` (or whatever the test passes). :class:`Journal` is the workload's
+Each node runs ``open_node`` over one :class:`SimNetwork` (``p2pshard.testing.SimCluster``), and
+starts the entity type ``Counter`` (or whatever the test passes). :class:`Journal` is the workload's
 checker: every ``Counter`` incarnation records the (sender, sequence number) pairs it handled,
 so a test can assert that no message was lost and that each sender's numbers arrived in order.
 """
@@ -9,37 +9,17 @@ so a test can assert that no message was lost and that each sender's numbers arr
 from __future__ import annotations
 
 import itertools
-import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import attrs
 import trio
 
-from membership import Address, LinkConditions, SimNetwork
-from membership._member import MemberStatus
-from membership._sbr import SplitBrainResolverSettings
-from p2pshard import (
-    EntityContext,
-    HashExtractor,
-    LeaseSettings,
-    MemoryLeaseBackend,
-    Node,
-    NodeConfig,
-    TlsFiles,
-    message,
-    open_node,
-)
-from p2pshard._region import ShardRegion
+from membership import LinkConditions, SimNetwork
+from p2pshard import EntityContext, HashExtractor, Node, message, testing
 
-TLS = TlsFiles(ca_file=Path("ca.pem"), cert_file=Path("n.pem"), key_file=Path("n.key"))
-BOUND = 120.0
-
-
-def addr(i: int) -> Address:
-    return Address("10.0.0.1", i)
+BOUND = testing.BOUND
 
 
 @message(name="tests.sharding.Add")
@@ -79,8 +59,8 @@ class StopNow:
     pass
 
 
-SIM_LEASES = LeaseSettings(ttl=4.0, renew_interval=1.0, operation_timeout=1.0, safety_margin=0.5)
-"""Short leases, so that simulated runs see expiry and take-over within seconds."""
+SIM_LEASES = testing.SIM_LEASES
+addr = testing.node_address
 
 
 @attrs.define
@@ -127,69 +107,6 @@ class Journal:
                 assert a.end <= b.start, f"{entity_id}: incarnations overlap: {a.node}, {b.node}"
 
 
-@attrs.define
-class Span:
-    node: str
-    entity_id: str
-    start: float
-    end: float | None = None
-    token: int | None = None
-
-
-@attrs.define
-class ActivationChecker:
-    """Every entity incarnation on every node; :meth:`violations` finds overlapping ones."""
-
-    spans: dict[str, list[Span]] = attrs.field(factory=dict)
-    open: dict[str, dict[str, Span]] = attrs.field(factory=dict)
-
-    def observer(self, node: str) -> Any:
-        checker = self
-
-        class Observer:
-            def entity_started(self, type_name: str, entity_id: str, token: int | None) -> None:
-                checker.started(node, entity_id, token)
-
-            def entity_stopped(self, type_name: str, entity_id: str) -> None:
-                checker.stopped(node, entity_id)
-
-        return Observer()
-
-    def started(self, node: str, entity_id: str, token: int | None) -> None:
-        span = Span(node, entity_id, trio.current_time(), token=token)
-        self.spans.setdefault(entity_id, []).append(span)
-        self.open.setdefault(node, {})[entity_id] = span
-
-    def stopped(self, node: str, entity_id: str) -> None:
-        span = self.open.get(node, {}).pop(entity_id, None)
-        if span is not None:
-            span.end = trio.current_time()
-
-    def node_gone(self, node: str) -> None:
-        """The node crashed or exited: its incarnations end now."""
-        for span in self.open.pop(node, {}).values():
-            span.end = trio.current_time()
-
-    def incarnations(self) -> int:
-        return sum(len(spans) for spans in self.spans.values())
-
-    def violations(self) -> list[str]:
-        """One line per pair of incarnations of one entity alive at the same instant."""
-        found = []
-        for entity_id, spans in sorted(self.spans.items()):
-            ordered = sorted(spans, key=lambda s: s.start)
-            for i, a in enumerate(ordered):
-                a_end = float("inf") if a.end is None else a.end
-                for b in ordered[i + 1 :]:
-                    if b.start >= a_end:
-                        break
-                    found.append(
-                        f"{entity_id}: {a.node} [{a.start:.3f}, {a.end}] token {a.token} and "
-                        f"{b.node} [{b.start:.3f}, {b.end}] token {b.token} overlap"
-                    )
-        return found
-
-
 def counter_factory(journal: Journal, node: str) -> Callable[[EntityContext], Any]:
     class Counter:
         def __init__(self, ctx: EntityContext) -> None:
@@ -220,88 +137,11 @@ def counter_factory(journal: Journal, node: str) -> Callable[[EntityContext], An
     return Counter
 
 
-@attrs.define
-class SimCluster:
-    net: SimNetwork
-    nursery: trio.Nursery
-    journal: Journal
-    setup: Callable[[int, Node, SimCluster], Awaitable[None]] | None
-    nodes: dict[int, Node] = attrs.field(factory=dict)
-    regions: dict[int, ShardRegion] = attrs.field(factory=dict)
-    scopes: dict[int, trio.CancelScope] = attrs.field(factory=dict)
-    leave: dict[int, trio.Event] = attrs.field(factory=dict)
-    done: dict[int, trio.Event] = attrs.field(factory=dict)
-    seeds: tuple[Address, ...] = (addr(1), addr(2))
-    roles: dict[int, tuple[str, ...]] = attrs.field(factory=dict)
-    stable_after: float = 5.0
-    lease_backend: MemoryLeaseBackend | None = None
-    lease_settings: LeaseSettings = SIM_LEASES
-    exit_when_terminated: bool = False
-    on_exit: Callable[[int], None] | None = None
+@attrs.define(eq=False)
+class SimCluster(testing.SimCluster):
+    """The package's simulated cluster, plus the journal of the test counter below."""
 
-    async def start(self, i: int) -> Node:
-        return await self.nursery.start(self._run, i)  # type: ignore[no-any-return]
-
-    async def _run(self, i: int, *, task_status: trio.TaskStatus[Node]) -> None:
-        config = NodeConfig(
-            cluster_name="sim",
-            node_name=f"n{i}",
-            bind_host="10.0.0.1",
-            bind_port=i,
-            seed_nodes=self.seeds,
-            tls=TLS,
-            roles=self.roles.get(i, ()),
-            split_brain_resolver=SplitBrainResolverSettings(stable_after=self.stable_after),
-            shutdown_timeout=30.0,
-            lease=self.lease_settings,
-        )
-        self.leave[i], self.done[i] = trio.Event(), trio.Event()
-        try:
-            with trio.CancelScope() as scope:
-                self.scopes[i] = scope
-                async with (
-                    self.net.transport(addr(i), f"n{i}") as transport,
-                    open_node(
-                        config,
-                        transport=transport,
-                        rng=random.Random(i),
-                        lease_backend=self.lease_backend,
-                    ) as node,
-                ):
-                    self.nodes[i] = node
-                    if self.setup is not None:
-                        await self.setup(i, node, self)
-                    task_status.started(node)
-                    if self.exit_when_terminated:  # as the node command does
-                        async with trio.open_nursery() as either:
-                            for event in (self.leave[i], node.terminated):
-                                either.start_soon(_set_then_cancel, event, either.cancel_scope)
-                    else:
-                        await self.leave[i].wait()
-        finally:
-            self.nodes.pop(i, None)
-            self.regions.pop(i, None)
-            self.done[i].set()
-            if self.on_exit is not None:
-                self.on_exit(i)
-
-    def crash(self, i: int) -> None:
-        self.net.crash(addr(i))
-        self.scopes[i].cancel()
-
-    async def graceful_leave(self, i: int) -> None:
-        self.leave[i].set()
-        await self.done[i].wait()
-
-    async def all_up(self, nodes: list[int]) -> None:
-        want = {f"n{i}": MemberStatus.UP for i in nodes}
-        with trio.fail_after(BOUND):
-            while not all(  # noqa: ASYNC110 - polls cluster state on the mock clock
-                i in self.nodes
-                and {m.node.name: m.status for m in self.nodes[i].cluster.members} == want
-                for i in nodes
-            ):
-                await trio.sleep(0.1)
+    journal: Journal = attrs.field(factory=Journal)
 
 
 def standard_setup(
@@ -318,11 +158,6 @@ def standard_setup(
     return setup
 
 
-async def _set_then_cancel(event: trio.Event, scope: trio.CancelScope) -> None:
-    await event.wait()
-    scope.cancel()
-
-
 @asynccontextmanager
 async def sim_cluster(
     seed: int,
@@ -331,10 +166,10 @@ async def sim_cluster(
     conditions: LinkConditions | None = None,
 ) -> AsyncIterator[SimCluster]:
     print(f"seed={seed}")
-    net = SimNetwork(
-        seed, conditions=conditions or LinkConditions(delay_min=0.001, delay_max=0.005)
-    )
+    links = conditions or testing.SIM_LINKS
+    net = SimNetwork(seed, conditions=links)
     async with trio.open_nursery() as nursery:
-        sim = SimCluster(net, nursery, Journal(), setup or standard_setup())
+        setup = setup or standard_setup()
+        sim = SimCluster(net, nursery, setup, links=links)  # type: ignore[arg-type]
         yield sim
         nursery.cancel_scope.cancel()

@@ -662,8 +662,9 @@ def test_a_write_answer_for_another_event_is_ignored() -> None:
 
 # -- 5. rebalance ---------------------------------------------------------------------------
 
-# hand-offs time out (at 15) before the next round (at 20), so rounds do not interleave
-REBALANCE = ShardingSettings(rebalance_interval=10.0, handoff_timeout=5.0)
+# hand-offs time out (at 15) before the next round (at 20), so rounds do not interleave; no
+# resends within a hand-off here (see the resend tests for those)
+REBALANCE = ShardingSettings(rebalance_interval=10.0, handoff_timeout=5.0, retry_interval=100.0)
 
 
 def rebalancing() -> tuple[Driver, str]:
@@ -696,7 +697,7 @@ def test_rebalance_begins_the_hand_off_at_every_region_and_proxy() -> None:
 
 
 def test_a_later_round_moves_other_shards_and_leaves_the_moving_one_alone() -> None:
-    settings = ShardingSettings(rebalance_interval=10.0, handoff_timeout=60.0)
+    settings = ShardingSettings(rebalance_interval=10.0, handoff_timeout=60.0, retry_interval=100.0)
     d = running({N1: ["s1", "s2", "s3", "s4"], N2: []}, settings=settings, manual=[N1, N2])
     d.tick(10.0)
     (first,) = d.core.rebalance_in_progress()
@@ -809,6 +810,40 @@ def test_a_hand_off_waiting_for_an_acknowledgement_is_given_up_too() -> None:
     assert hand_off(shard) not in d.to(N1)
     assert d.core.rebalance_in_progress() == frozenset()
     assert d.send(P9, begin_ack(shard)) == []  # no HandOff after giving up
+
+
+def test_begin_hand_off_is_resent_to_whoever_has_not_acknowledged() -> None:
+    settings = ShardingSettings(rebalance_interval=10.0, handoff_timeout=5.0, retry_interval=2.0)
+    d = running(
+        {N1: ["s1", "s2", "s3", "s4"], N2: []}, [P9], settings=settings, manual=[N1, N2, P9]
+    )
+    d.tick(10.0)
+    (shard,) = d.core.rebalance_in_progress()
+    d.send(N1, begin_ack(shard))
+    assert d.core.next_deadline() == 12.0
+    # the acknowledgements of n2 and p9 were lost: they are asked again, n1 is not
+    assert sorted(d.tick(12.0), key=lambda e: e.to) == [
+        SendTo(N2, begin(shard)),
+        SendTo(P9, begin(shard)),
+    ]
+    d.send(N2, begin_ack(shard))
+    assert d.tick(14.0) == [SendTo(P9, begin(shard))]
+    assert d.send(P9, begin_ack(shard)) == [SendTo(N1, hand_off(shard))]
+
+
+def test_hand_off_is_resent_until_shard_stopped_and_not_after() -> None:
+    settings = ShardingSettings(rebalance_interval=10.0, handoff_timeout=5.0, retry_interval=2.0)
+    d = running({N1: ["s1", "s2", "s3", "s4"], N2: []}, settings=settings, manual=[N1, N2])
+    d.tick(10.0)
+    (shard,) = d.core.rebalance_in_progress()
+    d.send(N1, begin_ack(shard))
+    assert d.send(N2, begin_ack(shard)) == [SendTo(N1, hand_off(shard))]
+    assert d.tick(12.0) == [SendTo(N1, hand_off(shard))]  # HandOff or ShardStopped was lost
+    d.hold = True
+    d.send(N1, stopped(shard))
+    assert d.held == [ShardHomeDeallocated(ShardId(shard))]
+    assert d.tick(14.0) == []  # stopped: nothing more to ask while the deallocation is written
+    assert d.core.next_deadline() > 14.0
 
 
 def test_a_late_acknowledgement_of_an_earlier_hand_off_does_not_count() -> None:

@@ -1,0 +1,71 @@
+"""Test your entity types the way p2pshard tests itself: whole clusters under seeded faults.
+
+``p2pshard.testing`` runs a cluster of real nodes in one trio run, on a simulated network with a
+mock clock, so a minute of cluster life under partitions, crashes and pauses takes about a second
+and replays exactly from its seed. It records what happened (:class:`History`) and checks the
+invariants a sharded application relies on:
+
+- single activation: never two live incarnations of one entity at the same instant;
+- every acknowledged message is in its entity's log exactly once, and each sender's messages
+  are handled in the order sent;
+- after the faults heal, every node agrees on membership and shard homes, every shard answers,
+  and the replicas converge;
+- at most one instance of a singleton at a time.
+
+Use :func:`run_chaos` (or ``p2pshard chaos``) for randomized schedules, or
+:func:`simulated_cluster` to write a scenario of your own:
+
+Example:
+    >>> import trio, trio.testing
+    >>> from membership import deterministic_scheduling
+    >>> from p2pshard.testing import History, check_history, simulated_cluster
+    >>> async def scenario() -> None:
+    ...     history = History()
+    ...     async with simulated_cluster(seed=1, history=history) as sim:
+    ...         for i in (1, 2, 3):
+    ...             await sim.start(i)
+    ...         await sim.all_up([1, 2, 3])
+    ...         sim.partition(3, [1, 2])
+    ...         await trio.sleep(30)
+    ...     assert check_history(history) == []
+    >>> with deterministic_scheduling(1):
+    ...     trio.run(scenario, clock=trio.testing.MockClock(autojump_threshold=0))
+    seed=1
+"""
+
+from ._chaos import FAULTS as FAULTS
+from ._chaos import ChaosHung as ChaosHung
+from ._chaos import ChaosReport as ChaosReport
+from ._chaos import ChaosSettings as ChaosSettings
+from ._chaos import Scenario as Scenario
+from ._chaos import ScenarioBody as ScenarioBody
+from ._chaos import random_schedule as random_schedule
+from ._chaos import run_chaos as run_chaos
+from ._chaos import run_scenario as run_scenario
+from ._chaos import run_seeds as run_seeds
+from ._chaos import summarize as summarize
+from ._checkers import INVARIANTS as INVARIANTS
+from ._checkers import Violation as Violation
+from ._checkers import check_acknowledged_kept as check_acknowledged_kept
+from ._checkers import check_agreement_views as check_agreement_views
+from ._checkers import check_convergence_digests as check_convergence_digests
+from ._checkers import check_history as check_history
+from ._checkers import check_sender_order as check_sender_order
+from ._checkers import check_single_activation as check_single_activation
+from ._checkers import check_single_singleton as check_single_singleton
+from ._history import History as History
+from ._history import Sent as Sent
+from ._history import Span as Span
+from ._sim import BOUND as BOUND
+from ._sim import SIM_LEASES as SIM_LEASES
+from ._sim import SIM_LINKS as SIM_LINKS
+from ._sim import SimCluster as SimCluster
+from ._sim import node_address as node_address
+from ._sim import node_name as node_name
+from ._sim import simulated_cluster as simulated_cluster
+from ._workload import COUNTER as COUNTER
+from ._workload import Add as Add
+from ._workload import CounterWorkload as CounterWorkload
+from ._workload import Read as Read
+from ._workload import counter_entity as counter_entity
+from ._workload import singleton_probe as singleton_probe

@@ -1,0 +1,544 @@
+"""Seeded chaos runs: a cluster, a workload, a random fault schedule, then every invariant.
+
+Theory of operation: :func:`run_chaos` runs one seed in its own ``trio.run`` under a mock clock
+with the scheduler seeded, so the seed alone decides the run and its network trace hash. The
+cluster has ``settings.nodes`` nodes, each hosting the counter entity type (shard leases on by
+default) and the singleton probe (under a lease), all sharing one
+:class:`~p2pshard.MemoryLeaseBackend`. For ``settings.duration`` seconds the schedule injects one
+fault at a time, chosen from ``settings.faults``:
+
+- ``partition``: a random minority cut off from the rest, both ways;
+- ``isolate``: one node cut off from every other;
+- ``bridge``: A and C cannot reach each other, while both reach B (a ring's missing link);
+- ``one-way``: one node's messages to the others are lost, theirs to it arrive;
+- ``flaky``: one node's links lose 5 to 30 % of frames;
+- ``slow``: one node's links take 50 to 500 ms;
+- ``crash``: one node dies at once and is started again later, as a new incarnation;
+- ``pause``: everything to and from one node, and its lease calls, waits (a long GC pause).
+
+A node that is downed exits (as ``p2pshard node`` does) and a supervisor starts it again a few
+seconds later. Meanwhile :class:`CounterWorkload` clients send numbered messages through every
+node. After the schedule every fault is lifted and the cluster is left quiet; then the checkers
+run: the history invariants, membership and shard-home agreement, every shard answering through
+every node, and replica convergence.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import multiprocessing
+import random
+import signal
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import attrs
+import trio
+import trio.testing
+
+from membership import (
+    ConfigurationError,
+    LinkConditions,
+    SplitBrainResolverSettings,
+    deterministic_scheduling,
+)
+from membership._member import MemberStatus
+
+from .._extractor import HashExtractor
+from .._lease_memory import MemoryLeaseBackend
+from .._node import Node
+from .._settings import ShardingSettings
+from ._checkers import (
+    AGREEMENT,
+    INVARIANTS,
+    Violation,
+    check_agreement_views,
+    check_convergence_digests,
+    check_history,
+)
+from ._history import History
+from ._sim import SimCluster, node_address, node_name, simulated_cluster
+from ._workload import COUNTER, CounterWorkload, Read, counter_entity, singleton_probe
+
+FAULTS = ("partition", "isolate", "bridge", "one-way", "flaky", "slow", "crash", "pause")
+"""Every fault kind a schedule can draw from."""
+
+PROBE = "chaos-probe"
+"""The singleton probe's name."""
+
+WALL_LIMIT = 120
+"""Real seconds one run may take before it fails as hung (a task that never lets the mock clock
+move on, such as a busy loop, stops simulated time)."""
+
+
+def _check_faults(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    unknown = [kind for kind in value if kind not in FAULTS]  # type: ignore[attr-defined]
+    if unknown or not value:
+        raise ConfigurationError(
+            f"ChaosSettings.faults = {value!r} is invalid: choose one or more of {FAULTS}"
+        )
+
+
+def _at_least(low: float) -> Any:
+    def check(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
+        if not value >= low:
+            raise ConfigurationError(
+                f"ChaosSettings.{attribute.name} = {value!r} is invalid: must be at least {low}"
+            )
+
+    return check
+
+
+@attrs.frozen(kw_only=True)
+class ChaosSettings:
+    """What one chaos run does. Every field is checked: a bad value raises ConfigurationError."""
+
+    nodes: int = attrs.field(default=5, validator=_at_least(3))
+    """Cluster size (at least 3)."""
+    duration: float = attrs.field(default=30.0, validator=_at_least(0))
+    """Simulated seconds of faults."""
+    quiet: float = attrs.field(default=40.0, validator=_at_least(10))
+    """Simulated seconds without faults before the final checks."""
+    entities: int = attrs.field(default=20, validator=_at_least(1))
+    shards: int = attrs.field(default=10, validator=_at_least(1))
+    clients_per_node: int = attrs.field(default=1, validator=_at_least(1))
+    use_lease: bool = True
+    """Shard and singleton leases; without them single activation is not guaranteed."""
+    faults: tuple[str, ...] = attrs.field(default=FAULTS, converter=tuple, validator=_check_faults)
+    duplicate: float = attrs.field(default=0.0, validator=_at_least(0))
+    """Test-only: the probability that a link delivers a frame twice. TCP never does; the
+    checkers must then catch messages handled twice."""
+    double_activation_at: float | None = None
+    """Test-only: at this time, start a live entity's shard on a second node too, skipping its
+    lease. The single-activation checker must catch it."""
+
+
+@attrs.frozen
+class ChaosReport:
+    """What one seed did and what the checkers found."""
+
+    seed: int
+    settings: ChaosSettings
+    violations: tuple[Violation, ...]
+    faults: tuple[str, ...]
+    incarnations: int
+    sent: int
+    acknowledged: int
+    trace_hash: str
+
+    @property
+    def ok(self) -> bool:
+        """No invariant broken."""
+        return not self.violations
+
+    def replay_command(self) -> str:
+        """The ``p2pshard chaos`` command that runs this seed again."""
+        s = self.settings
+        parts = [
+            f"p2pshard chaos --seed {self.seed} --nodes {s.nodes}",
+            f"--duration {s.duration:g} --quiet {s.quiet:g}",
+        ]
+        if not s.use_lease:
+            parts.append("--no-lease")
+        if s.faults != FAULTS:
+            parts.append(f"--faults {','.join(s.faults)}")
+        return " ".join(parts)
+
+
+def run_chaos(seed: int, settings: ChaosSettings | None = None) -> ChaosReport:
+    """Run one seeded chaos schedule in its own ``trio.run`` and check every invariant.
+
+    The same seed and settings give the same run (compare ``trace_hash``). Fails with
+    :class:`ChaosHung` after ``WALL_LIMIT`` real seconds.
+    """
+    return run_scenario(seed, random_schedule, settings)
+
+
+def run_scenario(
+    seed: int,
+    body: ScenarioBody,
+    settings: ChaosSettings | None = None,
+    *,
+    split_brain_resolver: SplitBrainResolverSettings | None = None,
+    sharding: ShardingSettings | None = None,
+) -> ChaosReport:
+    """Run ``body`` against a chaos cluster in its own ``trio.run``, then check every invariant.
+
+    The cluster is the one :func:`run_chaos` uses (``settings.nodes`` nodes, the counter entity
+    type, the singleton probe, a counter workload, downed nodes restarted); ``body`` gets the
+    :class:`Scenario` once every node is Up and injects its faults. When it returns, every fault
+    is lifted, the cluster is left quiet for ``settings.quiet`` and the checkers run.
+    ``sharding`` replaces the counter type's settings (``use_lease`` still follows
+    ``settings``); ``split_brain_resolver`` the default keep-majority after 5 s.
+    """
+    settings = settings or ChaosSettings()
+
+    async def main() -> ChaosReport:
+        return await _scenario(seed, body, settings, split_brain_resolver, sharding)
+
+    def hung(signum: int, frame: object) -> None:
+        raise ChaosHung(
+            f"seed {seed}: not done after {WALL_LIMIT} s of real time: a task that never lets "
+            "the mock clock move on (a busy loop)?"
+        )
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(WALL_LIMIT)
+    try:
+        with deterministic_scheduling(seed):
+            return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+class ChaosHung(BaseException):
+    """A chaos run took longer than ``WALL_LIMIT`` real seconds.
+
+    A BaseException, so that no ``except Exception`` in the code under test swallows it.
+    """
+
+
+def run_seeds(
+    seeds: Iterable[int], settings: ChaosSettings | None = None, *, jobs: int = 1
+) -> Iterator[ChaosReport]:
+    """Run many seeds, in ``jobs`` processes; yields reports in seed order.
+
+    Each run's own log output is silenced (the report carries what matters).
+    """
+    settings = settings or ChaosSettings()
+    seeds = list(seeds)
+    if jobs <= 1:
+        for seed in seeds:
+            yield _run_quietly(seed, settings)
+        return
+    context = multiprocessing.get_context("fork")
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+        yield from pool.map(_run_quietly, seeds, [settings] * len(seeds))
+
+
+def _run_quietly(seed: int, settings: ChaosSettings) -> ChaosReport:
+    with _silenced(), contextlib.redirect_stdout(None):
+        return run_chaos(seed, settings)
+
+
+@contextlib.contextmanager
+def _silenced() -> Iterator[None]:
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logging.disable(previous)
+
+
+@attrs.define(eq=False)
+class Scenario:
+    """What a scenario body works with: the cluster, a seeded generator, the settings.
+
+    Node numbers run from 1 to ``settings.nodes``; ``sim.live`` are those running now.
+    """
+
+    sim: SimCluster
+    rng: random.Random
+    settings: ChaosSettings
+    backend: MemoryLeaseBackend
+    down: set[int] = attrs.field(factory=set)
+    """Nodes crashed or exited that will be started again."""
+
+    @property
+    def nodes(self) -> list[int]:
+        """Every node number of the cluster."""
+        return list(range(1, self.settings.nodes + 1))
+
+    def crash(self, i: int, *, restart_after: float | None) -> None:
+        """Kill node ``i``; start it again (a new incarnation) after ``restart_after`` seconds."""
+        self.down.add(i)
+        self.sim.history.fault(f"crash n{i}")
+        self.sim.crash(i)
+        if restart_after is not None:
+            self.sim.nursery.start_soon(self.restart_later, i, restart_after)
+
+    async def restart_later(self, i: int, delay: float) -> None:
+        """Start node ``i`` again after ``delay`` seconds, unless it runs by then."""
+        await trio.sleep(delay)
+        self.down.discard(i)
+        if i not in self.sim.nodes:
+            await self.sim.start(i)
+
+    def coordinator_node(self) -> int:
+        """The node running the counter type's coordinator: the oldest member, as seen by any."""
+        i = self.sim.live[0]
+        oldest = self.sim.nodes[i].cluster.oldest()
+        assert oldest is not None
+        return next(j for j in self.sim.live if self.sim.nodes[j].address == oldest.node)
+
+
+ScenarioBody = Callable[[Scenario], Awaitable[None]]
+"""A scenario: injects faults into the running cluster, returns when done."""
+
+
+async def random_schedule(scenario: Scenario) -> None:
+    """The chaos schedule: random faults of ``settings.faults``, for ``settings.duration`` s."""
+    sim, rng, settings = scenario.sim, scenario.rng, scenario.settings
+    start = trio.current_time()
+    while trio.current_time() - start < settings.duration:
+        await trio.sleep(rng.uniform(1.0, 5.0))
+        live = [i for i in sim.live if i not in scenario.down]
+        if len(live) < 3:
+            continue
+        await _inject(scenario, rng.choice(settings.faults), live)
+
+
+async def _scenario(
+    seed: int,
+    body: ScenarioBody,
+    settings: ChaosSettings,
+    split_brain_resolver: SplitBrainResolverSettings | None,
+    sharding: ShardingSettings | None,
+) -> ChaosReport:
+    rng = random.Random(seed)
+    history = History()
+    backend = MemoryLeaseBackend(latency=lambda: rng.uniform(0.001, 0.02))
+    links = LinkConditions(delay_min=0.001, delay_max=0.005, duplicate=settings.duplicate)
+    sharding = attrs.evolve(
+        sharding or ShardingSettings(lease_retry_interval=1.0, rebalance_interval=5.0),
+        use_lease=settings.use_lease,
+    )
+
+    async def setup(i: int, node: Node, sim: SimCluster) -> None:
+        node.sharding.observe(history.observer(node_name(i)))
+        sim.regions[i] = await node.sharding.start(
+            COUNTER,
+            counter_entity(history),
+            extractor=HashExtractor(settings.shards),
+            settings=sharding,
+        )
+        lease = node.leases.lease(f"sim-singleton-{PROBE}") if settings.use_lease else None
+        await node.singletons.start(PROBE, singleton_probe(history, i), lease=lease)
+
+    async with simulated_cluster(seed, setup, links=links, history=history) as sim:
+        sim.lease_backend = backend
+        sim.exit_when_terminated = True
+        sim.split_brain_resolver = split_brain_resolver
+        # Every node is a seed node (as Akka advises for a fixed set of hosts): a restarted node
+        # then finds the cluster through whichever node it can reach.
+        sim.seeds = tuple(node_address(i) for i in range(1, settings.nodes + 1))
+        scenario = Scenario(sim, rng, settings, backend)
+        nodes = scenario.nodes
+
+        def on_exit(i: int) -> None:
+            if i not in scenario.down:  # downed: a supervisor starts it again
+                scenario.down.add(i)
+                history.fault(f"n{i} exited (downed); restarts")
+                sim.nursery.start_soon(scenario.restart_later, i, rng.uniform(2.0, 6.0))
+
+        sim.on_exit = on_exit
+        for i in nodes:
+            await sim.start(i)
+        await sim.all_up(nodes)
+
+        workload = CounterWorkload(
+            sim,
+            random.Random(f"{seed}/workload"),
+            entities=settings.entities,
+            clients_per_node=settings.clients_per_node,
+        )
+        sim.nursery.start_soon(workload.run, nodes)
+        if settings.double_activation_at is not None:
+            sim.nursery.start_soon(_double_activation, sim, settings.double_activation_at)
+
+        await body(scenario)
+        sim.heal()
+        for i in nodes:
+            sim.set_links(i, links, among=nodes)
+        await trio.sleep(settings.quiet)
+        violations = check_history(history)
+        violations += await _check_cluster(sim, nodes, settings)
+        report = ChaosReport(
+            seed,
+            settings,
+            tuple(violations),
+            tuple(history.faults),
+            history.incarnation_count(),
+            len(history.messages),
+            history.acknowledged_count(),
+            sim.net.trace_hash(),
+        )
+        for i in sim.live:
+            sim.crash(i)
+        return report
+
+
+async def _inject(scenario: Scenario, kind: str, live: list[int]) -> None:
+    sim, rng, nodes = scenario.sim, scenario.rng, scenario.nodes
+    lasting = rng.uniform(2.0, 15.0)
+    history = sim.history
+    if kind == "crash":
+        scenario.crash(rng.choice(live), restart_after=rng.uniform(3.0, 12.0))
+        return
+    if kind == "pause":
+        i = rng.choice(live)
+        history.fault(f"pause n{i} for {lasting:.1f}s")
+        await sim.pause(i, lasting, among=nodes)
+        return
+    if kind in ("flaky", "slow"):
+        i = rng.choice(live)
+        if kind == "flaky":
+            drop = rng.uniform(0.05, 0.3)
+            conditions = attrs.evolve(sim.links, drop=drop)
+            history.fault(f"flaky n{i} (drop {drop:.2f}) for {lasting:.1f}s")
+        else:
+            delay = rng.uniform(0.05, 0.5)
+            conditions = attrs.evolve(sim.links, delay_min=delay / 2, delay_max=delay)
+            history.fault(f"slow n{i} (up to {delay * 1000:.0f} ms) for {lasting:.1f}s")
+        sim.set_links(i, conditions, among=nodes)
+        await trio.sleep(lasting)
+        sim.set_links(i, sim.links, among=nodes)
+        return
+    if kind == "partition":
+        minority = sorted(rng.sample(live, rng.randint(1, len(nodes) // 2)))
+        sim.partition(minority, [i for i in nodes if i not in minority])
+        history.fault(f"partition {minority} for {lasting:.1f}s")
+    elif kind == "isolate":
+        i = rng.choice(live)
+        sim.partition(i, [j for j in nodes if j != i])
+        history.fault(f"isolate n{i} for {lasting:.1f}s")
+    elif kind == "bridge":
+        a, b, c = rng.sample(live, 3)
+        sim.partition(a, c)
+        history.fault(f"bridge n{a}-n{b}-n{c} (n{a} and n{c} cut) for {lasting:.1f}s")
+    else:  # one-way
+        i = rng.choice(live)
+        sim.partition(i, [j for j in nodes if j != i], one_way=True)
+        history.fault(f"one-way: n{i} cannot reach the others for {lasting:.1f}s")
+    await trio.sleep(lasting)
+    sim.heal()
+
+
+async def _double_activation(sim: SimCluster, at: float) -> None:
+    """Test-only fault: start a live entity's shard on a second node too, past its lease."""
+    await trio.sleep(at)
+    open_ = sim.history.open_incarnations()
+    if not open_:
+        sim.history.fault("test fault: no live entity to activate twice")
+        return
+    node, key = open_[0]
+    entity = key.split("/", 1)[1]
+    other = next(i for i in sim.live if node_name(i) != node)
+    sim.history.fault(f"test fault: {key} activated on n{other} too")
+    region = sim.nodes[other].sharding.region(COUNTER)
+    shard_id = region._extractor.shard_id(entity)  # type: ignore[arg-type]
+    region._start_shard(shard_id)
+    shard = region._running[shard_id]
+    shard.take_pending()  # skip the lease: deliver at once
+    shard.deliver(entity, Read(), None)  # type: ignore[arg-type]
+
+
+async def _check_cluster(
+    sim: SimCluster, nodes: list[int], settings: ChaosSettings
+) -> list[Violation]:
+    """(iv) and (vi): after the quiet period, the live nodes agree, answer, and converge."""
+    missing = [i for i in nodes if i not in sim.nodes]
+    found: list[Violation] = []
+    if missing:
+        found.append(
+            Violation(AGREEMENT, f"{[node_name(i) for i in missing]} not running after the quiet")
+        )
+    live = sim.live
+    members = {
+        node_name(i): frozenset(
+            (m.node.name, m.status.value)
+            for m in sim.nodes[i].cluster.members
+            if m.status is not MemberStatus.REMOVED
+        )
+        for i in live
+    }
+    homes = {
+        node_name(i): {
+            str(shard): home.name if home in _unique(sim, live) else str(home)
+            for shard, home in sim.regions[i].shard_homes().items()
+        }
+        for i in live
+        if i in sim.regions
+    }
+    found += check_agreement_views(members, homes, [node_name(i) for i in live])
+    found += check_convergence_digests(
+        {
+            node_name(i): {key: sim.nodes[i].replicator.digest(key) for key in _keys(sim, live)}
+            for i in live
+        }
+    )
+    found += await _every_shard_answers(sim, live, settings)
+    return found
+
+
+def _unique(sim: SimCluster, live: Sequence[int]) -> set[Any]:
+    return {sim.nodes[i].cluster.self_member.node for i in live}
+
+
+def _keys(sim: SimCluster, live: Sequence[int]) -> list[str]:
+    return sorted({key for i in live for key in sim.nodes[i].replicator.keys()})  # noqa: SIM118
+
+
+async def _every_shard_answers(
+    sim: SimCluster, live: list[int], settings: ChaosSettings, bound: float = 10.0
+) -> list[Violation]:
+    extractor = HashExtractor(settings.shards)
+    probes: dict[str, str] = {}
+    n = 0
+    while len(probes) < settings.shards:
+        entity = f"probe-{n}"
+        probes.setdefault(extractor.shard_id(entity), entity)  # type: ignore[arg-type]
+        n += 1
+    found: list[Violation] = []
+
+    async def ask(i: int, shard: str, entity: str) -> None:
+        try:
+            await sim.regions[i].entity_ref(entity).ask(Read(), timeout=bound)
+        except Exception as exc:  # any failure is the violation being looked for
+            found.append(
+                Violation(
+                    AGREEMENT,
+                    f"shard {shard} did not answer {node_name(i)} within {bound:g} s: {exc!r}",
+                )
+            )
+
+    async with trio.open_nursery() as nursery:
+        for i in live:
+            if i not in sim.regions:
+                continue
+            for shard, entity in sorted(probes.items()):
+                nursery.start_soon(ask, i, shard, entity)
+    return sorted(found, key=str)
+
+
+def summarize(reports: Sequence[ChaosReport]) -> str:
+    """A table of many seeds: faults by kind, incarnations, messages, violations by invariant."""
+    lines = [f"{'seeds run':<28}{len(reports):>10}"]
+    kinds: dict[str, int] = {}
+    for report in reports:
+        for fault in report.faults:
+            word = fault.split(" ", 2)[1].rstrip(":")
+            kind = "exit (downed)" if "exited" in fault else word
+            kinds[kind] = kinds.get(kind, 0) + 1
+    lines.append(f"{'faults injected':<28}{sum(kinds.values()):>10}")
+    lines += [f"  {kind:<26}{count:>10}" for kind, count in sorted(kinds.items())]
+    lines.append(f"{'entity incarnations':<28}{sum(r.incarnations for r in reports):>10}")
+    lines.append(f"{'messages sent':<28}{sum(r.sent for r in reports):>10}")
+    lines.append(f"{'messages acknowledged':<28}{sum(r.acknowledged for r in reports):>10}")
+    by_invariant = dict.fromkeys(INVARIANTS, 0)
+    for report in reports:
+        for violation in report.violations:
+            by_invariant[violation.invariant] = by_invariant.get(violation.invariant, 0) + 1
+    lines.append(f"{'violations':<28}{sum(by_invariant.values()):>10}")
+    lines += [f"  {name:<26}{count:>10}" for name, count in by_invariant.items()]
+    failing = [r for r in reports if not r.ok]
+    lines.append(f"{'failing seeds':<28}{len(failing):>10}")
+    if failing:
+        first = failing[0]
+        lines.append(f"first failing seed {first.seed}: {first.violations[0]}")
+        lines.append(f"replay: {first.replay_command()}")
+    return "\n".join(lines)

@@ -1,0 +1,194 @@
+"""Invariant checkers: pure functions over a :class:`History`, and live checks of a quiet cluster.
+
+The history checkers (single activation, acknowledged messages kept exactly once, per-sender
+order, at most one singleton) read only the record, so they apply the same way to a simulated run
+and to real processes whose records were merged on one clock. The live checks (membership and
+shard homes agree, every shard answers, replicas converge) look at the nodes of a
+:class:`~p2pshard.testing.SimCluster` after the faults have healed and the cluster was quiet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+from ._history import History, Span
+
+SINGLE_ACTIVATION = "single-activation"
+ACKNOWLEDGED_KEPT = "acknowledged-kept"
+SENDER_ORDER = "sender-order"
+AGREEMENT = "agreement"
+SINGLE_SINGLETON = "single-singleton"
+CONVERGENCE = "convergence"
+
+INVARIANTS = (
+    SINGLE_ACTIVATION,
+    ACKNOWLEDGED_KEPT,
+    SENDER_ORDER,
+    AGREEMENT,
+    SINGLE_SINGLETON,
+    CONVERGENCE,
+)
+"""Every invariant name, in report order."""
+
+
+@attrs.frozen
+class Violation:
+    """One broken invariant: which, and what exactly was seen."""
+
+    invariant: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.invariant}: {self.detail}"
+
+
+def check_history(history: History) -> list[Violation]:
+    """Every history invariant: single activation, acknowledged kept, order, one singleton."""
+    return [
+        *check_single_activation(history),
+        *check_acknowledged_kept(history),
+        *check_sender_order(history),
+        *check_single_singleton(history),
+    ]
+
+
+def check_single_activation(history: History) -> list[Violation]:
+    """(i) Never two live incarnations of one entity at the same instant."""
+    return [
+        Violation(SINGLE_ACTIVATION, f"{key}: {a.describe()} and {b.describe()} overlap")
+        for key, spans in sorted(history.incarnations.items())
+        for a, b in _overlapping(spans)
+    ]
+
+
+def check_single_singleton(history: History) -> list[Violation]:
+    """(v) Never two instances of one singleton at the same instant."""
+    return [
+        Violation(SINGLE_SINGLETON, f"{name}: {a.describe()} and {b.describe()} overlap")
+        for name, spans in sorted(history.singletons.items())
+        for a, b in _overlapping(spans)
+    ]
+
+
+def check_acknowledged_kept(history: History) -> list[Violation]:
+    """(ii) Every acknowledged message is in its entity's log exactly once; none twice.
+
+    A message that was not acknowledged may be in the log once (it was handled, the answer got
+    lost) or not at all (at-most-once delivery), never twice.
+    """
+    found = []
+    counts: dict[tuple[str, str, int], int] = {}
+    for entity, log in history.logs.items():
+        for sender, seq in log:
+            counts[(entity, sender, seq)] = counts.get((entity, sender, seq), 0) + 1
+    for (entity, sender, seq), count in sorted(counts.items()):
+        if count > 1:
+            found.append(
+                Violation(ACKNOWLEDGED_KEPT, f"{entity}: {sender}#{seq} handled {count} times")
+            )
+    for message in sorted(history.messages.values(), key=lambda m: (m.sender, m.seq)):
+        if message.acknowledged_at is None:
+            continue
+        if (message.entity, message.sender, message.seq) not in counts:
+            found.append(
+                Violation(
+                    ACKNOWLEDGED_KEPT,
+                    f"{message.entity}: {message.sender}#{message.seq} was acknowledged at "
+                    f"{message.acknowledged_at:.3f} but is not in the entity's log",
+                )
+            )
+    return found
+
+
+def check_sender_order(history: History) -> list[Violation]:
+    """(iii) Each sender's messages to one entity were handled in the order it sent them.
+
+    Gaps are allowed (an unacknowledged message may be lost); going back is not.
+    """
+    found = []
+    for entity, log in sorted(history.logs.items()):
+        last: dict[str, int] = {}
+        for sender, seq in log:
+            previous = last.get(sender)
+            if previous is not None and seq < previous:
+                found.append(
+                    Violation(
+                        SENDER_ORDER,
+                        f"{entity}: {sender}#{seq} was handled after {sender}#{previous}",
+                    )
+                )
+            last[sender] = max(seq, previous or seq)
+    return found
+
+
+def check_agreement_views(
+    members: dict[str, frozenset[tuple[str, str]]],
+    homes: dict[str, dict[str, str]],
+    live: Iterable[str],
+) -> list[Violation]:
+    """(iv) Live nodes agree on membership and on shard homes (a pure check of their views).
+
+    ``members`` maps each live node to the (node, status) pairs it sees; every live node must see
+    the same set, with every live node Up in it. ``homes`` maps each live node to the shard →
+    home-node table its region knows; no two regions may name different homes for one shard, and
+    every home must be a live node.
+    """
+    live = sorted(live)
+    found = []
+    views = {frozenset(view) for view in members.values()}
+    if len(views) > 1:
+        detail = "; ".join(f"{node} sees {sorted(members[node])}" for node in sorted(members))
+        found.append(Violation(AGREEMENT, f"members differ: {detail}"))
+    for node, view in sorted(members.items()):
+        up = {name for name, status in view if status == "up"}
+        missing = [name for name in live if name not in up]
+        if missing:
+            found.append(
+                Violation(AGREEMENT, f"{node} does not see {missing} Up (it sees {sorted(view)})")
+            )
+    owner: dict[str, tuple[str, str]] = {}
+    for node, table in sorted(homes.items()):
+        for shard, home in sorted(table.items()):
+            if home not in live:
+                found.append(
+                    Violation(AGREEMENT, f"{node} thinks shard {shard} lives on {home}, not live")
+                )
+            seen = owner.setdefault(shard, (home, node))
+            if seen[0] != home:
+                found.append(
+                    Violation(
+                        AGREEMENT,
+                        f"shard {shard}: {seen[1]} says {seen[0]}, {node} says {home}",
+                    )
+                )
+    return found
+
+
+def check_convergence_digests(digests: dict[str, dict[str, bytes | None]]) -> list[Violation]:
+    """(vi) Replicas converged: every live node holds the same digest for every key.
+
+    ``digests`` maps each live node to key → digest (None: the node lacks the key).
+    """
+    keys = sorted({key for table in digests.values() for key in table})
+    found = []
+    for key in keys:
+        values = {node: table.get(key) for node, table in sorted(digests.items())}
+        if len(set(values.values())) > 1:
+            detail = ", ".join(
+                f"{node}: {'absent' if value is None else value.hex()[:12]}"
+                for node, value in values.items()
+            )
+            found.append(Violation(CONVERGENCE, f"replicas of {key} differ: {detail}"))
+    return found
+
+
+def _overlapping(spans: list[Span]) -> Iterable[tuple[Span, Span]]:
+    ordered = sorted(spans, key=lambda s: s.start)
+    for i, a in enumerate(ordered):
+        a_end = float("inf") if a.end is None else a.end
+        for b in ordered[i + 1 :]:
+            if b.start >= a_end:
+                break
+            yield a, b
