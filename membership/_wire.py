@@ -515,3 +515,55 @@ def _ext_hook(depth: int, code: int, data: bytes) -> object:
 
 
 _top_ext_hook = functools.partial(_ext_hook, 1)
+
+
+# --- one value on its own, for storage (the journal of event-sourced entities) ------------------
+
+VALUE_VERSION: Final = 1
+"""The first byte of :func:`encode_value`'s output: the format of stored values."""
+
+
+def encode_value(value: object) -> bytes:
+    """Encode one value without a frame header: a version byte, then msgpack.
+
+    For values kept outside a frame, such as the events and snapshots of event-sourced entities.
+    The rules are those of messages: registered classes, registered enums and plain msgpack
+    types, tuples and sets included; no pickle.
+
+    Example:
+        >>> decode_value(encode_value((1, "a", frozenset({2}))))
+        (1, 'a', frozenset({2}))
+
+    Raises:
+        SerializationError: the value, or one inside it, is not serializable; the error names
+            the type.
+    """
+    try:
+        body: bytes = _local.packer.pack(value)
+    except (SerializationError, TypeError, ValueError, OverflowError) as exc:
+        _local.packer = _new_packer()  # see _encode_body
+        cls = type(value)
+        raise SerializationError(
+            f"cannot encode a value of type {cls.__module__}.{cls.__qualname__}: {exc}"
+        ) from _cause(exc)
+    return bytes((VALUE_VERSION,)) + body
+
+
+def decode_value(data: bytes) -> object:
+    """Decode what :func:`encode_value` made.
+
+    Raises:
+        MessageDecodeError: an unknown version, malformed msgpack, or a registered type this
+            process does not know (not imported, or renamed without ``@message(name=...)``).
+    """
+    if not data or data[0] != VALUE_VERSION:
+        version = data[0] if data else None
+        raise MessageDecodeError(
+            f"stored value has format version {version}; this process reads {VALUE_VERSION}"
+        )
+    try:
+        return _unpackb(data[1:], raw=False, strict_map_key=False, ext_hook=_top_ext_hook)
+    except MessageDecodeError:
+        raise
+    except Exception as exc:  # as in decode_parts: msgpack and constructors raise many types
+        raise MessageDecodeError(f"undecodable value: {type(exc).__name__}: {exc}") from None

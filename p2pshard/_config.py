@@ -42,6 +42,7 @@ from membership._cluster_core import ClusterSettings
 from membership._failure_detector import FailureDetectorSettings
 from membership._sbr import SplitBrainResolverSettings
 
+from ._journal import JournalSettings
 from ._lease import LeaseSettings
 
 ENV_PREFIX = "P2PSHARD_"
@@ -207,6 +208,12 @@ class NodeConfig:
         ttl = 15.0
         renew_interval = 3.0
 
+        [journal]  # p2pshard.JournalSettings: where event-sourced entities keep their events
+        backend = "sqlite"  # every node on this host may share the file; or "postgresql"
+        path = "journal.db"
+        # dsn = "postgresql://p2pshard@db-host/shop"  # backend = "postgresql"
+        snapshot_every = 100
+
     Environment variables override the file: ``P2PSHARD_`` and the field name in upper case, a
     double underscore for each table level. Lists are comma-separated, tables of ``name = value``
     are comma-separated ``name=value`` lists, booleans are true/false/1/0/yes/no, and an empty
@@ -304,6 +311,12 @@ class NodeConfig:
     """Where the node's leases live and how they are kept alive (default: no lease backend;
     ``[lease]`` in a file). Needed by ``ShardingSettings.use_lease`` and the lease-majority split
     brain strategy."""
+
+    journal: JournalSettings = attrs.field(
+        factory=JournalSettings, validator=_instance_of(JournalSettings)
+    )
+    """Where event-sourced entities keep their events, ``node.journal`` (default: no journal;
+    ``[journal]`` in a file)."""
 
     log_level: str = attrs.field(default="INFO", validator=_check_log_level)
     """The least severe log records to emit: DEBUG, INFO, WARNING or ERROR (default INFO)."""

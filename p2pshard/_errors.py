@@ -7,7 +7,7 @@ answer came, a buffer overflowed) raises a :class:`ShardingError`.
 
 from __future__ import annotations
 
-from membership import ClusterError
+from membership import ClusterError, SerializationError
 
 
 class ShardingError(ClusterError):
@@ -50,4 +50,44 @@ class LeaseUnavailable(ClusterError):
 
     Whether the operation took effect is unknown; it is not a refusal (``acquire`` returns None
     for that). Try again later.
+    """
+
+
+class JournalError(ShardingError):
+    """The journal of event-sourced entities could not do what was asked.
+
+    Raised by :class:`p2pshard.Journal` calls (and so by ``EventSourcedEntity.persist``) when
+    storage failed (a locked or unreadable file, a lost database connection, no answer within
+    ``operation_timeout``) or stored data cannot be read back. The message names the persistence
+    id and the cause is chained. After a failure that is not a subclass the outcome may be
+    unknown (an append that timed out may still commit); a refusal (:class:`JournalFenced`,
+    :class:`JournalConflict`) wrote nothing.
+    """
+
+    def __init__(self, persistence_id: str, text: str) -> None:
+        super().__init__(f"journal of {persistence_id!r}: {text}")
+        self.persistence_id = persistence_id
+
+
+class JournalFenced(JournalError):
+    """A write (or recovery) carried a fencing token lower than one the journal has seen.
+
+    The caller is a stale holder of the shard's lease: a newer holder has recovered the
+    persistence id with a larger token since. Nothing was written.
+    """
+
+
+class JournalConflict(JournalError):
+    """An append did not continue the stored sequence: another writer appended first.
+
+    ``first_seq`` was not the highest stored sequence number plus one (or a snapshot was taken
+    at a sequence number beyond the highest event). Nothing was written.
+    """
+
+
+class EventTooLarge(SerializationError):
+    """An event or snapshot encodes to more bytes than the journal's ``max_event_size``.
+
+    Raised by the journal call before anything is written (in a batch, nothing of the batch is
+    written). Make the event smaller, or raise ``[journal] max_event_size``.
     """

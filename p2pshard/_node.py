@@ -35,6 +35,7 @@ from membership._tls import TlsIdentity
 from membership._trioutil import single_error
 
 from ._config import NodeConfig
+from ._journal import Journal, JournalSettings, open_journal
 from ._lease import LeaseBackend, Leases, LeaseSettings
 from ._lease_sqlite import SqliteLeaseBackend
 from ._sharding import Sharding
@@ -63,6 +64,7 @@ class Node:
     _sharding: Sharding | None = None
     _status: StatusService | None = None
     _leases: Leases | None = None
+    _journal: Journal | None = None
     _nursery: trio.Nursery | None = None
     _rng: random.Random = attrs.Factory(random.Random)
 
@@ -106,6 +108,26 @@ class Node:
                 "its config, or pass lease_backend= to open_node"
             )
         return self._leases
+
+    @property
+    def journal(self) -> Journal:
+        """The journal of this node's event-sourced entities, from its ``[journal]`` table.
+
+        Example:
+            >>> async def start_rooms(node: Node) -> ShardRegion:
+            ...     return await node.sharding.start(
+            ...         "Room", lambda ctx: Room(ctx, node.journal), extractor=HashExtractor(100)
+            ...     )
+
+        Raises:
+            ConfigurationError: the node has no journal.
+        """
+        if self._journal is None:
+            raise ConfigurationError(
+                'this node has no journal: set [journal] backend = "sqlite" (and path) or '
+                '"postgresql" (and dsn) in its config, or pass journal= to open_node'
+            )
+        return self._journal
 
     @property
     def sharding(self) -> Sharding:
@@ -235,6 +257,7 @@ async def open_node(
     rng: random.Random | None = None,
     downing_lease: DowningLease | None = None,
     lease_backend: LeaseBackend | None = None,
+    journal: Journal | None = None,
 ) -> AsyncIterator[Node]:
     """Start a node and join the cluster through its seed nodes; leaving the block leaves.
 
@@ -248,6 +271,9 @@ async def open_node(
             (default: ``<cluster>-p2pshard-sbr`` in the node's lease backend).
         lease_backend: a lease backend to use instead of the one ``config.lease`` names (a
             simulated cluster's shared one, in tests). The caller keeps ownership of it.
+        journal: a journal to use instead of the one ``config.journal`` names (a
+            :class:`MemoryJournal` shared by a simulated cluster, say). The caller keeps
+            ownership of it; one the configuration names is closed when the node stops.
 
     Example:
         >>> async def main() -> None:
@@ -271,10 +297,13 @@ async def open_node(
             "split_brain_resolver.active_strategy = 'lease-majority' needs a lease: set [lease] "
             "backend (and path or endpoints) in the config"
         )
-    async with _lease_backend(config.lease, lease_backend) as backend:
+    async with (
+        _lease_backend(config.lease, lease_backend) as backend,
+        _journal(config.journal, journal) as node_journal,
+    ):
         if transport is not None:
             async with _run(
-                config, transport, rng, downing_lease, backend, wall_offset=0.0
+                config, transport, rng, downing_lease, backend, node_journal, wall_offset=0.0
             ) as node:
                 yield node
             return
@@ -292,6 +321,7 @@ async def open_node(
                 rng,
                 downing_lease,
                 backend,
+                node_journal,
                 wall_offset=time.time() - trio.current_time(),
             ) as node,
         ):
@@ -322,12 +352,29 @@ async def _lease_backend(
 
 
 @asynccontextmanager
+async def _journal(
+    settings: JournalSettings, given: Journal | None
+) -> AsyncIterator[Journal | None]:
+    """The given journal, or the one ``settings`` names (closed at the end), or None."""
+    if given is not None or settings.backend is None:
+        yield given
+        return
+    journal = open_journal(settings)
+    try:
+        yield journal
+    finally:
+        with trio.CancelScope(shield=True):
+            await journal.aclose()
+
+
+@asynccontextmanager
 async def _run(
     config: NodeConfig,
     transport: Transport,
     rng: random.Random | None,
     downing_lease: DowningLease | None,
     lease_backend: LeaseBackend | None,
+    journal: Journal | None,
     *,
     wall_offset: float,
 ) -> AsyncIterator[Node]:
@@ -359,6 +406,7 @@ async def _run(
             )
             node = Node(config, transport, cluster, rng=rng or random.Random())
             node._leases = leases
+            node._journal = journal
             node._singletons = Singletons(transport, cluster, nursery)
             transport.set_handler(node._dispatch)
             nursery.start_soon(node._log_membership)

@@ -1,34 +1,41 @@
 #!/usr/bin/env bash
 # The whole test suite: lint, types, tests. `scripts/test.sh --slow` adds soak and many-seed runs;
-# any other arguments go to pytest. The etcd lease tests start their own etcd server: when the
-# `etcd` binary is missing it is installed first from Debian's package etcd-server.
+# any other arguments go to pytest. The etcd lease tests start their own etcd server and the
+# PostgreSQL journal tests their own PostgreSQL: when the binaries are missing they are installed
+# first from Debian's packages etcd-server and postgresql.
 source "$(dirname "$0")/_venv.sh"
 
-# Installs etcd-server as root (or through sudo) without leaving its service running: a
-# policy-rc.d that answers 101 ("action forbidden") keeps the package's postinst from starting
-# it, and where systemd runs the unit is stopped and disabled too. The tests start their own etcd
-# on free ports, so an etcd on port 2379 would not be used by them anyway.
-install_etcd() {
-    if command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ]; then
+# Installs one of Debian's packages as root (or through sudo) for tests that run a real server,
+# without leaving the package's own service running: a policy-rc.d that answers 101 ("action
+# forbidden") keeps its postinst from starting it, and where systemd runs the unit is stopped
+# and disabled too. The tests start their own servers on free ports, so one on the package's
+# default port would not be used by them anyway.
+#   install_debian_package PACKAGE SERVICE WHAT CHECK...
+# installs PACKAGE unless the command CHECK... succeeds; SERVICE is its systemd unit (or "");
+# WHAT names the tests that need it, for the messages.
+install_debian_package() {
+    local package="$1" service="$2" what="$3"
+    shift 3
+    if "$@" >/dev/null 2>&1; then
         return 0
     fi
     local as_root=()
     if [ "$(id -u)" -ne 0 ]; then
         if ! command -v sudo >/dev/null 2>&1; then
-            echo "etcd is not installed and this is neither root nor has sudo: the etcd lease" \
-                "tests will fail. Install it as root: apt-get install etcd-server" >&2
+            echo "$package is not installed and this is neither root nor has sudo: the $what" \
+                "tests will fail. Install it as root: apt-get install $package" >&2
             return 0
         fi
         as_root=(sudo)
     fi
-    echo "etcd is not installed: installing Debian's etcd-server for the etcd lease tests" >&2
+    echo "$package is not installed: installing Debian's $package for the $what tests" >&2
     local policy=/usr/sbin/policy-rc.d ours=""
     if [ ! -e "$policy" ]; then
         "${as_root[@]}" sh -c "printf '#!/bin/sh\nexit 101\n' > $policy && chmod 755 $policy"
         ours=1
     fi
     local apt=("${as_root[@]}" env DEBIAN_FRONTEND=noninteractive RUNLEVEL=1
-        apt-get install -y --no-install-recommends etcd-server)
+        apt-get install -y --no-install-recommends "$package")
     local status=0
     if ! "${apt[@]}"; then
         # A fresh image has no package lists; fetch them and try once more.
@@ -37,15 +44,40 @@ install_etcd() {
     if [ -n "$ours" ]; then
         "${as_root[@]}" rm -f "$policy"
     fi
-    if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
-        "${as_root[@]}" systemctl disable --now etcd.service >/dev/null 2>&1 || true
+    if [ -n "$service" ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+        "${as_root[@]}" systemctl disable --now "$service" >/dev/null 2>&1 || true
     fi
     if [ "$status" -ne 0 ]; then
-        echo "could not install etcd-server (apt-get failed): the etcd lease tests will fail" >&2
+        echo "could not install $package (apt-get failed): the $what tests will fail" >&2
     fi
 }
 
-install_etcd
+has_etcd() {
+    command -v etcd || [ -x /usr/bin/etcd ]
+}
+
+has_postgres() {
+    compgen -G "/usr/lib/postgresql/*/bin/postgres"
+}
+
+# Debian's postgresql creates a cluster "main" on port 5432; where something started it anyway
+# (systemd without the unit we disabled, an older postinst), stop it: the tests run their own.
+stop_debian_postgres_clusters() {
+    command -v pg_lsclusters >/dev/null 2>&1 || return 0
+    local as_root=()
+    [ "$(id -u)" -eq 0 ] || as_root=(sudo)
+    pg_lsclusters --no-header 2>/dev/null | while read -r version cluster _port status _rest; do
+        if [ "$status" = online ]; then
+            "${as_root[@]}" pg_ctlcluster "$version" "$cluster" stop >/dev/null 2>&1 || true
+        fi
+    done || true
+}
+
+install_debian_package etcd-server etcd.service "etcd lease" has_etcd
+if ! has_postgres >/dev/null 2>&1; then
+    install_debian_package postgresql postgresql.service "PostgreSQL journal" has_postgres
+    stop_debian_postgres_clusters
+fi
 ruff check .
 ruff format --check .
 mypy

@@ -387,7 +387,7 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
     )
     assert message.endswith(
         "tls, transport, cluster, failure_detector, split_brain_resolver, replicator, lease, "
-        "log_level, shutdown_timeout"
+        "journal, log_level, shutdown_timeout"
     )
 
 

@@ -6,114 +6,51 @@ instance at any moment) and that one runs again within a bound after each disrup
 
 from __future__ import annotations
 
-import itertools
-import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 import attrs
 import pytest
 import trio
 import trio.testing
 
-from membership import Address, LinkConditions, SimNetwork
-from membership._member import MemberStatus
+from membership import SimNetwork
 from membership._sbr import SplitBrainResolverSettings
 from membership._singleton import SingletonContext, SingletonUnavailable
-from p2pshard import MemoryLeaseBackend, Node, NodeConfig, TlsFiles, open_node
+from p2pshard import LeaseSettings, MemoryLeaseBackend, Node, testing
 
-TLS = TlsFiles(ca_file=Path("ca.pem"), cert_file=Path("n.pem"), key_file=Path("n.key"))
-SEEDS = (Address("10.0.0.1", 1), Address("10.0.0.1", 2))
 BOUND = 60.0  # seconds until a singleton runs again after a disruption (mock clock)
+addr = testing.node_address
 
 
-def addr(i: int) -> Address:
-    return Address("10.0.0.1", i)
+def counter(history: testing.History, i: int) -> Callable[[SingletonContext], Awaitable[None]]:
+    """The singleton under test: records its instances, answers (node, message)."""
+
+    async def run(ctx: SingletonContext) -> None:
+        span = history.singleton_started(f"n{i}", ctx.name)
+        try:
+            async for request in ctx:
+                request.reply((f"n{i}", request.message))
+        finally:
+            span.end = trio.current_time()
+
+    return run
 
 
-@attrs.define
-class Interval:
-    node: str
-    start: float
-    end: float | None = None
+@attrs.define(eq=False)
+class Harness(testing.SimCluster):
+    """The package's simulated cluster, each node running the singleton ``counter``."""
 
-
-@attrs.define
-class Harness:
-    net: SimNetwork
-    nursery: trio.Nursery
-    sbr: SplitBrainResolverSettings
-    nodes: dict[int, Node] = attrs.field(factory=dict)
-    scopes: dict[int, trio.CancelScope] = attrs.field(factory=dict)
-    leave: dict[int, trio.Event] = attrs.field(factory=dict)
-    done: dict[int, trio.Event] = attrs.field(factory=dict)
-    runs: list[Interval] = attrs.field(factory=list)
     leases: MemoryLeaseBackend = attrs.field(factory=MemoryLeaseBackend)
 
-    def singleton(self, name: str) -> Callable[[SingletonContext], object]:
-        async def counter(ctx: SingletonContext) -> None:
-            interval = Interval(name, trio.current_time())
-            self.runs.append(interval)
-            try:
-                async for request in ctx:
-                    request.reply((name, request.message))
-            finally:
-                interval.end = trio.current_time()
+    @property
+    def runs(self) -> list[testing.Span]:
+        return self.history.singletons.get("counter", [])
 
-        return counter
-
-    async def start(self, i: int) -> Node:
-        return await self.nursery.start(self._run, i)  # type: ignore[no-any-return]
-
-    async def _run(self, i: int, *, task_status: trio.TaskStatus[Node]) -> None:
-        config = NodeConfig(
-            cluster_name="sim",
-            node_name=f"n{i}",
-            bind_host="10.0.0.1",
-            bind_port=i,
-            seed_nodes=SEEDS,
-            tls=TLS,
-            split_brain_resolver=self.sbr,
-        )
-        self.leave[i], self.done[i] = trio.Event(), trio.Event()
-        try:
-            with trio.CancelScope() as scope:
-                self.scopes[i] = scope
-                async with (
-                    self.net.transport(addr(i), f"n{i}") as transport,
-                    open_node(
-                        config,
-                        transport=transport,
-                        rng=random.Random(i),
-                        lease_backend=self.leases,
-                    ) as node,
-                ):
-                    self.nodes[i] = node
-                    await node.singletons.start("counter", self.singleton(f"n{i}"))  # type: ignore[arg-type]
-                    task_status.started(node)
-                    await self.leave[i].wait()
-        finally:
-            self.done[i].set()
-
-    def crash(self, i: int) -> None:
-        self.net.crash(addr(i))
-        self.scopes[i].cancel()
-
-    async def graceful_leave(self, i: int) -> None:
-        self.leave[i].set()
-        await self.done[i].wait()
-
-    def check_at_most_one(self) -> None:
-        spans = sorted(self.runs, key=lambda r: r.start)
-        for a, b in itertools.pairwise(spans):
-            assert a.end is not None, f"two still running: {a} and {b}"
-            assert a.end <= b.start, f"overlap: {a} and {b}"
-
-    def running(self) -> list[Interval]:
+    def running(self) -> list[testing.Span]:
         return [r for r in self.runs if r.end is None]
 
-    async def wait_running(self, exclude: frozenset[str] = frozenset()) -> Interval:
+    async def wait_running(self, exclude: frozenset[str] = frozenset()) -> testing.Span:
         with trio.fail_after(BOUND):
             while True:
                 live = [r for r in self.running() if r.node not in exclude]
@@ -122,26 +59,32 @@ class Harness:
                 await trio.sleep(0.1)
 
 
+async def _start_counter(i: int, node: Node, sim: testing.SimCluster) -> None:
+    await node.singletons.start("counter", counter(sim.history, i))
+
+
 @asynccontextmanager
 async def harness(
     seed: int, sbr: SplitBrainResolverSettings | None = None
 ) -> AsyncIterator[Harness]:
     print(f"seed={seed}")
-    net = SimNetwork(seed, conditions=LinkConditions(delay_min=0.001, delay_max=0.005))
+    net = SimNetwork(seed, conditions=testing.SIM_LINKS)
     async with trio.open_nursery() as nursery:
-        h = Harness(net, nursery, sbr or SplitBrainResolverSettings(stable_after=5.0))
+        h = Harness(
+            net,
+            nursery,
+            _start_counter,
+            split_brain_resolver=sbr or SplitBrainResolverSettings(stable_after=5.0),
+            lease_settings=LeaseSettings(),
+        )
+        h.lease_backend = h.leases
         yield h
-        h.check_at_most_one()
+        assert testing.check_single_singleton(h.history) == []
         nursery.cancel_scope.cancel()
 
 
 async def all_up(h: Harness, nodes: list[int]) -> None:
-    want = {f"n{i}": MemberStatus.UP for i in nodes}
-    with trio.fail_after(BOUND):
-        while not all(  # noqa: ASYNC110 - polls cluster state on the mock clock
-            {m.node.name: m.status for m in h.nodes[i].cluster.members} == want for i in nodes
-        ):
-            await trio.sleep(0.1)
+    await h.all_up(nodes, bound=BOUND)
 
 
 async def test_singleton_runs_on_the_oldest_and_proxies_reach_it(
@@ -250,10 +193,10 @@ async def test_singleton_with_a_lease_runs_only_while_it_holds_the_lease(
         node = await h.start(1)
         owner = "10.0.0.1:1"
         assert await h.leases.try_acquire("guarded", "someone-else", 30.0) == 1
-        runs: list[Interval] = []
+        runs: list[testing.Span] = []
 
         async def guarded(ctx: SingletonContext) -> None:
-            run = Interval("n1", trio.current_time())
+            run = testing.Span("n1", "guarded", trio.current_time())
             runs.append(run)
             try:
                 await trio.sleep_forever()

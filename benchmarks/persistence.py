@@ -1,0 +1,372 @@
+"""Journal benchmark: appends to the SQLite and PostgreSQL journals, against raw inserts.
+
+How to run it (from the project root)::
+
+    .venv/bin/python -m benchmarks.persistence            # full run, about a minute
+    .venv/bin/python -m benchmarks.persistence --quick    # smaller counts, well under a minute
+    .venv/bin/python -m benchmarks.persistence --json     # one JSON object instead of the table
+
+(``python benchmarks/persistence.py`` works too.) Progress lines go to stderr unless ``--json``.
+
+Everything runs in this process, on this machine: the SQLite files live in a temporary
+directory; PostgreSQL is a real server (``tests/p2pshard/postgres_server.py``: initdb into a
+temporary directory, a free port on 127.0.0.1, fsync on as in production) that this benchmark
+starts and stops. Each event is 100 bytes, one event per append, as an entity's ``persist`` makes.
+
+For each backend (``SqliteJournal``, ``PostgresJournal``, built as ``open_node`` builds them):
+
+- ``append``: one append at a time to one stream, p50 and p99. Each sample is paired with a
+  baseline taken just before or after it (alternately): the raw INSERT and commit of one row
+  into a table of the same shape, on the same kind of storage, in a worker thread through
+  ``trio.to_thread.run_sync`` as the journal runs its calls. SQLite's baseline is another file in
+  WAL mode with ``synchronous=FULL`` (``BEGIN IMMEDIATE``, ``INSERT``, ``COMMIT`` on a kept
+  connection); PostgreSQL's an autocommitted ``INSERT`` on a kept connection to the same server.
+  ``ratio`` = p50 ours / p50 baseline, the median over rounds.
+- ``appends/s``: 16 tasks, each appending to a stream of its own in a closed loop for a fixed
+  window; appends completed per second. Baseline: 16 tasks doing the raw insert, through the
+  same number of threads (4) as the journal's limiter allows. One window of each per round,
+  back to back in alternating order; the figures and the ratio are medians over rounds.
+
+What the journal adds to a raw insert is the stream row (read, locked, updated: the fence and
+sequence checks) and, for PostgreSQL, the extra round trips of those statements.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a script, Python puts this directory first on sys.path, where benchmarks/membership.py
+# would shadow the membership package: take it out, and put the project root in its place.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import itertools  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import sqlite3  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Awaitable, Callable, Iterator  # noqa: E402
+from typing import Any  # noqa: E402
+
+import attrs  # noqa: E402
+import psycopg  # noqa: E402
+import trio  # noqa: E402
+
+from p2pshard import Journal, PostgresJournal, SqliteJournal  # noqa: E402
+from tests.p2pshard.postgres_server import PostgresNotInstalled, running_postgres  # noqa: E402
+
+EVENT = b"e" * 100
+TASKS = 16
+THREADS = 4
+"""The journals' default limit of worker threads; the baselines use a limiter as large."""
+
+
+@attrs.frozen(kw_only=True)
+class Plan:
+    samples: int
+    """Paired append samples per round."""
+    rounds: int
+    window: float
+    """Seconds of each closed-loop throughput window."""
+
+
+def make_plan(*, quick: bool) -> Plan:
+    return Plan(
+        samples=150 if quick else 500, rounds=2 if quick else 5, window=1.0 if quick else 2.0
+    )
+
+
+def progress(enabled: bool, text: str) -> None:
+    if enabled:
+        print(text, file=sys.stderr, flush=True)
+
+
+def quantiles_ms(samples: list[float]) -> tuple[float, float]:
+    if not samples:
+        return math.nan, math.nan
+    cuts = statistics.quantiles(samples, n=100, method="inclusive")
+    return statistics.median(samples) * 1e3, cuts[98] * 1e3
+
+
+class Baseline:
+    """A raw insert-and-commit of one row per call, in worker threads with kept connections."""
+
+    def __init__(self, connect: Callable[[], Any], insert: Callable[[Any, str, int], None]) -> None:
+        self._connect, self._insert = connect, insert
+        self._local = threading.local()
+        self._all: list[Any] = []
+        self._lock = threading.Lock()
+        self.limiter = trio.CapacityLimiter(THREADS)
+
+    def _conn(self) -> Any:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = self._connect()
+            with self._lock:
+                self._all.append(conn)
+        return conn
+
+    async def insert(self, stream: str, seq: int) -> None:
+        await trio.to_thread.run_sync(
+            lambda: self._insert(self._conn(), stream, seq), limiter=self.limiter
+        )
+
+    def close(self) -> None:
+        for conn in self._all:
+            conn.close()
+
+
+def sqlite_baseline(path: Path) -> Baseline:
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute(
+            "CREATE TABLE raw (stream TEXT NOT NULL, seq INTEGER NOT NULL, payload BLOB NOT NULL, "
+            "PRIMARY KEY (stream, seq))"
+        )
+
+    def connect() -> sqlite3.Connection:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=5.0)
+        conn.execute("PRAGMA synchronous=FULL")
+        return conn
+
+    def insert(conn: sqlite3.Connection, stream: str, seq: int) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO raw VALUES (?, ?, ?)", (stream, seq, EVENT))
+        conn.execute("COMMIT")
+
+    return Baseline(connect, insert)
+
+
+def postgres_baseline(dsn: str) -> Baseline:
+    with psycopg.connect(dsn, autocommit=True) as db:
+        db.execute(
+            "CREATE TABLE raw (stream TEXT NOT NULL, seq BIGINT NOT NULL, payload BYTEA NOT NULL, "
+            "PRIMARY KEY (stream, seq))"
+        )
+
+    def insert(conn: psycopg.Connection[Any], stream: str, seq: int) -> None:
+        conn.execute("INSERT INTO raw VALUES (%s, %s, %s)", (stream, seq, EVENT))
+
+    return Baseline(lambda: psycopg.connect(dsn, autocommit=True), insert)
+
+
+async def timed(call: Awaitable[None]) -> float:
+    start = time.perf_counter()
+    await call
+    return time.perf_counter() - start
+
+
+async def latencies(journal: Journal, baseline: Baseline, plan: Plan, show: bool) -> dict[str, Any]:
+    ours_all: list[float] = []
+    base_all: list[float] = []
+    ratios = []
+    for r in range(plan.rounds):
+        stream = f"Bench|latency-{r}"
+        ours, base = [], []
+        await journal.append(stream, 1, [EVENT], token=1)  # warm: connections, tables
+        await baseline.insert(stream, 1)
+        for k in range(2, plan.samples + 2):
+            pair = [
+                lambda k=k, s=stream: timed(journal.append(s, k, [EVENT], token=1)),
+                lambda k=k, s=stream: timed(baseline.insert(s, k)),
+            ]
+            first, second = pair if k % 2 else pair[::-1]
+            a, b = await first(), await second()
+            (ours.append(a), base.append(b)) if k % 2 else (ours.append(b), base.append(a))
+        ratios.append(statistics.median(ours) / statistics.median(base))
+        ours_all += ours
+        base_all += base
+        progress(
+            show,
+            f"  round {r + 1}: p50 {statistics.median(ours) * 1e3:.2f} ms ours, "
+            f"{statistics.median(base) * 1e3:.2f} ms baseline",
+        )
+    ours_p50, ours_p99 = quantiles_ms(ours_all)
+    base_p50, base_p99 = quantiles_ms(base_all)
+    return {
+        "append_p50_ms": ours_p50,
+        "append_p99_ms": ours_p99,
+        "baseline_p50_ms": base_p50,
+        "baseline_p99_ms": base_p99,
+        "ratio_p50": statistics.median(ratios),
+        "sequential_appends_per_s": 1 / statistics.mean(ours_all),
+        "samples": len(ours_all),
+    }
+
+
+async def closed_loop(step: Callable[[int, int], Awaitable[None]], window: float) -> float:
+    """``TASKS`` tasks calling ``step(task, n)`` for ``window`` seconds: completions per second."""
+    done = [0]
+
+    async def task(t: int) -> None:
+        for n in itertools.count(1):
+            await step(t, n)
+            done[0] += 1
+
+    start = time.perf_counter()
+    with trio.move_on_after(window):
+        async with trio.open_nursery() as nursery:
+            for t in range(TASKS):
+                nursery.start_soon(task, t)
+    return done[0] / (time.perf_counter() - start)
+
+
+async def throughput(journal: Journal, baseline: Baseline, plan: Plan) -> dict[str, float]:
+    """Windows of ours and the baseline back to back, the order alternating, once per round."""
+    ours, base, ratios = [], [], []
+    for r in range(plan.rounds):
+
+        async def journal_window(r: int = r) -> float:
+            return await closed_loop(
+                lambda t, n: journal.append(f"Bench|load-{r}-{t}", n, [EVENT], token=None),
+                plan.window,
+            )
+
+        async def baseline_window(r: int = r) -> float:
+            return await closed_loop(lambda t, n: baseline.insert(f"load-{r}-{t}", n), plan.window)
+
+        if r % 2:
+            b, o = await baseline_window(), await journal_window()
+        else:
+            o, b = await journal_window(), await baseline_window()
+        ours.append(o)
+        base.append(b)
+        ratios.append(o / b)
+    return {
+        "appends_per_s": statistics.median(ours),
+        "baseline_per_s": statistics.median(base),
+        "ratio": statistics.median(ratios),
+    }
+
+
+async def measure(
+    label: str, journal: Journal, baseline: Baseline, plan: Plan, show: bool
+) -> dict[str, Any]:
+    progress(show, f"{label}: append latency")
+    try:
+        result = await latencies(journal, baseline, plan, show)
+        progress(show, f"{label}: {TASKS} tasks in closed loop, {plan.rounds} x 2 windows")
+        result.update(await throughput(journal, baseline, plan))
+    finally:
+        await journal.aclose()
+        baseline.close()
+    return result
+
+
+@contextlib.contextmanager
+def temporary_directory() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="p2pshard-bench-") as name:
+        yield Path(name)
+
+
+def run_all(plan: Plan, show: bool) -> dict[str, Any]:
+    started = time.perf_counter()
+    report: dict[str, Any] = {
+        "plan": attrs.asdict(plan),
+        "cpus": os.cpu_count(),
+        "load_average_before": os.getloadavg()[0],
+    }
+    with temporary_directory() as tmp:
+        report["sqlite"] = trio.run(
+            measure,
+            "sqlite",
+            SqliteJournal(tmp / "journal.db"),
+            sqlite_baseline(tmp / "baseline.db"),
+            plan,
+            show,
+        )
+    try:
+        with running_postgres(fsync=True) as server:
+            report["postgresql"] = trio.run(
+                measure,
+                "postgresql",
+                PostgresJournal(server.dsn),
+                postgres_baseline(server.dsn),
+                plan,
+                show,
+            )
+    except PostgresNotInstalled as exc:
+        report["postgresql"] = None
+        report["postgresql_missing"] = str(exc)
+    report["elapsed_s"] = time.perf_counter() - started
+    return report
+
+
+def format_table(report: dict[str, Any]) -> str:
+    def f(x: float) -> str:
+        return "n/a" if math.isnan(x) else f"{x:,.2f}" if x < 100 else f"{x:,.0f}"
+
+    rows: list[tuple[str, str, str, str]] = []
+    for label in ("sqlite", "postgresql"):
+        r = report.get(label)
+        if r is None:
+            rows.append((f"{label}: not measured", "", "", ""))
+            continue
+        rows += [
+            (
+                f"{label} append, one at a time, p50 (ms)",
+                f(r["append_p50_ms"]),
+                f(r["baseline_p50_ms"]),
+                f(r["ratio_p50"]),
+            ),
+            (
+                "    p99 (ms)",
+                f(r["append_p99_ms"]),
+                f(r["baseline_p99_ms"]),
+                f(r["append_p99_ms"] / r["baseline_p99_ms"]),
+            ),
+            ("    appends/s, one at a time", f(r["sequential_appends_per_s"]), "", ""),
+            (
+                f"    appends/s, {TASKS} streams at once",
+                f(r["appends_per_s"]),
+                f(r["baseline_per_s"]),
+                f(r["ratio"]),
+            ),
+        ]
+    header = ("figure", "ours", "raw insert (same run)", "ratio")
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(4)]
+
+    def line(cells: tuple[str, ...]) -> str:
+        rest = "  ".join(c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True))
+        return f"{cells[0].ljust(widths[0])}  {rest}".rstrip()
+
+    plan = report["plan"]
+    lines = [
+        "journal benchmark: one 100-byte event per append; SQLite (WAL, synchronous=FULL) on a "
+        "temporary file, a real PostgreSQL (fsync on) on 127.0.0.1",
+        f"{plan['rounds']} round(s) of {plan['samples']} paired samples; ratio p50 = median of "
+        f"per-round ratios; throughput: one window of {plan['window']:g} s each per round, "
+        "medians",
+        "",
+        line(header),
+        line(tuple("-" * w for w in widths)),
+        *(line(row) for row in rows),
+        "",
+        f"total {report['elapsed_s']:.0f} s on {report['cpus']} CPUs; 1-minute load average "
+        f"before the run {report['load_average_before']:.2f}",
+    ]
+    if report.get("postgresql_missing"):
+        lines.append(f"PostgreSQL not measured: {report['postgresql_missing']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="smaller counts")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    report = run_all(make_plan(quick=args.quick), show=not args.json)
+    print(json.dumps(report, indent=2) if args.json else format_table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

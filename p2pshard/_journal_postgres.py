@@ -1,0 +1,343 @@
+"""The journal in PostgreSQL: the backend for nodes on several hosts.
+
+Theory of operation: the tables of the SQLite backend (``p2pshard._journal_sqlite``):
+``p2pshard_journal_streams(persistence_id, highest, fence)``, ``p2pshard_journal_events`` with
+the primary key ``(persistence_id, seq)`` and ``p2pshard_journal_snapshots``, created if missing
+(under an advisory lock, as concurrent ``CREATE TABLE IF NOT EXISTS`` can clash). Every call is
+one transaction that first locks the stream's row with ``SELECT ... FOR UPDATE`` (inserting the
+row of a new stream first), so calls on one stream from any number of hosts take turns, the
+fence and sequence checks of ``p2pshard._journal`` see the latest committed row, and calls on
+other streams go on in parallel. An append then stores its events and the stream's new highest
+sequence number in one statement. The unique key is a second guard: a duplicate sequence number
+can never be stored. The statements go out in pipeline mode: an append takes two round trips
+(BEGIN, the insert and the lock; then the write and COMMIT), as many as the checks need.
+
+psycopg 3 (the ``postgresql`` extra) does the talking, in worker threads through
+``trio.to_thread``, with a small pool of connections (at most ``connections`` calls at once).
+Each connection has ``statement_timeout`` and ``lock_timeout`` a little under
+``operation_timeout`` (``WAIT_FRACTION`` of it), so a statement stuck behind another writer is
+cancelled by the server, with nothing written; a call that is still not done at the full
+timeout raises :class:`p2pshard.JournalError` too and abandons its thread, and then the
+outcome of an append is unknown (it may still commit). A broken connection is
+dropped, and the next call opens a new one.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import psycopg
+import psycopg.conninfo
+import psycopg.errors
+import trio
+
+from ._errors import JournalConflict, JournalError
+from ._journal import (
+    DEFAULT_MAX_EVENT_SIZE,
+    DEFAULT_SNAPSHOT_EVERY,
+    JournalSettings,
+    Recovery,
+    admit_token,
+    check_append,
+    check_next,
+    check_persistence_id,
+    check_size,
+    check_snapshot_seq,
+    check_token,
+)
+
+_T = TypeVar("_T")
+
+WAIT_FRACTION = 0.8
+"""Part of ``operation_timeout`` one statement may take (``statement_timeout``,
+``lock_timeout``): the server then cancels it, a refusal with nothing written, before the
+caller's timeout abandons the thread and leaves the outcome unknown."""
+
+_SCHEMA_LOCK = 0x70327368_6A726E6C
+"""The advisory lock (``p2sh`` ``jrnl``) held while the tables are created."""
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS p2pshard_journal_streams (
+        persistence_id TEXT PRIMARY KEY,
+        highest BIGINT NOT NULL,
+        fence BIGINT
+    )""",
+    """CREATE TABLE IF NOT EXISTS p2pshard_journal_events (
+        persistence_id TEXT NOT NULL,
+        seq BIGINT NOT NULL,
+        payload BYTEA NOT NULL,
+        PRIMARY KEY (persistence_id, seq)
+    )""",
+    """CREATE TABLE IF NOT EXISTS p2pshard_journal_snapshots (
+        persistence_id TEXT PRIMARY KEY,
+        seq BIGINT NOT NULL,
+        payload BYTEA NOT NULL
+    )""",
+)
+
+Connection = psycopg.Connection[Any]
+
+
+def _where(dsn: str) -> str:
+    """``host:port/dbname`` of a connection string, without the password, for messages."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.Error:
+        return "(an unparsable connection string)"
+    host = info.get("host") or info.get("hostaddr") or "localhost"
+    port = f":{info['port']}" if info.get("port") else ""
+    return f"{host}{port}/{info.get('dbname') or info.get('user') or ''}"
+
+
+def _lock_stream(conn: Connection, persistence_id: str) -> tuple[int, int | None]:
+    """The stream's highest sequence number and fence, its row locked until the transaction ends.
+
+    The row of a new stream is inserted first (a no-op, writing nothing, when it exists); in
+    pipeline mode both statements go out together with the transaction's BEGIN.
+    """
+    conn.execute(
+        "INSERT INTO p2pshard_journal_streams VALUES (%s, 0, NULL) "
+        "ON CONFLICT (persistence_id) DO NOTHING",
+        (persistence_id,),
+    )
+    row = conn.execute(
+        "SELECT highest, fence FROM p2pshard_journal_streams WHERE persistence_id = %s FOR UPDATE",
+        (persistence_id,),
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), None if row[1] is None else int(row[1])
+
+
+class PostgresJournal:
+    """Event streams in the PostgreSQL database ``dsn`` names (a libpq string or URL).
+
+    Example:
+        >>> journal = PostgresJournal("postgresql://p2pshard@db-host/shop")
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        operation_timeout: float = 5.0,
+        max_event_size: int = DEFAULT_MAX_EVENT_SIZE,
+        snapshot_every: int | None = DEFAULT_SNAPSHOT_EVERY,
+        connections: int = 4,
+    ) -> None:
+        JournalSettings(  # checks the values, with the usual messages
+            backend="postgresql",
+            dsn=dsn,
+            operation_timeout=operation_timeout,
+            max_event_size=max_event_size,
+            snapshot_every=snapshot_every,
+        )
+        self._dsn = dsn
+        self.where = _where(dsn)
+        """The server and database, for messages (never the password)."""
+        self._timeout = operation_timeout
+        self._max_event_size = max_event_size
+        self._snapshot_every = snapshot_every
+        self._limiter = trio.CapacityLimiter(connections)
+        self._idle: list[Connection] = []
+        self._pool_lock = threading.Lock()
+        self._ready = False
+        self._creating = trio.Lock()
+        self._closed = False
+
+    @property
+    def max_event_size(self) -> int:
+        """Bytes one event or snapshot may take."""
+        return self._max_event_size
+
+    @property
+    def snapshot_every(self) -> int | None:
+        """Events between snapshots for entity types that do not set their own."""
+        return self._snapshot_every
+
+    # -- connections --------------------------------------------------------------------------
+
+    def _connect(self) -> Connection:
+        conn = psycopg.connect(
+            self._dsn,
+            autocommit=True,
+            connect_timeout=max(2, math.ceil(self._timeout)),  # libpq: whole seconds, >= 2
+        )
+        try:
+            milliseconds = str(max(1, int(self._timeout * WAIT_FRACTION * 1000)))
+            for setting in ("statement_timeout", "lock_timeout"):
+                conn.execute("SELECT set_config(%s, %s, false)", (setting, milliseconds))
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _take(self) -> Connection:
+        with self._pool_lock:
+            while self._idle:
+                conn = self._idle.pop()
+                if not conn.closed:
+                    return conn
+        return self._connect()
+
+    def _give_back(self, conn: Connection) -> None:
+        with self._pool_lock:
+            if not self._closed and not conn.closed:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def _create(self) -> None:
+        conn = self._take()
+        try:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+        except BaseException:
+            conn.close()
+            raise
+        self._give_back(conn)
+
+    async def _run(self, persistence_id: str, what: str, fn: Callable[[Connection], _T]) -> _T:
+        if self._closed:
+            raise JournalError(persistence_id, f"postgresql journal {self.where} is closed")
+        with trio.move_on_after(self._timeout) as scope:
+            if not self._ready:
+                async with self._creating:  # one thread creates the tables, the others wait
+                    if not self._ready:
+                        await self._in_thread(persistence_id, "creating the tables", self._create)
+                        self._ready = True
+
+            def work() -> _T:
+                conn = self._take()
+                try:
+                    # Pipeline mode sends BEGIN with the first statements and COMMIT with the
+                    # last: an append is two round trips, not five.
+                    with conn.pipeline(), conn.transaction():
+                        result = fn(conn)
+                except JournalError:
+                    self._give_back(conn)  # a refusal, rolled back: the connection is fine
+                    raise
+                except psycopg.errors.UniqueViolation as exc:
+                    self._give_back(conn)
+                    raise JournalConflict(
+                        persistence_id,
+                        f"{what}: another writer stored that sequence number first ({exc}); "
+                        "nothing was written",
+                    ) from exc
+                except BaseException:
+                    conn.close()  # whatever went wrong, a new connection starts clean
+                    raise
+                self._give_back(conn)
+                return result
+
+            return await self._in_thread(persistence_id, what, work)
+        assert scope.cancelled_caught
+        raise JournalError(
+            persistence_id,
+            f"postgresql journal {self.where}: {what} did not finish within operation_timeout "
+            f"({self._timeout:g} s); its outcome is unknown",
+        )
+
+    async def _in_thread(self, persistence_id: str, what: str, work: Callable[[], _T]) -> _T:
+        try:
+            return await trio.to_thread.run_sync(
+                work, limiter=self._limiter, abandon_on_cancel=True
+            )
+        except (psycopg.Error, OSError) as exc:
+            text = str(exc).strip() or type(exc).__name__
+            raise JournalError(
+                persistence_id, f"postgresql journal {self.where}: {what} failed: {text}"
+            ) from exc
+
+    # -- the Journal interface --------------------------------------------------------------
+
+    async def recover(self, persistence_id: str, token: int | None) -> Recovery:
+        """See :meth:`p2pshard.Journal.recover`."""
+        check_persistence_id(persistence_id)
+        check_token(token)
+
+        def recover(conn: Connection) -> Recovery:
+            highest, fence = _lock_stream(conn, persistence_id)
+            raised = admit_token(persistence_id, fence, token)
+            if raised != fence:
+                conn.execute(
+                    "UPDATE p2pshard_journal_streams SET fence = %s WHERE persistence_id = %s",
+                    (raised, persistence_id),
+                )
+            row = conn.execute(
+                "SELECT seq, payload FROM p2pshard_journal_snapshots WHERE persistence_id = %s",
+                (persistence_id,),
+            ).fetchone()
+            snapshot = None if row is None else (int(row[0]), bytes(row[1]))
+            after = 0 if snapshot is None else snapshot[0]
+            events = conn.execute(
+                "SELECT seq, payload FROM p2pshard_journal_events "
+                "WHERE persistence_id = %s AND seq > %s ORDER BY seq",
+                (persistence_id, after),
+            ).fetchall()
+            return Recovery(snapshot, tuple((int(s), bytes(p)) for s, p in events), highest)
+
+        return await self._run(persistence_id, "recovery", recover)
+
+    async def append(
+        self, persistence_id: str, first_seq: int, events: Sequence[bytes], *, token: int | None
+    ) -> None:
+        """See :meth:`p2pshard.Journal.append`."""
+        batch = check_append(persistence_id, first_seq, events, self._max_event_size)
+        check_token(token)
+        seqs = list(range(first_seq, first_seq + len(batch)))
+        payloads = [bytes(e) for e in batch]
+
+        def append(conn: Connection) -> None:
+            highest, fence = _lock_stream(conn, persistence_id)
+            raised = admit_token(persistence_id, fence, token)
+            check_next(persistence_id, first_seq, highest)
+            conn.execute(  # the events and the stream's new highest, in one round trip
+                "WITH stored AS (INSERT INTO p2pshard_journal_events "
+                "SELECT %s, seq, payload "
+                "FROM unnest(%s::bigint[], %s::bytea[]) AS e(seq, payload)) "
+                "UPDATE p2pshard_journal_streams SET highest = %s, fence = %s "
+                "WHERE persistence_id = %s",
+                (persistence_id, seqs, payloads, first_seq + len(seqs) - 1, raised, persistence_id),
+            )
+
+        await self._run(persistence_id, f"append at {first_seq}", append)
+
+    async def save_snapshot(
+        self, persistence_id: str, seq: int, data: bytes, *, token: int | None
+    ) -> None:
+        """See :meth:`p2pshard.Journal.save_snapshot`."""
+        check_persistence_id(persistence_id)
+        check_size(persistence_id, f"snapshot at {seq}", data, self._max_event_size)
+        check_token(token)
+        payload = bytes(data)
+
+        def save(conn: Connection) -> None:
+            highest, fence = _lock_stream(conn, persistence_id)
+            raised = admit_token(persistence_id, fence, token)
+            check_snapshot_seq(persistence_id, seq, highest)
+            if raised != fence:
+                conn.execute(
+                    "UPDATE p2pshard_journal_streams SET fence = %s WHERE persistence_id = %s",
+                    (raised, persistence_id),
+                )
+            conn.execute(
+                "INSERT INTO p2pshard_journal_snapshots AS s VALUES (%s, %s, %s) "
+                "ON CONFLICT (persistence_id) DO UPDATE SET seq = excluded.seq, "
+                "payload = excluded.payload WHERE excluded.seq > s.seq",
+                (persistence_id, seq, payload),
+            )
+
+        await self._run(persistence_id, f"snapshot at {seq}", save)
+
+    async def aclose(self) -> None:
+        """Close the pooled connections; a call still running closes its own when done."""
+        with self._pool_lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
