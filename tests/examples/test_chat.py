@@ -1,0 +1,159 @@
+"""The chat example over real processes: 3 nodes with TLS, WebSocket clients, kill -9."""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from examples.chat.client import ChatClient, ChatError, open_chat_client
+from examples.chat.cluster import ChatCluster
+
+
+def _free_base_port(nodes: int, offset: int) -> int:
+    for _ in range(50):
+        base = random.randrange(30000, 50000)
+        try:
+            for port in [base + i for i in range(nodes)] + [
+                base + offset + i for i in range(nodes)
+            ]:
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free ports")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChatCluster]:
+    data: Path = tmp_path_factory.mktemp("chat")
+    chat = ChatCluster(3, data, _free_base_port(3, 1000), log_level="WARNING", log_to_files=True)
+    try:
+        chat.start()
+        chat.wait_ready(timeout=60)
+        yield chat
+    finally:
+        chat.stop()
+        for log in sorted(data.glob("*.log")):
+            print(f"--- {log.name} (last lines)\n" + "\n".join(log.read_text().splitlines()[-15:]))
+
+
+def _room_home(chat: ChatCluster, room: str) -> int | None:
+    for i, proc in chat.procs.items():
+        if proc.poll() is not None:
+            continue
+        status = chat.status(i)
+        if status is None:
+            continue
+        for ids in status["types"]["Room"]["local_entities"].values():
+            if room in ids:
+                return i
+    return None
+
+
+async def test_bad_input_gets_error_frames(cluster: ChatCluster) -> None:
+    async with open_chat_client(cluster.ws_url(1)) as c:
+        await c.expect(lambda f: f["type"] == "hello")
+        cases: list[tuple[Any, str]] = [
+            ("{not json", "malformed JSON"),
+            ("[1, 2]", "JSON object"),
+            ({"type": "post", "text": "hi", "id": "x1"}, "join a room"),
+            ({"type": "join", "room": "Bad Room!", "user": "eve"}, "invalid room name"),
+            ({"type": "join", "room": "", "user": "eve"}, "invalid room name"),
+            ({"type": "join", "room": "ok", "user": ""}, "invalid user name"),
+            ({"type": "dance"}, "unknown frame type"),
+        ]
+        for frame, expected in cases:
+            start = len(c.frames)
+            await c.send(frame if isinstance(frame, str) else json.dumps(frame))
+            got = await c.expect(lambda f: f["type"] == "error", start=start)
+            assert expected in got["error"], (frame, got)
+        await c.join("errors", "eve")
+        with pytest.raises(ChatError, match="message too long"):
+            await c.post("x" * 4097, "big-1")
+        with pytest.raises(ChatError, match="message too long"):
+            await c.post("é" * 2049, "big-2")  # 4098 bytes in UTF-8
+        ack = await c.post("y" * 4096, "ok-1")  # exactly 4 KiB is fine
+        assert ack["seq"] == 1
+        view = await c.history()
+        assert [m["id"] for m in view["history"]] == ["ok-1"]  # nothing else got in
+
+
+async def _post_retrying(c: ChatClient, text: str, client_id: str) -> dict[str, Any]:
+    with trio.fail_after(60):
+        while True:
+            try:
+                return await c.post(text, client_id, wait=8)
+            except ChatError as exc:
+                if not exc.frame["retry"]:
+                    raise
+            except trio.TooSlowError:
+                pass
+            await trio.sleep(0.5)
+
+
+async def _join_retrying(c: ChatClient, room: str, user: str) -> dict[str, Any]:
+    with trio.fail_after(60):
+        while True:
+            try:
+                return await c.join(room, user, wait=8)
+            except ChatError as exc:
+                if not exc.frame["retry"]:
+                    raise
+            except trio.TooSlowError:
+                pass
+            await trio.sleep(0.5)
+
+
+async def test_two_users_on_two_nodes_survive_kill_of_the_room_node(cluster: ChatCluster) -> None:
+    room = "lobby"
+    acked: dict[str, int] = {}
+    async with open_chat_client(cluster.ws_url(1)) as alice:
+        await alice.join(room, "alice")
+        async with open_chat_client(cluster.ws_url(2)) as bob:
+            joined = await bob.join(room, "bob")
+            assert joined["members"] == ["alice", "bob"]
+            for n in range(5):
+                for who, client in (("alice", alice), ("bob", bob)):
+                    ack = await client.post(f"{who} says {n}", f"{who}-{n}")
+                    acked[f"{who}-{n}"] = ack["seq"]
+            # each sees the other's messages live, across nodes
+            await alice.expect(lambda f: f["type"] == "message" and f["message"]["id"] == "bob-4")
+            await bob.expect(lambda f: f["type"] == "message" and f["message"]["id"] == "alice-4")
+    home = _room_home(cluster, room)
+    assert home is not None
+    cluster.kill(home)
+    survivors = [i for i in (1, 2, 3) if i != home]
+    async with (
+        open_chat_client(cluster.ws_url(survivors[0])) as alice,
+        open_chat_client(cluster.ws_url(survivors[1])) as bob,
+    ):
+        started = trio.current_time()
+        await _join_retrying(alice, room, "alice")
+        joined = await _join_retrying(bob, room, "bob")
+        recovered = trio.current_time() - started
+        # a retried post (same client id) is not stored twice
+        again = await _post_retrying(alice, "alice says 4", "alice-4")
+        assert again == {**again, "seq": acked["alice-4"], "duplicate": True}
+        for n in range(5, 8):
+            for who, client in (("alice", alice), ("bob", bob)):
+                ack = await _post_retrying(client, f"{who} says {n}", f"{who}-{n}")
+                acked[f"{who}-{n}"] = ack["seq"]
+        await alice.expect(lambda f: f["type"] == "message" and f["message"]["id"] == "bob-7")
+        await bob.expect(lambda f: f["type"] == "message" and f["message"]["id"] == "alice-7")
+        view = await alice.history()
+        ids = [m["id"] for m in view["history"]]
+        seqs = [m["seq"] for m in view["history"]]
+        assert seqs == list(range(1, len(seqs) + 1))
+        assert sorted(ids) == sorted(acked), "every acknowledged message exactly once"
+        assert {m["id"]: m["seq"] for m in view["history"]} == acked
+        assert set(joined["members"]) >= {"alice", "bob"}
+        print(f"room {room} was on node-{home}; both re-joined {recovered:.1f} s after kill -9")
+    assert _room_home(cluster, room) in survivors
