@@ -104,6 +104,8 @@ class ChaosSettings:
     entities: int = attrs.field(default=20, validator=_at_least(1))
     shards: int = attrs.field(default=10, validator=_at_least(1))
     clients_per_node: int = attrs.field(default=1, validator=_at_least(1))
+    message_interval: float = attrs.field(default=0.1, validator=_at_least(0.001))
+    """Seconds each workload client waits between messages (on average)."""
     use_lease: bool = True
     """Shard and singleton leases; without them single activation is not guaranteed."""
     faults: tuple[str, ...] = attrs.field(default=FAULTS, converter=tuple, validator=_check_faults)
@@ -140,6 +142,8 @@ class ChaosReport:
             f"p2pshard chaos --seed {self.seed} --nodes {s.nodes}",
             f"--duration {s.duration:g} --quiet {s.quiet:g}",
         ]
+        if s.message_interval != ChaosSettings().message_interval:
+            parts.append(f"--message-interval {s.message_interval:g}")
         if not s.use_lease:
             parts.append("--no-lease")
         if s.faults != FAULTS:
@@ -345,6 +349,7 @@ async def _scenario(
             random.Random(f"{seed}/workload"),
             entities=settings.entities,
             clients_per_node=settings.clients_per_node,
+            interval=settings.message_interval,
         )
         sim.nursery.start_soon(workload.run, nodes)
         if settings.double_activation_at is not None:
