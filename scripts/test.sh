@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: lint, types, tests. `scripts/test.sh --slow` adds soak and many-seed runs;
 # any other arguments go to pytest. The etcd lease tests start their own etcd server and the
-# PostgreSQL journal tests their own PostgreSQL: when the binaries are missing they are installed
-# first from Debian's packages etcd-server and postgresql.
+# PostgreSQL journal tests their own PostgreSQL, and the chat example's browser test drives a
+# headless Chromium: when the binaries are missing they are installed first from Debian's packages
+# etcd-server, postgresql and chromium (which brings a font through fontconfig).
 source "$(dirname "$0")/_venv.sh"
 
 # Installs one of Debian's packages as root (or through sudo) for tests that run a real server,
@@ -60,6 +61,10 @@ has_postgres() {
     compgen -G "/usr/lib/postgresql/*/bin/postgres"
 }
 
+has_chromium() {
+    [ -x /usr/bin/chromium ]
+}
+
 # Debian's postgresql creates a cluster "main" on port 5432; where something started it anyway
 # (systemd without the unit we disabled, an older postinst), stop it: the tests run their own.
 stop_debian_postgres_clusters() {
@@ -78,6 +83,7 @@ if ! has_postgres >/dev/null 2>&1; then
     install_debian_package postgresql postgresql.service "PostgreSQL journal" has_postgres
     stop_debian_postgres_clusters
 fi
+install_debian_package chromium "" "chat browser" has_chromium
 ruff check .
 ruff format --check .
 mypy

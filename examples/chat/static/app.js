@@ -20,18 +20,34 @@ function renderMembers(members) {
   const ul = $("members"); ul.replaceChildren();
   for (const m of members) { const li = document.createElement("li"); li.textContent = m; ul.append(li); }
 }
+function messageItem(user, text) {
+  const li = document.createElement("li");
+  const who = document.createElement("span"); who.className = "user"; who.textContent = user;
+  li.append(who, document.createTextNode(text)); return li;
+}
+// Our posts not yet acknowledged: grey, after the room's messages, until the ack (or the message).
+function renderPending() {
+  const ul = $("messages");
+  for (const li of ul.querySelectorAll("li.pending")) li.remove();
+  for (const [id, text] of pending) {
+    const li = messageItem(joined ? joined.user : "", text); li.className = "pending"; li.dataset.id = id;
+    ul.append(li);
+  }
+  ul.scrollTop = ul.scrollHeight;
+}
 function renderMessage(m) {
   if (m.seq <= lastSeq) return;
   if (m.seq > lastSeq + 1 && lastSeq > 0) { send({type: "history"}); return; } // a gap: reload
   lastSeq = m.seq;
-  const li = document.createElement("li");
-  const who = document.createElement("span"); who.className = "user"; who.textContent = m.user;
-  li.append(who, document.createTextNode(m.text)); li.dataset.seq = m.seq;
-  $("messages").append(li); $("messages").scrollTop = $("messages").scrollHeight;
+  // our own post, in the journal: no longer pending even if its ack was lost with a connection
+  if (joined && m.user === joined.user) pending.delete(m.id);
+  const li = messageItem(m.user, m.text); li.dataset.seq = m.seq; li.dataset.id = m.id;
+  $("messages").append(li); renderPending();
 }
 function renderHistory(history) {
   $("messages").replaceChildren(); lastSeq = 0;
   for (const m of history) { lastSeq = m.seq - 1; renderMessage(m); }
+  renderPending();
 }
 function setJoined(on) {
   $("text").disabled = $("send").disabled = !on; $("leave").disabled = !on;
@@ -52,12 +68,13 @@ function connect() {
       case "history": renderHistory(f.history); renderMembers(f.members); break;
       case "message": renderMessage(f.message); break;
       case "members": renderMembers(f.members); break;
-      case "ack": pending.delete(f.id); if (f.seq > lastSeq) send({type: "history"}); break;
+      case "ack": pending.delete(f.id); showError(""); renderPending();
+        if (f.seq > lastSeq) send({type: "history"}); break;
       case "left": joined = null; setJoined(false); renderMembers([]); break;
       case "error": showError(f.error);
         if (f.retry && f.id && pending.has(f.id)) setTimeout(() => send({type: "post", id: f.id, text: pending.get(f.id)}), 1000);
         else if (f.retry && joined) setTimeout(() => send({type: "join", ...joined}), 1000);
-        else if (f.id) pending.delete(f.id);
+        else if (f.id) { pending.delete(f.id); renderPending(); }
         break;
     }
   };
@@ -78,6 +95,6 @@ $("post").onsubmit = (e) => {
   e.preventDefault();
   const text = $("text").value; if (!text) return;
   const id = Date.now().toString(36) + "-" + Math.random().toString(36).slice(2, 10);
-  pending.set(id, text); send({type: "post", id, text}); $("text").value = "";
+  pending.set(id, text); renderPending(); send({type: "post", id, text}); $("text").value = "";
 };
 connect();

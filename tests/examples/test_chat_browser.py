@@ -1,0 +1,237 @@
+"""The chat page end to end in a real headless Chromium: two users, three nodes, kill -9.
+
+Debian's ``/usr/bin/chromium`` (``scripts/test.sh`` installs it when missing), driven by the
+PyPI ``playwright`` package's sync API; the browsers playwright can download are not used. The
+three nodes are real processes (:class:`ChatCluster`), so the test itself is plain sync code.
+
+Screenshots of the chat pages (before the kill, while posts are pending, after) and of the
+``/cluster`` page go to the test's ``tmp_path`` (printed), and also to the directory named by
+``CHAT_SCREENSHOTS`` when it is set.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import BrowserContext, Page, sync_playwright
+
+from examples.chat.cluster import ChatCluster
+from tests.examples.test_chat import _free_base_port, _room_home
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ROOM = "browsers"
+# Not P2PSHARD_*: node processes inherit the environment and refuse unknown P2PSHARD_* variables.
+SCREENSHOTS = os.environ.get("CHAT_SCREENSHOTS", "")
+
+# Every message in the DOM: seq and id of a delivered one (absent while pending), user, text.
+READ_MESSAGES = """els => els.map(li => ({
+    seq: li.dataset.seq ? Number(li.dataset.seq) : null,
+    id: li.dataset.id || null,
+    user: li.querySelector('.user').textContent,
+    text: li.childNodes[1] ? li.childNodes[1].textContent : '',
+    pending: li.classList.contains('pending'),
+}))"""
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[ChatCluster]:
+    if not CHROMIUM.exists():
+        pytest.fail(
+            f"{CHROMIUM} is missing: this test drives Debian's Chromium. scripts/test.sh installs"
+            " it; by hand: apt-get install --no-install-recommends chromium",
+            pytrace=False,
+        )
+    data = tmp_path / "chat"
+    chat = ChatCluster(3, data, _free_base_port(3, 1000), log_level="WARNING", log_to_files=True)
+    try:
+        chat.start()
+        chat.wait_ready(timeout=60)
+        yield chat
+    finally:
+        chat.stop()
+        for log in sorted(data.glob("*.log")):
+            print(f"--- {log.name} (last lines)\n" + "\n".join(log.read_text().splitlines()[-15:]))
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[BrowserContext]:
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            tmp_path / "chromium-profile",
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1000, "height": 640},
+        )
+        try:
+            context.set_default_timeout(20_000)
+            yield context
+        finally:
+            context.close()
+
+
+def _messages(page: Page) -> list[dict[str, Any]]:
+    result: list[dict[str, Any]] = page.eval_on_selector_all("#messages li", READ_MESSAGES)
+    return result
+
+
+def _join(page: Page, url: str, user: str) -> None:
+    page.goto(url)
+    page.wait_for_function("document.getElementById('status').textContent.startsWith('connected')")
+    page.fill("#user", user)
+    page.fill("#room", ROOM)
+    page.click("#join button")
+    page.wait_for_function("!document.getElementById('text').disabled")
+
+
+def _post(page: Page, text: str) -> None:
+    page.fill("#text", text)
+    page.press("#text", "Enter")
+
+
+def _wait_delivered(page: Page, texts: list[str], timeout: float) -> None:
+    """Until every text is a delivered (numbered) message and nothing is pending."""
+    deadline = time.monotonic() + timeout
+    while True:
+        shown = _messages(page)
+        delivered = {m["text"] for m in shown if m["seq"] is not None}
+        if set(texts) <= delivered and not any(m["pending"] for m in shown):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not all of {texts} delivered within {timeout:g} s: {shown}")
+        time.sleep(0.2)
+
+
+def _status(page: Page) -> str:
+    return page.inner_text("#status")
+
+
+def test_two_browser_users_survive_kill_of_the_room_node(
+    cluster: ChatCluster, browser: BrowserContext, tmp_path: Path
+) -> None:
+    shots: list[Path] = []
+
+    def shot(page: Page, name: str) -> None:
+        path = tmp_path / f"{name}.png"
+        page.bring_to_front()  # a background tab paints late
+        page.screenshot(path=path, full_page=True)
+        shots.append(path)
+
+    try:
+        alice, bob, watch = browser.new_page(), browser.new_page(), browser.new_page()
+        _join(alice, cluster.url(1), "alice")
+        deadline = time.monotonic() + 10
+        while (home := _room_home(cluster, ROOM)) is None:
+            assert time.monotonic() < deadline, "the room did not start"
+            time.sleep(0.2)
+        # one page on the room's node (it must reconnect), the other elsewhere (it must not)
+        bob_node = 2 if home == 1 else home
+        _join(bob, cluster.url(bob_node), "bob")
+        assert _status(alice) == "connected to node-1"
+        assert _status(bob) == f"connected to node-{bob_node}"
+        posted: list[str] = []
+        for n in range(3):
+            for who, page in (("alice", alice), ("bob", bob)):
+                posted.append(f"{who} says {n}")
+                _post(page, posted[-1])
+                _wait_delivered(page, posted, 10)
+        for page in (alice, bob):  # each sees the other's messages, live, across nodes
+            _wait_delivered(page, posted, 10)
+        assert [m["text"] for m in _messages(alice)] == posted
+        watch.goto(cluster.url(home) + "cluster")
+        watch.wait_for_function(f"document.getElementById('types').textContent.includes('{ROOM}')")
+        shot(alice, "chat-alice-before")
+        shot(bob, "chat-bob-before")
+        shot(watch, f"cluster-node-{home}-before")
+
+        cluster.kill(home)
+        killed = time.monotonic()
+        on_killed, on_killed_user, other, other_user = (
+            (alice, "alice", bob, "bob") if home == 1 else (bob, "bob", alice, "alice")
+        )
+        on_killed.wait_for_function(
+            "!document.getElementById('status').textContent.startsWith('connected')"
+            " && document.getElementById('text').disabled",
+            timeout=5000,
+        )
+        # The other page is still connected: what it posts while the room is down stays pending
+        # (grey) and is sent again until acknowledged. (The disconnected page takes no input.)
+        posted.append(f"{other_user} during the failover")
+        _post(other, posted[-1])
+        other.wait_for_function("document.querySelector('#messages li.pending') !== null")
+        shot(other, f"chat-{other_user}-pending")
+        shot(on_killed, f"chat-{on_killed_user}-disconnected")
+        assert [m["text"] for m in _messages(other) if m["pending"]] == [posted[-1]]
+        assert time.monotonic() - killed < 5, "the room came back too soon to see a pending post"
+
+        _wait_delivered(other, posted, 45)
+        # the page on the killed node has reconnected to another node and joined again by itself
+        posted.append(f"{on_killed_user} is back")
+        _post(on_killed, posted[-1])
+        for page in (alice, bob):
+            _wait_delivered(page, posted, 15)
+        recovered = time.monotonic() - killed
+        status = _status(on_killed)
+        assert status.startswith("connected to node-"), status
+        assert status != f"connected to node-{home}", status
+        for n in range(3, 5):
+            for who, page in (("alice", alice), ("bob", bob)):
+                posted.append(f"{who} says {n}")
+                _post(page, posted[-1])
+                _wait_delivered(page, posted, 15)
+        for page in (alice, bob):
+            _wait_delivered(page, posted, 10)
+
+        views = {name: _messages(page) for name, page in (("alice", alice), ("bob", bob))}
+        for name, shown in views.items():
+            seqs = [m["seq"] for m in shown]
+            assert seqs == list(range(1, len(posted) + 1)), (name, shown)
+            assert sorted(m["text"] for m in shown) == sorted(posted), (name, shown)
+            assert len({m["id"] for m in shown}) == len(posted), (name, shown)
+            assert all(m["user"] == m["text"].split()[0] for m in shown), (name, shown)
+        assert views["alice"] == views["bob"]
+        # the order of each user's own posts is kept
+        for who in ("alice", "bob"):
+            assert [m["text"] for m in views["alice"] if m["user"] == who] == [
+                t for t in posted if t.startswith(who)
+            ]
+
+        new_home = _room_home(cluster, ROOM)
+        assert new_home is not None
+        assert new_home != home
+        watch.goto(cluster.url(new_home) + "cluster")
+        watch.wait_for_function(
+            f"document.getElementById('types').textContent.includes('{ROOM}') &&"
+            " (document.getElementById('members').textContent.includes('unreachable')"
+            f" || !document.getElementById('members').textContent.includes('node-{home}'))"
+        )
+        shot(alice, "chat-alice-after")
+        shot(bob, "chat-bob-after")
+        shot(watch, f"cluster-node-{new_home}-after")
+        print(
+            f"room {ROOM} was on node-{home}, now on node-{new_home}; every post delivered"
+            f" {recovered:.1f} s after kill -9; {len(posted)} messages, none lost or doubled"
+        )
+    finally:
+        if SCREENSHOTS:
+            Path(SCREENSHOTS).mkdir(parents=True, exist_ok=True)
+            for path in shots:
+                shutil.copy(path, Path(SCREENSHOTS) / path.name)
+        for path in shots:
+            print(f"screenshot: {path}")
