@@ -32,6 +32,21 @@ version, gossip goes out three times per interval (Akka's speed-up).
 A node that finds itself Down in the gossip, or finds its incarnation tombstoned, shuts down. A
 node that finds itself Exiting runs its exiting tasks (:class:`StartExiting`; singletons hand
 over), then tells the members with ExitingConfirmed so the leader can remove it at once.
+
+Islands (not in Akka): the first seed forms a new cluster when no other seed answers in time, so
+if it restarts while a partition cuts it off from the other seeds it forms a second cluster of the
+same name, which others may join. Akka leaves the two apart for ever: their memberships are
+disjoint, so they never gossip, and each runs its own singletons. Here every member keeps
+asking, every ``seed_probe_interval``, the seed addresses where its cluster has no live member
+(reachable, not Down), with the same InitJoin a joining node sends. An InitJoinAck carries
+the answering cluster's oldest Up member and its count of Up and WeaklyUp members. An answer from
+a node that is not one of ours, naming an oldest that is not one of ours either, comes from a
+foreign cluster. Both clusters then pick the same winner from the same two facts
+(:func:`loses_to`): the bigger one, and on a tie the one whose oldest member sorts first by host,
+port, name (then uid). The loser downs all its members, itself last, through the normal Down path;
+a supervisor restarts them and they join the winner through the seed nodes. Only answers to this
+round's probes count, and only the same sighting twice in a row (same clusters, same sizes), so a
+view that lags during a join or a change in size never downs anyone.
 """
 
 from __future__ import annotations
@@ -51,9 +66,11 @@ from ._events import ClusterEvent, diff
 from ._gossip import (
     Gossip,
     convergence,
+    is_reachable,
     leader,
     leader_actions_on_convergence,
     leader_actions_weakly_up,
+    oldest,
 )
 from ._member import Member, MemberStatus
 from ._settings import in_range
@@ -138,6 +155,12 @@ class ClusterSettings:
     )
     """Forget removed incarnations after this many seconds (default 24 h)."""
 
+    seed_probe_interval: float = attrs.field(default=5.0, validator=in_range(0.001, 3600))
+    """Seconds between a member's InitJoin probes to the seed addresses where its cluster has
+    no live member (none in a healthy cluster), to find a second cluster of the same name and
+    merge it (default 5 s; not in Akka). A foreign cluster is acted on after two probe rounds in
+    a row saw it."""
+
 
 class Phase(enum.Enum):
     """Where this node is in joining the cluster."""
@@ -160,12 +183,30 @@ class InitJoin:
     sender: UniqueAddress
 
 
+def _optional_node(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not isinstance(value, UniqueAddress):
+        raise TypeError(f"{attribute.name} must be a UniqueAddress or None, not {value!r}")
+
+
+def _count(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TypeError(f"{attribute.name} must be a non-negative integer, not {value!r}")
+
+
 @message(name="p2pshard.cluster.InitJoinAck")
 @attrs.frozen(kw_only=True)
 class InitJoinAck:
-    """Yes: send me Join."""
+    """Yes: send me Join. Also says which cluster answered, to tell islands apart.
+
+    ``oldest`` and ``size`` are new: an older peer sends neither and they take their defaults,
+    which never look like a foreign cluster.
+    """
 
     sender: UniqueAddress
+    oldest: UniqueAddress | None = attrs.field(default=None, validator=_optional_node)
+    """The answering node's oldest Up member (None: nobody is Up yet)."""
+    size: int = attrs.field(default=0, validator=_count)
+    """How many Up and WeaklyUp members the answering node's cluster has."""
 
 
 @message(name="p2pshard.cluster.InitJoinNack")
@@ -299,6 +340,30 @@ class Shutdown:
 Effect = Send | Publish | StartExiting | Shutdown
 
 
+def cluster_rank(size: int, oldest: UniqueAddress) -> tuple[int, str, int, str, int]:
+    """Sort key of clusters meeting after a partition: the first one wins (see :func:`loses_to`)."""
+    return (-size, oldest.address.host, oldest.address.port, oldest.name, oldest.uid)
+
+
+def loses_to(
+    own_size: int, own_oldest: UniqueAddress, other_size: int, other_oldest: UniqueAddress
+) -> bool:
+    """Whether this cluster gives way to another one of the same name that it found.
+
+    The bigger cluster (counting Up and WeaklyUp members) wins; on a tie, the one whose oldest
+    member's address sorts first (host, port, then node name; then uid, so that two incarnations
+    of one node still differ). Both sides compute this from the same two facts, so exactly one
+    of two different clusters loses.
+
+    Example:
+        >>> a = UniqueAddress(Address("10.0.0.1", 2551), "n1", 7)
+        >>> b = UniqueAddress(Address("10.0.0.1", 2552), "n2", 3)
+        >>> loses_to(1, a, 3, b), loses_to(2, a, 2, b), loses_to(2, b, 2, a)
+        (True, False, True)
+    """
+    return cluster_rank(other_size, other_oldest) < cluster_rank(own_size, own_oldest)
+
+
 def seen_digest(gossip: Gossip) -> bytes:
     """A digest of who has seen ``gossip`` (Akka's seenDigest)."""
     text = ",".join(f"{n.address}-{n.uid:x}" for n in sorted(gossip.seen, key=node_order))
@@ -331,6 +396,15 @@ class ClusterCore:
     _next_leader_actions: float = 0.0
     _first_non_convergence: float | None = None
     _exiting_started: bool = False
+    _next_seed_probe: float = float("inf")
+    _probe_round: int = 0
+    _probed: frozenset[Address] = frozenset()
+    """The seed addresses asked in the current probe round: only their answers count."""
+    _sightings: dict[UniqueAddress, tuple[tuple[int, int, UniqueAddress], int, int]] = attrs.field(
+        factory=dict
+    )
+    """Per foreign oldest member: (their size, our size, our oldest), the probe round it was last
+    seen in and in how many rounds in a row."""
 
     # ---- public state ----
 
@@ -352,7 +426,7 @@ class ClusterCore:
         if self.phase is Phase.JOINING:
             return self._next_join_retry
         if self.phase is Phase.MEMBER:
-            return min(self._next_gossip, self._next_leader_actions)
+            return min(self._next_gossip, self._next_leader_actions, self._next_seed_probe)
         return float("inf")
 
     # ---- local requests ----
@@ -455,6 +529,9 @@ class ClusterCore:
                 interval = self.settings.gossip_interval
                 speedup = len(self.gossip.seen) < len(self.gossip.members) / 2
                 self._next_gossip = now + (interval / 3 if speedup else interval)
+            if now >= self._next_seed_probe and self.phase is Phase.MEMBER:
+                self._next_seed_probe = now + self.settings.seed_probe_interval
+                effects += self._seed_probe_round()
         return effects
 
     def _seed_tick(self, now: float) -> list[Effect]:
@@ -470,11 +547,132 @@ class ClusterCore:
 
     def _join_self(self, now: float) -> list[Effect]:
         me = Member(self.self_node, roles=self.roles)
+        self._become_member(now)
+        return self._update(Gossip([me]), now)
+
+    def _become_member(self, now: float) -> None:
         self.phase = Phase.MEMBER
         self._join_target = None
         self._next_gossip = now
         self._next_leader_actions = now
-        return self._update(Gossip([me]), now)
+        if self.seed_nodes:
+            # Every member probes, not only seed nodes: an island may hold no seed node at all
+            # (its seed node was downed and restarted into the main cluster). Not at once: a new
+            # member's view may still lag behind its cluster's.
+            self._next_seed_probe = now + self.settings.seed_probe_interval
+
+    # ---- islands ----
+
+    def _live_addresses(self) -> set[Address]:
+        gossip = self.gossip
+        return {
+            m.node.address
+            for m in gossip.members
+            if m.status not in (MemberStatus.DOWN, MemberStatus.REMOVED)
+            and is_reachable(gossip, m.node)
+        }
+
+    def _seed_probe_round(self) -> list[Effect]:
+        """Ask the seed addresses without a live member of ours: is another cluster there?"""
+        self._probe_round += 1
+        # A sighting not repeated in the previous round is stale: the next one starts afresh.
+        self._sightings = {
+            k: v for k, v in self._sightings.items() if v[1] >= self._probe_round - 1
+        }
+        me = self.self_member
+        if me is None or me.status not in (
+            MemberStatus.JOINING,
+            MemberStatus.WEAKLY_UP,
+            MemberStatus.UP,
+        ):
+            self._probed = frozenset()
+            return []
+        live = self._live_addresses()
+        self._probed = frozenset(
+            seed for seed in self.seed_nodes if seed != self.self_node.address and seed not in live
+        )
+        probe = InitJoin(sender=self.self_node)
+        return [Send(seed, probe) for seed in sorted(self._probed)]
+
+    def _identity(self) -> tuple[UniqueAddress | None, int]:
+        """This cluster's oldest Up member and its count of Up and WeaklyUp members."""
+        gossip = self.gossip
+        first = oldest(gossip, statuses=(MemberStatus.UP,))
+        size = sum(m.status in (MemberStatus.UP, MemberStatus.WEAKLY_UP) for m in gossip.members)
+        return (None if first is None else first.node), size
+
+    def _on_init_join_ack(
+        self, sender: UniqueAddress, ack: InitJoinAck, now: float
+    ) -> list[Effect]:
+        if self.phase is Phase.SEEDING:
+            return self.join(sender.address, now)
+        if (
+            self.phase is not Phase.MEMBER
+            or sender.address not in self._probed  # a late answer from when we were joining
+            or ack.oldest is None
+            or self.gossip.has_member(sender)
+            or self.gossip.has_member(ack.oldest)
+        ):
+            return []
+        own_oldest, own_size = self._identity()
+        if own_oldest is None:
+            return []  # the other side skips too: our answers carry no oldest
+        facts = (ack.size, own_size, own_oldest)
+        previous = self._sightings.get(ack.oldest)
+        if previous is not None and previous[:2] == (facts, self._probe_round):
+            return []  # another seed of theirs answered this round: one sighting
+        streak = 1
+        if previous is not None and previous[:2] == (facts, self._probe_round - 1):
+            streak = previous[2] + 1
+        self._sightings[ack.oldest] = (facts, self._probe_round, streak)
+        if streak == 1:
+            logger.info(
+                "%s: %s answered for another cluster (oldest %s, %d members; ours %d); "
+                "checking again next round",
+                self.self_node,
+                sender,
+                ack.oldest,
+                ack.size,
+                own_size,
+            )
+            return []
+        if not loses_to(own_size, own_oldest, ack.size, ack.oldest):
+            logger.log(
+                logging.WARNING if streak == 2 else logging.DEBUG,
+                "%s: found another cluster of the same name (oldest %s, %d members) at %s; "
+                "ours (oldest %s, %d members) wins: the other one will down itself",
+                self.self_node,
+                ack.oldest,
+                ack.size,
+                sender.address,
+                own_oldest,
+                own_size,
+            )
+            return []
+        logger.warning(
+            "%s: found another cluster of the same name (oldest %s, %d members) at %s; ours "
+            "(oldest %s, %d members) loses: downing all our members so that they rejoin it",
+            self.self_node,
+            ack.oldest,
+            ack.size,
+            sender.address,
+            own_oldest,
+            own_size,
+        )
+        return self._down_own_cluster(now)
+
+    def _down_own_cluster(self, now: float) -> list[Effect]:
+        """Down every member, this node last, as the split brain resolver's down-all does."""
+        effects: list[Effect] = []
+        others = [m.node for m in self.gossip.members if m.node != self.self_node]
+        for node in others:
+            effects += self._downing(node, now)
+        last = self._downing(self.self_node, now)
+        # Tell them before stopping: once Down this node no longer gossips, and the others may
+        # not be seed nodes, which find the other cluster themselves.
+        tell: list[Effect] = [self._full_gossip_to(node) for node in others]
+        shutdown = [e for e in last if isinstance(e, Shutdown)]
+        return effects + [e for e in last if not isinstance(e, Shutdown)] + tell + shutdown
 
     # ---- messages ----
 
@@ -484,9 +682,7 @@ class ClusterCore:
             case InitJoin():
                 return self._on_init_join(sender)
             case InitJoinAck():
-                if self.phase is Phase.SEEDING:
-                    return self.join(sender.address, now)
-                return []
+                return self._on_init_join_ack(sender, message, now)
             case InitJoinNack():
                 return []
             case Join(node=node, roles=roles):
@@ -521,7 +717,8 @@ class ClusterCore:
                 MemberStatus.LEAVING,
             )
         ):
-            return [Send(sender, InitJoinAck(sender=self.self_node))]
+            first, size = self._identity()
+            return [Send(sender, InitJoinAck(sender=self.self_node, oldest=first, size=size))]
         return [Send(sender, InitJoinNack(sender=self.self_node))]
 
     def _on_join(self, node: UniqueAddress, roles: frozenset[str], now: float) -> list[Effect]:
@@ -567,10 +764,7 @@ class ClusterCore:
         if not gossip.has_member(self.self_node):
             return []
         logger.info("%s: welcomed by %s", self.self_node, sender)
-        self.phase = Phase.MEMBER
-        self._join_target = None
-        self._next_gossip = now
-        self._next_leader_actions = now
+        self._become_member(now)
         old = self.gossip
         self.gossip = gossip.mark_seen(self.self_node)
         effects: list[Effect] = [Publish(e) for e in diff(old, self.gossip, self.self_node)]

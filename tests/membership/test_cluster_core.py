@@ -7,25 +7,31 @@ tick when a core's deadline comes, and records every published event.
 from __future__ import annotations
 
 import heapq
+import logging
 import random
 from collections.abc import Iterable
 
 import attrs
+import msgpack
 import pytest
 
-from membership import Address, UniqueAddress
+from membership import Address, ConfigurationError, UniqueAddress
 from membership._cluster_core import (
     ClusterCore,
     ClusterSettings,
     Effect,
+    InitJoin,
+    InitJoinAck,
+    InitJoinNack,
     Join,
     Phase,
     Publish,
     Send,
     Shutdown,
     StartExiting,
+    loses_to,
 )
-from membership._events import MemberRemoved, MemberUp
+from membership._events import MemberDowned, MemberRemoved, MemberUp
 from membership._gossip import convergence, leader, oldest
 from membership._member import MemberStatus
 
@@ -46,6 +52,7 @@ class World:
     cut: set[tuple[Address, Address]] = attrs.field(factory=set)
     events: dict[Address, list[object]] = attrs.field(factory=dict)
     exiting: list[Address] = attrs.field(factory=list)
+    sent: list[tuple[float, Address, Address, object]] = attrs.field(factory=list)
     _seq: int = 0
 
     def add(
@@ -66,6 +73,7 @@ class World:
             match effect:
                 case Send(to=to, message=msg):
                     dst = to.address if isinstance(to, UniqueAddress) else to
+                    self.sent.append((self.now, src, dst, msg))
                     if (src, dst) in self.cut:
                         continue
                     self._seq += 1
@@ -102,6 +110,19 @@ class World:
 
     def statuses(self, i: int) -> dict[str, MemberStatus]:
         return {m.node.name: m.status for m in self.cores[address(i)].gossip.members}
+
+    def partition(self, a: Iterable[int], b: Iterable[int]) -> None:
+        for i in a:
+            for j in b:
+                self.cut |= {(address(i), address(j)), (address(j), address(i))}
+
+    def probes(self, src: int, since: float) -> list[Address]:
+        """Where node ``src`` sent InitJoin as a member (probes), since ``since``."""
+        return [
+            dst
+            for t, s, dst, msg in self.sent
+            if t >= since and s == address(src) and isinstance(msg, InitJoin)
+        ]
 
 
 def test_first_seed_forms_the_cluster_and_others_join_and_become_up() -> None:
@@ -272,3 +293,343 @@ def test_a_join_downs_every_old_incarnation_of_its_address() -> None:
     w.apply(first, first.receive(newest, Join(node=newest), w.now))
     assert first.gossip.member(old) is not None
     assert first.gossip.member(old).status is S.DOWN  # type: ignore[union-attr]
+
+
+# ---- islands: a second cluster of the same name is found and merged ----------------------------
+
+PROBE = 1.0
+"""seed_probe_interval of these tests."""
+
+
+def test_seed_probe_interval_is_validated() -> None:
+    assert ClusterSettings().seed_probe_interval == 5.0
+    assert ClusterSettings(seed_probe_interval=0.5).seed_probe_interval == 0.5
+    for bad in (0, -1.0, 3601, "5", True, None):
+        with pytest.raises(ConfigurationError, match="seed_probe_interval"):
+            ClusterSettings(seed_probe_interval=bad)  # type: ignore[arg-type]
+
+
+def test_a_healthy_cluster_sends_no_probes() -> None:
+    w = World(seed=31)
+    for i in range(1, 5):
+        w.add(i, seeds=(1, 2, 3), seed_probe_interval=PROBE)
+    w.run(20)
+    assert all(set(w.statuses(i).values()) == {S.UP} for i in range(1, 5))
+    since = w.now
+    w.run(20)
+    assert [w.probes(i, since) for i in range(1, 5)] == [[], [], [], []]
+
+
+def test_members_probe_only_seed_addresses_without_a_live_member() -> None:
+    w = World(seed=32)
+    for i in range(1, 4):
+        w.add(
+            i, seeds=(1, 2, 9), seed_probe_interval=PROBE
+        )  # n3 is no seed; nothing ever runs at 9
+    w.run(20)
+    assert all(set(w.statuses(i).values()) == {S.UP} for i in range(1, 4))
+    since = w.now
+    w.run(10)
+    assert set(w.probes(1, since)) == set(w.probes(2, since)) == {address(9)}
+    assert 9 <= len(w.probes(1, since)) <= 11  # once per seed_probe_interval
+    # n3 is no seed node and probes too: an island may hold no seed node at all
+    assert set(w.probes(3, since)) == {address(9)}
+
+    # n2 unreachable: its address gets probed as well; n2 itself never probes its own address.
+    first, second = w.cores[address(1)], w.cores[address(2)]
+    w.apply(first, first.update_reachability({second.self_node}, w.now))
+    w.run(1)
+    since = w.now
+    w.run(5)
+    assert set(w.probes(1, since)) == {address(2), address(9)}
+    assert set(w.probes(2, since)) == {address(9)}
+
+    # Reachable again but Down: still probed (the member there is on its way out).
+    w.apply(first, first.update_reachability(set(), w.now))
+    w.apply(first, first.down(address(2), w.now))
+    w.run(1)
+    since = w.now
+    w.run(5)
+    assert address(2) in w.probes(1, since)
+
+
+def test_the_rule_bigger_cluster_wins_then_lower_oldest_address() -> None:
+    def node(port: int, name: str = "n", uid: int = 1, host: str = "10.0.0.1") -> UniqueAddress:
+        return UniqueAddress(Address(host, port), name, uid)
+
+    a, b = node(2551), node(2552)
+    assert loses_to(1, a, 3, b)  # bigger wins, whatever the address
+    assert not loses_to(3, b, 1, a)
+    assert loses_to(2, b, 2, a)  # tie: lower port wins
+    assert not loses_to(2, a, 2, b)
+    assert loses_to(2, node(1, host="10.0.0.2"), 2, node(9, host="10.0.0.10"))  # host as text
+    assert loses_to(2, node(1, name="z"), 2, node(1, name="a"))  # same host:port: name
+    assert loses_to(2, node(1, uid=9), 2, node(1, uid=3))  # two incarnations of one node
+    assert not loses_to(2, a, 2, a)  # the same cluster never loses to itself
+    pairs = [(s, n) for s in (1, 2) for n in (a, b, node(2551, uid=2))]
+    for mine in pairs:
+        for theirs in pairs:
+            if mine != theirs:  # exactly one of two different clusters gives way
+                assert loses_to(*mine, *theirs) != loses_to(*theirs, *mine)
+
+
+def form_two_clusters(w: World, first: Iterable[int], second: Iterable[int]) -> None:
+    """n1 forms a cluster with ``first``; n2, cut off from it, forms one with ``second``."""
+    first, second = list(first), list(second)
+    w.partition([1, *first], [2, *second])
+    w.add(1, seeds=(1, 2), seed_probe_interval=PROBE)  # the first seed: forms one alone
+    n2 = w.add(2, seeds=(1, 2), seed_probe_interval=PROBE)
+    w.apply(n2, n2.join(address(2), w.now))  # as if it had been the first seed of the other one
+    for i in first:
+        w.add(i, seeds=(1,), seed_probe_interval=PROBE)
+    for i in second:
+        w.add(i, seeds=(2,), seed_probe_interval=PROBE)
+    w.run(30)
+    assert w.statuses(1) == {f"n{i}": S.UP for i in (1, *first)}
+    assert w.statuses(2) == {f"n{i}": S.UP for i in (2, *second)}
+
+
+def downed(w: World, i: int) -> list[str]:
+    return [e.member.node.name for e in w.events[address(i)] if isinstance(e, MemberDowned)]
+
+
+def test_smaller_cluster_downs_itself_and_its_nodes_rejoin_the_bigger_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    w = World(seed=33)
+    form_two_clusters(w, [3], [4, 5])  # {n1, n3} and {n2, n4, n5}
+    caplog.set_level(logging.INFO, "membership.cluster")
+    w.cut.clear()  # the partition heals
+    w.run(10)
+    for i in (1, 3):  # the smaller one loses, although its oldest (n1) sorts first
+        assert w.cores[address(i)].phase is Phase.SHUT_DOWN
+        assert w.statuses(i) == {"n1": S.DOWN, "n3": S.DOWN}
+    for i in (2, 4, 5):
+        assert w.cores[address(i)].phase is Phase.MEMBER
+        assert w.statuses(i) == {"n2": S.UP, "n4": S.UP, "n5": S.UP}
+        assert downed(w, i) == []
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    loser = [m for m in warnings if "loses" in m]
+    assert len(loser) == 1
+    assert "oldest n2@10.0.0.1:2552#1, 3 members" in loser[0]
+    assert "oldest n1@10.0.0.1:2551#1, 2 members" in loser[0]
+    assert any("wins" in m and m.startswith("n2@") for m in warnings)
+
+    # A supervisor restarts the downed nodes: they join the cluster that won.
+    w.add(1, seeds=(1, 2), uid=2, seed_probe_interval=PROBE)
+    w.add(3, seeds=(1,), uid=2, seed_probe_interval=PROBE)
+    w.run(30)
+    for i in range(1, 6):
+        assert w.statuses(i) == {f"n{j}": S.UP for j in range(1, 6)}, (i, w.statuses(i))
+
+
+def test_an_island_without_a_seed_node_finds_the_cluster_that_holds_them() -> None:
+    w = World(seed=35)
+    form_two_clusters(w, [3], [4, 5])  # {n1, n3} and {n2, n4, n5}
+    w.cut.clear()
+    w.run(10)  # {n1, n3} gave way, as above; n1 restarts into the big cluster, n3 does not
+    w.add(1, seeds=(1, 2), uid=2, seed_probe_interval=PROBE)
+    w.run(30)
+    assert w.statuses(2) == {f"n{j}": S.UP for j in (1, 2, 4, 5)}
+    # Now an island {n4, n5} without any seed node: n4 and n5 are cut off, downed by the rest,
+    # and meanwhile form a cluster of their own (n4 as if it had been a first seed).
+    w.partition([4, 5], [1, 2])
+    w.run(40)
+    n4 = w.add(4, seeds=(1, 2), uid=2, seed_probe_interval=PROBE)
+    w.apply(n4, n4.join(address(4), w.now))
+    w.add(5, seeds=(4,), uid=2, seed_probe_interval=PROBE)
+    w.run(20)
+    assert w.statuses(4) == {"n4": S.UP, "n5": S.UP}
+    w.cut.clear()
+    w.run(15)  # n4 and n5 probe the seed addresses, find the bigger cluster and give way
+    for i in (4, 5):
+        assert w.cores[address(i)].phase is Phase.SHUT_DOWN, i
+
+
+def test_equal_sizes_the_cluster_with_the_lower_oldest_address_wins() -> None:
+    w = World(seed=34)
+    form_two_clusters(w, [3], [4])  # {n1, n3} and {n2, n4}: n1 sorts before n2
+    w.cut.clear()
+    w.run(10)
+    for i in (2, 4):
+        assert w.cores[address(i)].phase is Phase.SHUT_DOWN
+    for i in (1, 3):
+        assert w.cores[address(i)].phase is Phase.MEMBER
+        assert w.statuses(i) == {"n1": S.UP, "n3": S.UP}
+
+
+# A lone cluster {n1} (seeds n1 and n2; nothing of ours at n2) and answers from a stranger at n2.
+FOREIGN = UniqueAddress(address(2), "n2", 77)
+FOREIGN_OLDEST = UniqueAddress(address(7), "n7", 5)
+
+
+def lone_member() -> ClusterCore:
+    core = ClusterCore(
+        UniqueAddress(address(1), "n1", 1),
+        ClusterSettings(seed_probe_interval=PROBE),
+        random.Random(1),
+        (address(1), address(2)),
+    )
+    core.join(address(1), 0.0)
+    probe_round(core)
+    assert core.self_member is not None
+    assert core.self_member.status is S.UP
+    return core
+
+
+def probe_round(core: ClusterCore) -> float:
+    """Tick ``core`` until it sends its next probe round; return the time."""
+    start = core.next_deadline()
+    now = start
+    while now < start + 2 * core.settings.seed_probe_interval:
+        effects = core.tick(now)
+        if any(isinstance(e, Send) and isinstance(e.message, InitJoin) for e in effects):
+            return now
+        now = core.next_deadline()
+    raise AssertionError(f"{core.self_node} sent no probe round")
+
+
+def ack(size: int = 3, oldest: UniqueAddress | None = FOREIGN_OLDEST) -> InitJoinAck:
+    return InitJoinAck(sender=FOREIGN, oldest=oldest, size=size)
+
+
+def shuts_down(effects: list[Effect]) -> bool:
+    return any(isinstance(e, Shutdown) for e in effects)
+
+
+def test_a_foreign_cluster_must_be_seen_in_two_probe_rounds_in_a_row() -> None:
+    core = lone_member()
+    now = probe_round(core)
+    assert core.receive(FOREIGN, ack(), now) == []
+    assert core.receive(FOREIGN, ack(), now) == []  # twice in one round counts once
+    now = probe_round(core)
+    effects = core.receive(FOREIGN, ack(), now)
+    assert shuts_down(effects)
+    assert core.phase is Phase.SHUT_DOWN
+    assert core.self_member is not None
+    assert core.self_member.status is S.DOWN
+
+
+def test_a_sighting_in_a_round_that_is_not_the_next_one_starts_again() -> None:
+    core = lone_member()
+    now = probe_round(core)
+    assert core.receive(FOREIGN, ack(), now) == []
+    probe_round(core)  # nobody answered this round
+    now = probe_round(core)
+    assert core.receive(FOREIGN, ack(), now) == []
+    now = probe_round(core)
+    assert core.receive(FOREIGN, ack(size=4), now) == []  # it changed size: not yet stable
+    now = probe_round(core)
+    assert shuts_down(core.receive(FOREIGN, ack(size=4), now))
+
+
+def test_the_winner_does_nothing() -> None:
+    core = lone_member()
+    for _ in range(5):  # tie on size 1; our oldest n1 sorts before n7
+        now = probe_round(core)
+        assert core.receive(FOREIGN, ack(size=1), now) == []
+    assert core.phase is Phase.MEMBER
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(ack(oldest=None), id="their-nobody-is-up"),
+        pytest.param(InitJoinAck(sender=FOREIGN), id="older-peer-without-the-fields"),
+        pytest.param(ack(oldest=UniqueAddress(address(1), "n1", 1)), id="their-oldest-is-ours"),
+    ],
+)
+def test_answers_that_do_not_name_a_foreign_cluster_never_down_anyone(
+    answer: InitJoinAck,
+) -> None:
+    # "their oldest is ours": a new incarnation that another member of ours just welcomed,
+    # before the gossip with it reached this node.
+    core = lone_member()
+    for _ in range(4):
+        now = probe_round(core)
+        assert core.receive(FOREIGN, answer, now) == []
+    assert core.phase is Phase.MEMBER
+
+
+def test_answers_from_members_and_from_addresses_not_probed_are_ignored() -> None:
+    core = lone_member()
+    stranger = UniqueAddress(address(5), "n5", 9)  # n5 is no seed: never probed
+    me = core.self_node
+    for _ in range(4):
+        now = probe_round(core)
+        # A late answer to the InitJoin this node sent while it was joining.
+        assert core.receive(stranger, attrs.evolve(ack(), sender=stranger), now) == []
+        assert core.receive(me, InitJoinAck(sender=me, oldest=FOREIGN_OLDEST, size=9), now) == []
+    assert core.phase is Phase.MEMBER
+
+
+def test_a_cluster_where_nobody_is_up_does_not_decide() -> None:
+    core = ClusterCore(
+        UniqueAddress(address(1), "n1", 1),
+        ClusterSettings(min_nr_of_members=2, seed_probe_interval=PROBE),
+        random.Random(1),
+        (address(1), address(2)),
+    )
+    core.join(address(1), 0.0)
+    for _ in range(4):
+        now = probe_round(core)
+        assert core.receive(FOREIGN, ack(size=9), now) == []
+    assert core.phase is Phase.MEMBER
+
+
+def test_acks_carry_the_oldest_and_size_and_seeding_nodes_still_nack() -> None:
+    core = lone_member()
+    asker = UniqueAddress(address(3), "n3", 4)
+    (answer,) = core.receive(asker, InitJoin(sender=asker), 100.0)
+    assert answer == Send(asker, InitJoinAck(sender=core.self_node, oldest=core.self_node, size=1))
+
+    seeding = ClusterCore(
+        UniqueAddress(address(2), "n2", 3), ClusterSettings(), random.Random(1), (address(1),)
+    )
+    seeding.start(0.0)
+    assert seeding.phase is Phase.SEEDING
+    (answer,) = seeding.receive(asker, InitJoin(sender=asker), 1.0)
+    assert answer == Send(asker, InitJoinNack(sender=seeding.self_node))
+    seeding.receive(core.self_node, InitJoinAck(sender=core.self_node), 1.0)
+    assert seeding.phase.value == "joining"  # (mypy narrowed phase to SEEDING above)
+    (answer,) = seeding.receive(asker, InitJoin(sender=asker), 1.0)
+    assert answer == Send(asker, InitJoinNack(sender=seeding.self_node))
+
+
+def test_an_init_join_ack_from_an_older_peer_gets_the_defaults() -> None:
+    from membership._wire import HEADER_SIZE, decode, encode
+
+    sender = UniqueAddress(address(1), "n1", 1)
+    new = InitJoinAck(sender=sender, oldest=sender, size=4)
+    assert decode(encode(new)).message == new
+    payload = encode(new)
+    body = msgpack.unpackb(payload[HEADER_SIZE:], ext_hook=msgpack.ExtType)
+    old = msgpack.packb(body[:2], use_bin_type=True)  # [name, sender]: what older peers send
+    assert decode(payload[:HEADER_SIZE] + old).message == InitJoinAck(sender=sender)
+    with pytest.raises(TypeError, match="size"):
+        InitJoinAck(sender=sender, size=-1)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("restarted", [1, 3])
+def test_a_restarted_node_joining_again_never_looks_like_another_cluster(
+    seed: int, restarted: int
+) -> None:
+    # Every node a seed, probing often, while an incarnation is downed, removed and replaced:
+    # answers from the newcomer reach members whose gossip does not have it yet.
+    w = World(seed=40 + seed)
+    fast = ClusterSettings(seed_probe_interval=0.05, retry_unsuccessful_join_after=2.0)
+    for i in range(1, 5):
+        w.add(i, seeds=(1, 2, 3, 4), **attrs.asdict(fast))
+    w.run(20)
+    old = w.cores[address(restarted)].self_node
+    w.add(restarted, seeds=(1, 2, 3, 4), uid=2, **attrs.asdict(fast))
+    w.run(40)
+    probes = sum(len(w.probes(i, 20.0)) for i in range(1, 5))
+    assert probes > 50  # the newcomer's address was probed all along
+    for i in range(1, 5):
+        assert w.cores[address(i)].phase is Phase.MEMBER
+        assert w.statuses(i) == {f"n{j}": S.UP for j in range(1, 5)}
+        assert w.cores[address(i)].gossip.member(attrs.evolve(old, uid=2)) is not None
+        if i != restarted:
+            assert downed(w, i) == [f"n{restarted}"]  # the old incarnation only

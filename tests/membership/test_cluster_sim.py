@@ -31,6 +31,8 @@ class SimCluster:
     nursery: trio.Nursery
     nodes: dict[int, Cluster] = attrs.field(factory=dict)
     scopes: dict[int, trio.CancelScope] = attrs.field(factory=dict)
+    stopped: dict[int, trio.Event] = attrs.field(factory=dict)
+    """Per node, set once its task is gone and its address is free for a restart."""
     events: dict[int, list[ClusterEvent]] = attrs.field(factory=dict)
     sbr: SplitBrainResolverSettings | None = attrs.field(
         factory=lambda: SplitBrainResolverSettings(stable_after=7.0)
@@ -40,6 +42,15 @@ class SimCluster:
         return await self.nursery.start(self._run, i, seeds)  # type: ignore[no-any-return]
 
     async def _run(
+        self, i: int, seeds: Sequence[int], *, task_status: trio.TaskStatus[Cluster]
+    ) -> None:
+        stopped = self.stopped[i] = trio.Event()
+        try:
+            await self._run_node(i, seeds, task_status=task_status)
+        finally:
+            stopped.set()
+
+    async def _run_node(
         self, i: int, seeds: Sequence[int], *, task_status: trio.TaskStatus[Cluster]
     ) -> None:
         with trio.CancelScope() as scope:
@@ -76,6 +87,20 @@ class SimCluster:
     def crash(self, i: int) -> None:
         self.net.crash(addr(i))
         self.scopes[i].cancel()
+
+    async def restart(self, i: int, seeds: Sequence[int] = (1, 2, 3)) -> Cluster:
+        """Start node ``i`` again (a new incarnation) once the previous one is gone."""
+        await self.stopped[i].wait()
+        return await self.start(i, seeds)
+
+    async def supervise(self, nodes: Sequence[int], restarts: list[int]) -> None:
+        """Restart every node of ``nodes`` that left the cluster, as a process supervisor would."""
+        while True:
+            for i in nodes:
+                if self.nodes[i].terminated.is_set():
+                    restarts.append(i)
+                    await self.restart(i)
+            await trio.sleep(1.0)
 
     def up_view(self, i: int) -> dict[str, S]:
         return {m.node.name: m.status for m in self.nodes[i].members}
@@ -190,6 +215,43 @@ async def test_pause_shorter_than_acceptable_pause_is_never_unreachable(
         for i in (1, 2, 3):
             assert not [e for e in c.events[i] if isinstance(e, UnreachableMember)]
         assert all_up(c, (1, 2, 3))
+
+
+async def test_island_of_a_restarted_first_seed_merges_after_the_partition_heals(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The first seed restarts while cut off from the other seeds: no seed answers, so it forms
+    # a second cluster, and a node restarted on its side joins that one. Both sides are Up in
+    # their own views; once the partition heals, the smaller one must down itself and rejoin.
+    async with sim_cluster(seed=16) as c:
+        for i in range(1, 6):
+            await c.start(i)
+        await wait_until(lambda: all_up(c, range(1, 6)))
+        c.net.partition([addr(1)], [addr(i) for i in (2, 3, 4, 5)])
+        c.crash(1)
+        await c.restart(1)
+        await wait_until(lambda: all_up(c, (1,)))  # an island of its own
+        # The other side removes the old n1 first: a second failure before the first is
+        # resolved would make its split brain resolver down everyone (down_all_when_unstable).
+        await wait_until(lambda: all_up(c, (2, 3, 4, 5)))
+        c.crash(4)
+        c.net.heal()  # and at once a new partition, with n4 on n1's side
+        c.net.partition([addr(1), addr(4)], [addr(2), addr(3), addr(5)])
+        await c.restart(4)
+        await wait_until(lambda: all_up(c, (1, 4)) and all_up(c, (2, 3, 5)))
+        island = [c.nodes[1], c.nodes[4]]
+        main = [c.nodes[i] for i in (2, 3, 5)]
+        assert island[0].oldest() != main[0].oldest()  # two clusters, two sets of singletons
+
+        c.net.heal()
+        restarts: list[int] = []
+        c.nursery.start_soon(c.supervise, range(1, 6), restarts)
+        merged = await wait_until(lambda: all_up(c, range(1, 6)), limit=60)
+        print(f"merged {merged:.1f} s after the heal; restarted {restarts}")
+        assert sorted(restarts) == [1, 4]  # the island gave way: it was smaller
+        assert [n.termination_reason for n in island] == ["downed", "downed"]
+        assert [c.nodes[i] for i in (2, 3, 5)] == main  # the bigger cluster was left alone
+        assert {c.nodes[i].oldest() for i in range(1, 6)} == {main[0].oldest()}
 
 
 def run_scenario(seed: int) -> str:
