@@ -29,8 +29,14 @@ class HeldLease(Protocol):
     :class:`membership.ClusterError` when the outcome is unknown (the backend did not answer).
     ``wait_lost`` returns once the grant is lost (expired, taken over, or its backend unreachable
     for longer than is safe), or at once when no grant is held. ``release`` gives the lease back
-    and says whether the backend confirmed it.
+    and says whether the backend confirmed it. ``check`` says, without blocking, whether the grant
+    is still held now: its deadline may pass before the task watching it runs (a process stopped
+    or starved past it), so whoever acts under the lease checks it first.
     """
+
+    def check(self) -> bool:
+        """Whether a grant is held now (its deadline has not passed). Never blocks."""
+        ...
 
     async def acquire(self) -> FencedGrant | None:
         """Take the lease: the grant, or None if another owner holds it."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import attrs
 import trio
@@ -113,18 +113,37 @@ class SingletonContext:
     """What a singleton instance gets: its name, the node, and its messages."""
 
     def __init__(
-        self, name: str, node: UniqueAddress, inbox: trio.MemoryReceiveChannel[SingletonRequest]
+        self,
+        name: str,
+        node: UniqueAddress,
+        inbox: trio.MemoryReceiveChannel[SingletonRequest],
+        held: Callable[[], bool] | None = None,
     ) -> None:
         self.name = name
         self.node = node
         self._inbox = inbox
+        self._held = held
 
     async def receive(self) -> SingletonRequest:
-        """The next message."""
-        return await self._inbox.receive()
+        """The next message.
 
-    def __aiter__(self) -> AsyncIterator[SingletonRequest]:
-        return self._inbox.__aiter__()
+        Under a lease, a message that comes after the lease's deadline passed is never handed
+        out (the instance waits to be stopped instead): the deadline can pass before the task
+        watching the lease runs, in a process that was stopped or starved past it.
+        """
+        request = await self._inbox.receive()
+        if self._held is not None and not self._held():
+            await trio.sleep_forever()  # the manager stops this instance as soon as it runs
+        return request
+
+    def __aiter__(self) -> SingletonContext:
+        return self
+
+    async def __anext__(self) -> SingletonRequest:
+        try:
+            return await self.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
 
 
 SingletonFunction = Callable[[SingletonContext], Awaitable[None]]
@@ -259,7 +278,8 @@ class _Manager:
                 sender, envelope = self.buffer.popleft()
                 self._deliver(sender, envelope)
             try:
-                await self.fn(SingletonContext(self.name, me, receive))
+                held = None if self.lease is None else self.lease.check
+                await self.fn(SingletonContext(self.name, me, receive, held))
                 logger.info("%s: singleton %r returned", me, self.name)
                 await trio.sleep_forever()
             except Exception:

@@ -218,8 +218,9 @@ class Shard:
     async def _watch_lease(self, lease: ShardLease) -> None:
         while True:
             await lease.wait_lost()
-            self.lease_token = None
-            self._lease_lost()
+            if self.lease_token is not None:  # not already noticed before a message ran
+                self.lease_token = None
+                self._lease_lost()
             if self.stopping:  # it was being handed off: nothing more to do
                 return
             await self._acquire(lease)
@@ -356,7 +357,15 @@ class Shard:
         region = self.region
         try:
             handled = 0
+            lease = self.lease if self.lease_token is not None else None
             while mailbox and handled < BATCH:
+                if lease is not None and not lease.check():
+                    # The lease's deadline passed and its keep-alive task has not run yet (a
+                    # process that was stopped, or starved, past its deadline): this entity may
+                    # not act any more. Its messages wait for the next grant.
+                    self.lease_token = None
+                    self._lease_lost()
+                    break
                 message, reply = mailbox.popleft()
                 handled += 1
                 if type(message) is Stop:

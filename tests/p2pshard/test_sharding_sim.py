@@ -456,6 +456,64 @@ async def test_a_shard_starts_entities_only_while_it_holds_its_lease(
         assert [s.token for s in spans] == [2, 4]
 
 
+@attrs.define
+class LateLease:
+    """A shard lease whose holder notices its loss late, as a process stopped past its deadline:
+    ``check`` already says False while ``wait_lost`` has not returned yet."""
+
+    held: bool = False
+    token: int = 0
+    noticed: trio.Event = attrs.field(factory=trio.Event)
+
+    def check(self) -> bool:
+        return self.held
+
+    async def acquire(self) -> LateLease:
+        self.held, self.token, self.noticed = True, self.token + 1, trio.Event()
+        return self
+
+    async def wait_lost(self) -> None:
+        await self.noticed.wait()
+
+    async def release(self) -> bool:
+        self.held = False
+        return True
+
+
+async def test_no_message_runs_once_the_lease_deadline_passed_even_before_it_is_noticed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    lease = LateLease()
+    lifetimes = History()
+
+    class Fenced:
+        async def receive(self, msg: object, ctx: EntityContext) -> object:
+            return ctx.lease_token
+
+    async def setup(i: int, node: Node, sim: SimCluster) -> None:
+        node.sharding.observe(lifetimes.observer(f"n{i}"))
+        sim.regions[i] = await node.sharding.start(
+            "Counter",
+            lambda ctx: Fenced(),
+            extractor=HashExtractor(1),
+            shard_lease=lambda type_name, shard_id: lease,
+        )
+
+    async with sim_cluster(14, setup) as sim:
+        await sim.start(1)
+        await sim.all_up([1])
+        ref = sim.regions[1].entity_ref("e")
+        assert await ref.ask(Token(), timeout=10) == 1
+        lease.held = False  # the deadline passed; the task that would notice has not run
+        with pytest.raises(AskTimeout):
+            await ref.ask(Token(), timeout=5)  # not handled under a lease that is gone
+        [span] = lifetimes.incarnations["Counter/e"]
+        assert span.end is not None  # the incarnation ended at once
+        lease.noticed.set()  # noticed at last: the shard asks again and gets token 2
+        assert await ref.ask(Token(), timeout=10) == 2
+        assert [s.token for s in lifetimes.incarnations["Counter/e"]] == [1, 2]
+
+
 async def test_a_hand_off_releases_the_shard_lease_so_the_new_home_need_not_wait(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

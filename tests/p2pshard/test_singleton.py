@@ -247,3 +247,43 @@ async def test_lease_majority_a_two_two_split_leaves_the_side_that_got_the_lease
         assert survivors == [1, 2]
         assert holder[0] in {"10.0.0.1:1", "10.0.0.1:2"}
         assert {m.node.name for m in h.nodes[1].cluster.members} == {"n1", "n2"}
+
+
+async def test_a_singleton_gets_no_message_once_its_lease_deadline_passed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The lease's deadline can pass before the task watching it runs (a process stopped past
+    # it): a message that comes then is not handed to the instance.
+    class Late:
+        held = True
+        token = 1
+
+        def check(self) -> bool:
+            return self.held
+
+        async def acquire(self) -> Late:
+            return self
+
+        async def wait_lost(self) -> None:
+            await trio.sleep_forever()  # never noticed in this test
+
+        async def release(self) -> bool:
+            return True
+
+    lease = Late()
+    got: list[object] = []
+
+    async def guarded(ctx: SingletonContext) -> None:
+        async for request in ctx:
+            got.append(request.message)
+            request.reply("ok")
+
+    async with harness(10) as h:
+        node = await h.start(1)
+        await node.singletons.start("guarded", guarded, lease=lease)
+        proxy = node.singletons.proxy("guarded")
+        assert await proxy.ask("first", timeout=10) == "ok"
+        lease.held = False
+        with pytest.raises(SingletonUnavailable):
+            await proxy.ask("second", timeout=5)
+        assert got == ["first"]
