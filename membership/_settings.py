@@ -11,6 +11,7 @@ from typing import Any
 
 import attrs
 
+from ._address import Address
 from ._errors import ConfigurationError
 
 
@@ -30,6 +31,21 @@ def in_range(
             )
 
     return check
+
+
+def _check_dial_via(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    def valid(entry: Any) -> bool:
+        try:
+            peer, target = entry
+            return isinstance(target, Address) and bool(Address.parse(peer))
+        except (ConfigurationError, TypeError, ValueError):
+            return False
+
+    if not isinstance(value, tuple) or not all(valid(entry) for entry in value):
+        raise ConfigurationError(
+            f"{type(instance).__name__}.{attribute.name} = {value!r} is invalid: must be a tuple "
+            "of (peer address 'host:port', Address to connect to instead) pairs"
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -72,6 +88,15 @@ class TransportSettings:
 
     shutdown_flush_timeout: float = attrs.field(default=1.0, validator=in_range(0.0, 3600))
     """On close, seconds to wait for queued frames to reach connected peers (default 1 s)."""
+
+    dial_via: tuple[tuple[str, Address], ...] = attrs.field(default=(), validator=_check_dial_via)
+    """A testing aid, TCP only: connect to a peer somewhere else than the address it advertises
+    (default: nowhere else). Pairs of the peer's canonical address ``"host:port"`` and the
+    address to connect to instead; in TOML a table ``[transport.dial_via]`` with entries
+    ``"127.0.0.1:25521" = "127.0.0.1:40001"``. ``p2pshard chaos --real`` routes each node's links
+    through a fault-injecting proxy this way, one per ordered pair of nodes, to cut links one
+    way or both. The node reached is checked as on any link (certificate and hello) but not
+    against the address: an entry must lead to the node that advertises it."""
 
     def __attrs_post_init__(self) -> None:
         if self.reconnect_backoff_max < self.reconnect_backoff_min:

@@ -109,6 +109,7 @@ class TcpTransport(Transport):
         self._random = random.Random()
         self._links_running = 0
         self._link_exited = trio.Event()
+        self._dial_via = {Address.parse(peer): target for peer, target in settings.dial_via}
 
     @property
     def cluster(self) -> str:
@@ -210,8 +211,9 @@ class TcpTransport(Transport):
     async def _connect(
         self, address: Address
     ) -> tuple[trio.SSLStream[trio.SocketStream], UniqueAddress]:
+        dial = self._dial_via.get(address, address)  # a test proxy in between, if configured
         with trio.fail_after(self._settings.connect_timeout):
-            tcp = await trio.open_tcp_stream(address.host, address.port)
+            tcp = await trio.open_tcp_stream(dial.host, dial.port)
         stream = trio.SSLStream(tcp, self._client_context, server_hostname=None)
         try:
             with trio.fail_after(self._settings.handshake_timeout):

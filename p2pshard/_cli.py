@@ -5,9 +5,10 @@
 runs several nodes as separate processes on one host, with throwaway certificates (the README's
 main job). ``p2pshard status`` asks a running node for its members and shards;
 ``p2pshard remove-sharding-data`` deletes entity types' sharding state from a stopped node's
-durable store; ``p2pshard chaos`` runs seeded chaos schedules on a simulated cluster. Errors in
-what the user typed or configured end with a one-line message and exit status 2; a node that
-fails at run time, or does not answer, exits with 1.
+durable store; ``p2pshard chaos`` runs seeded chaos schedules on a simulated cluster (with
+``--real``, one schedule on node processes of this host). Errors in what the user typed or
+configured end with a one-line message and exit status 2; a node that fails at run time, or does
+not answer, exits with 1.
 """
 
 from __future__ import annotations
@@ -133,39 +134,77 @@ def _parser() -> argparse.ArgumentParser:
 
     chaos = commands.add_parser(
         "chaos",
-        help="run seeded chaos schedules on a simulated cluster and check every invariant",
+        help="run seeded chaos schedules on a simulated cluster (or real processes: --real) "
+        "and check every invariant",
         description="Run a simulated cluster (one process, mock clock) under random partitions, "
         "flaky and slow links, crashes and pauses, with a counter workload, then check single "
         "activation, acknowledged messages kept exactly once, per-sender order, agreement after "
         "heal, at most one singleton and replica convergence. Prints a summary table; a failing "
         "seed is run once more to check that it reproduces, and the command that replays it is "
-        "printed. Exit status 1 when an invariant was broken.",
+        "printed. With --real, run one schedule against node processes on 127.0.0.1 instead "
+        "(TCP with mutual TLS, shard leases in a shared SQLite file): faults by SIGKILL, "
+        "SIGSTOP/SIGCONT (shorter and longer than the lease time-to-live) and partitions (a "
+        "proxy between every ordered pair of nodes, so one-way too); then heal, quiet, check "
+        "that every node runs and agrees, merge the processes' histories and check the same "
+        "invariants. Exit status 1 when an invariant was broken.",
     )
     chaos.add_argument("--seeds", type=int, default=100, help="how many seeds (default 100)")
     chaos.add_argument("--start-seed", type=int, default=0, help="the first seed (default 0)")
     chaos.add_argument(
-        "--seed", type=int, help="run this one seed and print its faults and violations"
+        "--seed",
+        type=int,
+        help="run this one seed and print its faults and violations (with --real: the "
+        "schedule's seed; default a random one, printed)",
     )
-    chaos.add_argument("--nodes", type=int, default=5, help="cluster size (default 5)")
+    chaos.add_argument("--nodes", type=int, help="cluster size (default 5; with --real --quick 3)")
     chaos.add_argument(
-        "--duration", type=float, default=30.0, help="simulated seconds of faults (default 30)"
+        "--duration",
+        type=float,
+        help="seconds of faults: simulated (default 30); with --real, real seconds (default "
+        "600; --quick 35)",
     )
     chaos.add_argument(
         "--quiet",
         type=float,
-        default=40.0,
-        help="simulated seconds without faults before the final checks (default 40)",
+        help="seconds without faults before the final checks (default 40; with --real 30, "
+        "--quick 15)",
     )
     chaos.add_argument(
         "--faults",
         help="comma-separated fault kinds to draw from (default: all of partition, isolate, "
-        "bridge, one-way, flaky, slow, crash, pause)",
+        "bridge, one-way, flaky, slow, crash, pause; with --real: kill, pause, pause-long, "
+        "partition, isolate, one-way, bridge)",
+    )
+    chaos.add_argument(
+        "--message-interval",
+        type=float,
+        default=0.1,
+        help="seconds between a workload client's messages, on average (default 0.1)",
     )
     chaos.add_argument(
         "--no-lease", action="store_true", help="run without shard and singleton leases"
     )
     chaos.add_argument(
-        "--jobs", type=int, default=0, help="processes to run seeds in (default: one per core)"
+        "--jobs",
+        type=int,
+        default=0,
+        help="processes to run seeds in (default: one per core; not with --real)",
+    )
+    chaos.add_argument(
+        "--real",
+        action="store_true",
+        help="run node processes on 127.0.0.1 instead of a simulated cluster",
+    )
+    chaos.add_argument(
+        "--quick",
+        action="store_true",
+        help="with --real: 3 nodes, 35 s of shorter faults, 15 s quiet (about 70 s in all)",
+    )
+    chaos.add_argument(
+        "--dir",
+        type=Path,
+        help="with --real: the data directory (certificates, configurations, logs, histories); "
+        "default a temporary one, removed after a clean run",
     )
     chaos.add_argument("--json", action="store_true", help="print one JSON object per seed")
     return parser
@@ -208,13 +247,18 @@ def _chaos(args: argparse.Namespace) -> int:
     from .testing import ChaosSettings, run_chaos, run_seeds, summarize
     from .testing._chaos import FAULTS
 
+    if args.real:
+        return _chaos_real(args)
+    if args.quick or args.dir is not None:
+        raise ConfigurationError("--quick and --dir go with --real")
     faults = FAULTS if args.faults is None else tuple(k.strip() for k in args.faults.split(","))
     settings = ChaosSettings(
-        nodes=args.nodes,
-        duration=args.duration,
-        quiet=args.quiet,
+        nodes=5 if args.nodes is None else args.nodes,
+        duration=30.0 if args.duration is None else args.duration,
+        quiet=40.0 if args.quiet is None else args.quiet,
         faults=faults,
         use_lease=not args.no_lease,
+        message_interval=args.message_interval,
     )
     if args.seeds < 1:
         raise ConfigurationError(f"--seeds {args.seeds} is invalid: must be at least 1")
@@ -270,6 +314,59 @@ def _chaos(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _chaos_real(args: argparse.Namespace) -> int:
+    import random
+
+    from .testing._real import RealChaosSettings, remove_data, run_real_chaos, summarize_real
+
+    base = RealChaosSettings.quick() if args.quick else RealChaosSettings()
+    faults = (
+        base.faults if args.faults is None else tuple(k.strip() for k in args.faults.split(","))
+    )
+    settings = attrs.evolve(
+        base,
+        nodes=base.nodes if args.nodes is None else args.nodes,
+        duration=base.duration if args.duration is None else args.duration,
+        quiet=base.quiet if args.quiet is None else args.quiet,
+        faults=faults,
+        use_lease=not args.no_lease,
+        message_interval=args.message_interval,
+    )
+    seed = random.randrange(1 << 31) if args.seed is None else args.seed
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
+    try:
+        report = run_real_chaos(seed, settings, data_dir=args.dir)
+    except KeyboardInterrupt:
+        print("p2pshard chaos: interrupted; every node process was stopped", file=sys.stderr)
+        return 130
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "seed": report.seed,
+                    "violations": [str(v) for v in report.violations],
+                    "faults": report.fault_counts(),
+                    "processes": report.processes,
+                    "incarnations": report.incarnations,
+                    "sent": report.sent,
+                    "acknowledged": report.acknowledged,
+                    "agreed_after": None
+                    if report.agreed_after is None
+                    else round(report.agreed_after, 1),
+                    "seconds": round(report.seconds, 1),
+                    "data_dir": str(report.data_dir),
+                }
+            )
+        )
+    else:
+        print(summarize_real(report))
+        for violation in report.violations[1:20]:
+            print(f"  {violation}")
+    if report.ok and args.dir is None:
+        remove_data(report)
+    return 0 if report.ok else 1
 
 
 def _certs(args: argparse.Namespace) -> int:

@@ -12,8 +12,10 @@ invariants a sharded application relies on:
   and the replicas converge;
 - at most one instance of a singleton at a time.
 
-Use :func:`run_chaos` (or ``p2pshard chaos``) for randomized schedules, or
-:func:`simulated_cluster` to write a scenario of your own:
+Use :func:`run_chaos` (or ``p2pshard chaos``) for randomized schedules;
+:func:`run_real_chaos` (or ``p2pshard chaos --real``) for one schedule against node processes on
+127.0.0.1, killed, stopped and cut off for real, their histories merged for the same checkers;
+or :func:`simulated_cluster` to write a scenario of your own:
 
 Example:
     >>> import trio, trio.testing
@@ -56,6 +58,14 @@ from ._checkers import check_single_singleton as check_single_singleton
 from ._history import History as History
 from ._history import Sent as Sent
 from ._history import Span as Span
+from ._real import REAL_FAULTS as REAL_FAULTS
+from ._real import FaultProxy as FaultProxy
+from ._real import ProcessRun as ProcessRun
+from ._real import RealChaosReport as RealChaosReport
+from ._real import RealChaosSettings as RealChaosSettings
+from ._real import merge_histories as merge_histories
+from ._real import run_real_chaos as run_real_chaos
+from ._real import summarize_real as summarize_real
 from ._sim import BOUND as BOUND
 from ._sim import SIM_LEASES as SIM_LEASES
 from ._sim import SIM_LINKS as SIM_LINKS

@@ -7,15 +7,18 @@ conformance kit.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import pytest
 import trio
 import trio.testing
 
-from membership import Address, Envelope, UniqueAddress
+from membership import Address, ConfigurationError, Envelope, TransportSettings, UniqueAddress
 from membership._address import MAX_UID
 from membership._transport import Outbox
 
-from .conftest import Harness, Seq
+from .conftest import CertSet, Harness, Seq, TcpHarness
 from .test_transport_conformance import receive_n
 
 PEER = Address("127.0.0.1", 1)
@@ -145,3 +148,71 @@ async def test_each_send_takes_its_own_destinations_route(harness: Harness) -> N
             a.send_nowait(nowhere, Seq(0))  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="send needs an Address or UniqueAddress"):
             await a.send(nowhere, Seq(0))  # type: ignore[arg-type]
+
+
+async def test_a_tcp_link_dials_a_peer_through_its_dial_via_address(certs: CertSet) -> None:
+    # A relay stands where dial_via points: the link to B goes through it, and when it stops
+    # forwarding (closes what it accepts) nothing reaches B, though B itself is up.
+    accepted: list[int] = []
+    forwarding = True
+
+    async with trio.open_nursery() as nursery:
+        harness = TcpHarness(nursery, certs)
+        b = await harness.start("node-b")
+        target = b.local_address.address
+
+        async def relay(client: trio.SocketStream) -> None:
+            accepted.append(1)
+            if not forwarding:
+                await client.aclose()
+                return
+            upstream = await trio.open_tcp_stream(target.host, target.port)
+            async with client, upstream, trio.open_nursery() as pumps:
+
+                async def pump(src: trio.SocketStream, dst: trio.SocketStream) -> None:
+                    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                        while data := await src.receive_some(1 << 16):
+                            await dst.send_all(data)
+                    pumps.cancel_scope.cancel()
+
+                pumps.start_soon(pump, client, upstream)
+                pumps.start_soon(pump, upstream, client)
+
+        [listener] = await nursery.start(
+            functools.partial(trio.serve_tcp, host="127.0.0.1"), relay, 0
+        )
+        via = Address("127.0.0.1", listener.socket.getsockname()[1])
+        settings = TransportSettings(
+            dial_via=((str(target), via),), reconnect_backoff_min=0.05, reconnect_backoff_max=0.05
+        )
+        a = await harness.start("node-a", settings=settings)
+        await a.send(target, Seq(1))
+        with trio.fail_after(10):
+            assert (await b.receive()).message == Seq(1)
+        assert accepted == [1]
+        assert [p.name for p in a.connected_peers()] == ["node-b"]
+
+        forwarding = False
+        await harness.stop(a)
+        a = await harness.start("node-a", settings=settings)
+        await a.send(target, Seq(2))
+        with trio.move_on_after(1):
+            await b.receive()
+            pytest.fail("a message went around the relay")
+        assert len(accepted) > 2  # it kept trying, through the relay only
+        assert a.statistics().peer(target).connect_failures > 0  # type: ignore[union-attr]
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    "dial_via",
+    [
+        (("node-b", Address("127.0.0.1", 2)),),  # not host:port
+        (("127.0.0.1:1", "127.0.0.1:2"),),  # not an Address
+        (("127.0.0.1:1", Address("127.0.0.1", 2), "extra"),),
+        [("127.0.0.1:1", Address("127.0.0.1", 2))],  # not a tuple
+    ],
+)
+def test_dial_via_takes_only_pairs_of_an_address_and_where_to_dial_it(dial_via: object) -> None:
+    with pytest.raises(ConfigurationError, match=r"TransportSettings.dial_via = .* is invalid"):
+        TransportSettings(dial_via=dial_via)  # type: ignore[arg-type]

@@ -1,0 +1,1038 @@
+"""Real-process chaos: node processes on loopback over mutual TLS, killed, stopped and cut off.
+
+The command::
+
+    p2pshard chaos --real [--nodes 5] [--duration 600] [--quiet 30] [--seed S]
+                          [--faults kill,pause,...] [--message-interval 0.1] [--no-lease]
+                          [--dir DIR] [--json] [--quick]
+
+(or :func:`run_real_chaos`) runs the chaos suite against the real thing: each node is its own OS
+process (``python -m p2pshard.testing._real_node``: ``open_node`` over TCP with mutual TLS on
+127.0.0.1, the counter entity type with shard leases, the singleton probe under a lease, the
+counter workload), all sharing one SQLite lease file. ``--nodes`` node processes (3 to 16,
+default 5) go through ``--duration`` seconds of faults (default 600), then ``--quiet`` seconds
+without (default 30). ``--quick`` is 3 nodes, 35 s of shorter faults and 15 s quiet, about 70 s
+in all. ``--seed`` fixes the schedule (default: a random seed, printed), ``--faults`` the kinds
+drawn from, ``--message-interval`` each workload client's mean pause between messages,
+``--dir`` where the certificates, configurations, logs and history files go
+(default a temporary directory, removed after a clean run), ``--json`` prints the report as one
+JSON object instead of the table. The exit status is 1 when an invariant was broken. The
+simulated suite (``p2pshard chaos``) covers many seeds quickly; this one covers what the
+simulation cannot: real sockets, real scheduling, real clocks, processes that freeze.
+
+Theory of operation. The orchestrator (this module, one trio program) makes a data directory
+with a cluster CA, one certificate and one TOML file per node (every node a seed node), and one
+:class:`FaultProxy` per ordered pair of nodes (A, B): node A's configuration says, with
+``[transport.dial_via]``, to connect to B through that proxy. A link carries frames one way only
+(the peer answers over its own link), so blocking the proxy of (A, B) cuts A → B and nothing
+else: blocking both directions is a partition, one direction a one-way partition. A blocked proxy
+stops forwarding and holds its connections (as a network that drops packets: the sender sees
+nothing, its handshakes time out); when the fault heals it resets them, and the nodes reconnect.
+Proxies rather than packet filters (nftables rules on per-node loopback addresses): they need no
+root, no kernel module and no package, so the run is the same in an unprivileged container, on a
+laptop and on CI, and nothing is left to clean up if the run is killed.
+
+A supervisor task per node starts the node process (in a session of its own, so a Ctrl-C at the
+terminal reaches only the orchestrator), and starts it again a few seconds after it exits (the
+node exits when it is downed, as ``p2pshard node`` does) or is killed. The orchestrator kills
+every node process when it ends, on errors and Ctrl-C too; should the orchestrator itself be
+killed, Linux kills them (each asks for ``PR_SET_PDEATHSIG``).
+
+The schedule, seeded, injects one fault at a time for ``duration`` seconds (and on until each
+kind was injected once, for at most twice that), taking the kinds in turns (every kind once, in a
+shuffled order, then again), while at least three nodes and a majority run unpaused:
+
+- ``kill``: SIGKILL to one node process; it is started again 2 to 8 s later;
+- ``pause``: SIGSTOP for 1 to 3 s, then SIGCONT (shorter than failure detection);
+- ``pause-long``: SIGSTOP for longer than the lease time-to-live, so the process wakes up
+  holding shard leases the backend has expired, and may have been downed meanwhile (fencing);
+- ``partition``: a random minority cut off from the rest, both ways;
+- ``isolate``: one node cut off from every other;
+- ``one-way``: one node's links to the others cut, theirs to it kept;
+- ``bridge``: A and C cannot reach each other, both reach B.
+
+Then every fault is healed and the cluster is left ``quiet``; then each node process is asked
+(SIGUSR1) for its view: the members it sees, its shard homes, its replicas' digests, and whether
+one probe entity per shard answers through it. Every node must run and see the same members, all
+Up, the same homes, the same digests, and every shard must answer
+(:func:`~p2pshard.testing.check_agreement_views`, ``check_convergence_digests``); if not, the
+question is asked again every few seconds for up to ``settle`` more seconds, and the report says
+how long agreement took. Then every process is killed and the history files are merged
+(:func:`merge_histories`) into one :class:`~p2pshard.testing.History` for the same checkers as
+the simulation (:func:`~p2pshard.testing.check_history`): single activation, acknowledged kept
+exactly once, per-sender order, single singleton.
+
+Times: each process records ``time.monotonic()`` (CLOCK_MONOTONIC, one clock for the whole host);
+the report shows them as seconds since the run started. An incarnation whose process was killed
+ends at the kill; one whose process exited ends when the orchestrator saw the exit (a little
+late, never early). A process stopped by SIGSTOP runs nothing, so while it is stopped its
+incarnations are not live; once continued, an incarnation counts as live again only if it
+handles a message before it ends (a singleton: answers a ping). An incarnation that wakes up,
+finds its lease lost and stops without acting did nothing a second incarnation could conflict
+with (that is what leases with fencing are for); one that acts is checked like any other.
+
+Where it differs from the simulation: a run is not replayable (real timing): the seed fixes the
+schedule's draws, but which nodes are up to be picked depends on timing; there are no flaky or
+slow links (the proxies only cut); a pause is a
+real SIGSTOP, which freezes the node's timers too (the simulation's pause only holds messages).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from membership import (
+    Address,
+    ConfigurationError,
+    SplitBrainResolverSettings,
+    TransportSettings,
+)
+from membership._certs import create_cluster_ca, create_node_certificate
+from membership._trioutil import single_error
+
+from .._config import NodeConfig, TlsFiles
+from .._lease import LeaseSettings
+from ._checkers import (
+    AGREEMENT,
+    INVARIANTS,
+    Violation,
+    check_agreement_views,
+    check_convergence_digests,
+    check_history,
+)
+from ._history import History, Sent, Span
+from ._real_node import ANSWER_TIMEOUT
+
+REAL_FAULTS = ("kill", "pause", "pause-long", "partition", "isolate", "one-way", "bridge")
+"""Every fault kind a real-process schedule can draw from."""
+
+QUICK_FAULTS = ("kill", "pause", "pause-long", "isolate", "one-way")
+"""The kinds of ``--quick`` (with three nodes a partition's minority is one node: ``isolate``)."""
+
+NODE_PROCESS = "node-process"
+"""The invariant name of a node process that failed: exited with an error, or never ready."""
+
+CLUSTER = "chaos"
+"""The cluster name of real-process runs."""
+
+POLL = 0.1
+"""Seconds between the supervisors' looks at their processes."""
+
+READY_TIMEOUT = 60.0
+"""Seconds the first start may take until every node sees every node Up."""
+
+
+def _at_least(low: float, high: float = float("inf")) -> Any:
+    def check(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
+        if not low <= value <= high:
+            bounds = f"at least {low:g}" if high == float("inf") else f"from {low:g} to {high:g}"
+            raise ConfigurationError(
+                f"{type(instance).__name__}.{attribute.name} = {value!r} is invalid: must be "
+                f"{bounds}"
+            )
+
+    return check
+
+
+def _check_faults(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, tuple) or not value or any(k not in REAL_FAULTS for k in value):
+        raise ConfigurationError(
+            f"RealChaosSettings.faults = {value!r} is invalid: choose one or more of "
+            f"{', '.join(REAL_FAULTS)}"
+        )
+
+
+@attrs.frozen(kw_only=True)
+class RealChaosSettings:
+    """What one real-process run does. A bad value raises ConfigurationError."""
+
+    nodes: int = attrs.field(default=5, validator=_at_least(3, 16))
+    """Node processes (3 to 16; default 5)."""
+    duration: float = attrs.field(default=600.0, validator=_at_least(0))
+    """Seconds of faults (default 600); the last fault may run over by up to ``fault_max``."""
+    quiet: float = attrs.field(default=30.0, validator=_at_least(0))
+    """Seconds without faults before the final checks (default 30)."""
+    settle: float = attrs.field(default=30.0, validator=_at_least(0))
+    """Seconds more the final checks may wait for the nodes to agree (default 30)."""
+    fault_max: float = attrs.field(default=15.0, validator=_at_least(3))
+    """Longest partition or long pause, in seconds (default 15)."""
+    max_faults: int = attrs.field(default=1000, validator=_at_least(0))
+    """At most this many faults (default 1000)."""
+    faults: tuple[str, ...] = attrs.field(default=REAL_FAULTS, validator=_check_faults)
+    """The fault kinds to draw from (default all of ``REAL_FAULTS``)."""
+    entities: int = attrs.field(default=20, validator=_at_least(1))
+    shards: int = attrs.field(default=10, validator=_at_least(1))
+    clients_per_node: int = attrs.field(default=1, validator=_at_least(0))
+    message_interval: float = attrs.field(default=0.1, validator=_at_least(0.01))
+    """Seconds each workload client waits between messages, on average (default 0.1)."""
+    lease_ttl: float = attrs.field(default=5.0, validator=_at_least(2))
+    """The shard and singleton leases' time-to-live in seconds (default 5)."""
+    stable_after: float = attrs.field(default=5.0, validator=_at_least(1))
+    """The split brain resolver's ``stable_after`` (default 5 s)."""
+    use_lease: bool = True
+    """Shard and singleton leases; without them single activation is not guaranteed."""
+
+    @classmethod
+    def quick(cls) -> RealChaosSettings:
+        """``--quick``: three nodes, 35 s of shorter faults of every quick kind, 15 s quiet."""
+        return cls(nodes=3, duration=35.0, quiet=15.0, fault_max=8.0, faults=QUICK_FAULTS)
+
+    @property
+    def leases(self) -> LeaseSettings:
+        """The lease timing of the node processes (the path is set per run)."""
+        ttl = self.lease_ttl
+        return LeaseSettings(
+            ttl=ttl, renew_interval=ttl / 5, operation_timeout=ttl * 0.4, safety_margin=ttl / 5
+        )
+
+
+@attrs.frozen
+class RealChaosReport:
+    """What one real-process run did and what the checkers found."""
+
+    seed: int
+    settings: RealChaosSettings
+    violations: tuple[Violation, ...]
+    faults: tuple[str, ...]
+    incarnations: int
+    sent: int
+    acknowledged: int
+    processes: int
+    """Node processes started (restarts included)."""
+    seconds: float
+    """Real seconds the whole run took."""
+    agreed_after: float | None
+    """Seconds after the quiet period until the final views agreed (None: they never did)."""
+    data_dir: Path
+    pids: tuple[int, ...]
+    """Every node process started (all stopped by the time the report exists)."""
+
+    @property
+    def ok(self) -> bool:
+        """No invariant broken."""
+        return not self.violations
+
+    def fault_counts(self) -> dict[str, int]:
+        """How many faults of each kind were injected (and ``exit (downed)`` etc.)."""
+        return _fault_kinds(self.faults)
+
+    def replay_command(self) -> str:
+        """The command that draws the same schedule again (the timing will differ).
+
+        Settings the command has no option for (``fault_max``, ``lease_ttl`` ...) are left out.
+        """
+        s = self.settings
+        quick = RealChaosSettings.quick()
+        base = quick if s.fault_max == quick.fault_max else RealChaosSettings()
+        parts = [f"p2pshard chaos --real{' --quick' if base is quick else ''} --seed {self.seed}"]
+        if s.nodes != base.nodes:
+            parts.append(f"--nodes {s.nodes}")
+        if s.duration != base.duration or s.quiet != base.quiet:
+            parts.append(f"--duration {s.duration:g} --quiet {s.quiet:g}")
+        if s.faults != base.faults:
+            parts.append(f"--faults {','.join(s.faults)}")
+        if s.message_interval != base.message_interval:
+            parts.append(f"--message-interval {s.message_interval:g}")
+        if not s.use_lease:
+            parts.append("--no-lease")
+        return " ".join(parts)
+
+
+# --- the proxies ---------------------------------------------------------------------------------
+
+
+def _reset(stream: trio.SocketStream | None) -> None:
+    """Close with a reset (SO_LINGER 0): the peer sees the link break, no TIME_WAIT is left."""
+    if stream is None:
+        return
+    with contextlib.suppress(OSError):
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    stream.socket.close()
+
+
+@attrs.define(eq=False)
+class FaultProxy:
+    """Forwards TCP connections to ``target`` until blocked: the link from one node to another.
+
+    Blocked, it forwards nothing more on any connection and accepts new ones without forwarding
+    them (as a network that drops every packet); :meth:`heal` resets the connections it held, so
+    both ends see the link break and reconnect.
+    """
+
+    name: str
+    target: Address
+    blocked: bool = False
+    connections: int = 0
+    """Connections accepted so far."""
+    _pumping: set[trio.CancelScope] = attrs.field(factory=set)
+    _healed: trio.Event = attrs.field(factory=trio.Event)
+
+    async def serve(self, *, task_status: trio.TaskStatus[Address]) -> None:
+        """Listen on a free port of 127.0.0.1; report that address; forward until cancelled."""
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            await nursery.start(trio.serve_listeners, self._forward, listeners)
+            task_status.started(Address("127.0.0.1", port))
+
+    def block(self) -> None:
+        """Stop forwarding, on the connections there are and on new ones."""
+        if self.blocked:
+            return
+        self.blocked = True
+        self._healed = trio.Event()
+        for scope in self._pumping:
+            scope.cancel()
+
+    def heal(self) -> None:
+        """Forward again; the connections held while blocked are reset."""
+        self.blocked = False
+        self._healed.set()
+
+    async def _forward(self, client: trio.SocketStream) -> None:
+        self.connections += 1
+        upstream: trio.SocketStream | None = None
+        pumping = trio.CancelScope()
+        try:
+            if not self.blocked:
+                self._pumping.add(pumping)
+                with pumping:
+                    with trio.move_on_after(5):
+                        upstream = await trio.open_tcp_stream(self.target.host, self.target.port)
+                    if upstream is None:
+                        return
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(_pump, client, upstream, nursery.cancel_scope)
+                        nursery.start_soon(_pump, upstream, client, nursery.cancel_scope)
+                if not pumping.cancel_called:
+                    return  # one side closed the connection
+            await self._healed.wait()  # blocked: hold the connection, forward nothing
+        except OSError:
+            pass  # the target is down (a killed node): the client sees the link break
+        finally:
+            self._pumping.discard(pumping)
+            _reset(client)
+            _reset(upstream)
+
+
+async def _pump(src: trio.SocketStream, dst: trio.SocketStream, done: trio.CancelScope) -> None:
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        while data := await src.receive_some(1 << 16):
+            await dst.send_all(data)
+    done.cancel()
+
+
+# --- merging the history files -------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class ProcessRun:
+    """One node process as the orchestrator saw it: what the merge needs besides its file."""
+
+    node: str
+    """The node name, e.g. ``node-2``."""
+    label: str
+    """This process among the node's: ``node-2#3`` is its third start."""
+    history: Path
+    started: float
+    """CLOCK_MONOTONIC time before the process was started."""
+    ended: float | None = None
+    """When it was killed (taken right after the kill), or was seen to have exited."""
+    killed: bool = False
+    """Ended by the schedule's SIGKILL (not by itself, not at the end of the run)."""
+    exit_status: int | None = None
+    pauses: list[tuple[float, float]] = attrs.field(factory=list)
+    """(SIGSTOP, SIGCONT) times: taken after the stop and before the continue."""
+    pid: int = 0
+    ready: bool = False
+    restart_after: float = 0.0
+    offset: int = 0
+    """How much of the history file the orchestrator has read."""
+    reports: list[dict[str, Any]] = attrs.field(factory=list)
+    """The ``view`` and ``answers`` lines read so far."""
+    popen: subprocess.Popen[bytes] | None = None
+
+
+@attrs.frozen
+class Merged:
+    """The merged record of a run: the History, and counts the History does not keep."""
+
+    history: History
+    incarnations: int
+    """Entity incarnations started (a History counts pieces split at pauses as more)."""
+    broken_lines: int
+    """Lines that did not parse (none expected: a line is written whole or not at all)."""
+
+
+def read_events(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """The events of one history file, in order, and how many lines did not parse."""
+    events: list[dict[str, Any]] = []
+    broken = 0
+    with contextlib.suppress(FileNotFoundError), path.open("rb") as file:
+        for line in file:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                broken += 1
+                continue
+            if isinstance(event, dict) and isinstance(event.get("t"), int | float):
+                events.append(event)
+            else:
+                broken += 1
+    return events, broken
+
+
+def live_pieces(
+    start: float, end: float, pauses: Sequence[tuple[float, float]], acts: Sequence[float]
+) -> list[tuple[float, float]]:
+    """The parts of an incarnation ``[start, end]`` during which it was live.
+
+    Its process ran nothing while stopped (``pauses``); the part before the first stop is live,
+    a part after a stop only if the incarnation acted in it (``acts``: the times it handled a
+    message).
+    """
+    pieces: list[tuple[float, float, bool]] = []
+    at, resumed = start, False
+    for stopped, continued in sorted(pauses):
+        if continued <= at or stopped >= end:
+            continue
+        if stopped > at:
+            pieces.append((at, stopped, resumed))
+        at, resumed = max(at, continued), True
+    if at < end:
+        pieces.append((at, end, resumed))
+    return [(a, b) for a, b, r in pieces if not r or any(a <= t <= b for t in acts)]
+
+
+def merge_histories(runs: Sequence[ProcessRun], *, origin: float = 0.0) -> Merged:
+    """Merge the history files of ``runs`` into one History; times become ``t - origin``.
+
+    Every run must have ended (``ended`` set): incarnations and singleton instances still open
+    in a file end then. Incarnations are cut at the run's pauses (see :func:`live_pieces`).
+    Entity logs are merged in time order.
+    """
+    history = History()
+    incarnations = broken = 0
+    logs: list[tuple[float, int, int, str, str, int]] = []
+    for index, run in enumerate(runs):
+        if run.ended is None:
+            raise ValueError(f"{run.label} has not ended: stop every process before merging")
+        events, bad = read_events(run.history)
+        broken += bad
+        open_: dict[tuple[str, str], tuple[float, int | None]] = {}
+        spans: list[tuple[str, str, float, float, int | None]] = []
+        acts: dict[tuple[str, str], list[float]] = {}
+        for line, event in enumerate(events):
+            kind, t = event.get("e"), float(event["t"])
+            if kind in ("start", "singleton-start"):
+                what = "entity" if kind == "start" else "singleton"
+                key = (what, str(event.get("key") or event.get("name")))
+                if key in open_:  # a second start without a stop: the first ends here
+                    first, token = open_.pop(key)
+                    spans.append((*key, first, t, token))
+                open_[key] = (t, event.get("token"))
+                incarnations += what == "entity"
+            elif kind in ("stop", "singleton-stop"):
+                what = "entity" if kind == "stop" else "singleton"
+                key = (what, str(event.get("key") or event.get("name")))
+                if key in open_:
+                    first, token = open_.pop(key)
+                    spans.append((*key, first, t, token))
+            elif kind == "log":
+                key = ("entity", str(event["key"]))
+                acts.setdefault(key, []).append(t)
+                logs.append((t, index, line, key[1], str(event["sender"]), int(event["seq"])))
+            elif kind == "singleton-act":
+                acts.setdefault(("singleton", str(event["name"])), []).append(t)
+            elif kind == "sent":
+                sender, seq = str(event["sender"]), int(event["seq"])
+                history.messages[(sender, seq)] = Sent(sender, str(event["key"]), seq, t - origin)
+            elif kind == "ack":
+                message = history.messages.get((str(event["sender"]), int(event["seq"])))
+                if message is not None:
+                    message.acknowledged_at = t - origin
+        spans += [(*key, first, run.ended, token) for key, (first, token) in open_.items()]
+        for what, name, first, last, token in spans:
+            table = history.incarnations if what == "entity" else history.singletons
+            for a, b in live_pieces(first, last, run.pauses, acts.get((what, name), ())):
+                table.setdefault(name, []).append(
+                    Span(run.label, name, a - origin, b - origin, token=token)
+                )
+    for spans_of_key in (*history.incarnations.values(), *history.singletons.values()):
+        spans_of_key.sort(key=lambda span: span.start)
+    for _, _, _, entity, sender, seq in sorted(logs):
+        history.logged(entity, sender, seq)
+    return Merged(history, incarnations, broken)
+
+
+# --- the run -------------------------------------------------------------------------------------
+
+
+def _reserve_port(stack: contextlib.ExitStack) -> int:
+    """A port free on 127.0.0.1, held (bound) until ``stack`` closes.
+
+    It is taken below the ephemeral range, where the ports of outgoing connections come from:
+    a node's port must still be free when the node is started again after a kill.
+    """
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    chooser = random.Random()
+    for _ in range(1000):
+        port = chooser.randrange(max(1024, low - 10000), low)
+        probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            probe.close()
+            continue
+        stack.enter_context(probe)
+        return port
+    raise OSError(f"no free port on 127.0.0.1 below {low}")
+
+
+def _fault_kinds(faults: Sequence[str]) -> dict[str, int]:
+    kinds: dict[str, int] = {}
+    for fault in faults:
+        words = fault.split(" ", 3)
+        if "exited" in fault:
+            kind = "exit (downed)" if "downed" in fault else "exit (error)"
+        else:
+            kind = words[1].rstrip(":")
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds
+
+
+@attrs.define(eq=False)
+class _Orchestrator:
+    seed: int
+    settings: RealChaosSettings
+    data_dir: Path
+    rng: random.Random
+    origin: float = attrs.field(factory=time.monotonic)
+    addresses: list[Address] = attrs.field(factory=list)
+    proxies: dict[tuple[int, int], FaultProxy] = attrs.field(factory=dict)
+    """(i, j) → the proxy node i reaches node j through."""
+    via: dict[tuple[int, int], Address] = attrs.field(factory=dict)
+    """(i, j) → where that proxy listens."""
+    configs: dict[int, Path] = attrs.field(factory=dict)
+    runs: list[ProcessRun] = attrs.field(factory=list)
+    current: dict[int, ProcessRun] = attrs.field(factory=dict)
+    faults: list[str] = attrs.field(factory=list)
+    violations: list[Violation] = attrs.field(factory=list)
+    stopping: trio.Event = attrs.field(factory=trio.Event)
+
+    @property
+    def nodes(self) -> list[int]:
+        return list(range(1, self.settings.nodes + 1))
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def progress(self, text: str) -> None:
+        """One line of progress, to stderr (stdout is for the report)."""
+        print(text, file=sys.stderr, flush=True)
+
+    def fault(self, text: str) -> None:
+        line = f"{self.now() - self.origin:.1f} {text}"
+        self.faults.append(line)
+        self.progress(f"  {line}")
+
+    # -- set-up ---------------------------------------------------------------------------------
+
+    async def start_proxies(self, nursery: trio.Nursery) -> None:
+        with contextlib.ExitStack() as held:  # the nodes' ports, so no proxy takes one
+            ports = [_reserve_port(held) for _ in self.nodes]
+            self.addresses = [Address("127.0.0.1", port) for port in ports]
+            for i in self.nodes:
+                for j in self.nodes:
+                    if i != j:
+                        proxy = FaultProxy(f"node-{i}->node-{j}", self.addresses[j - 1])
+                        self.proxies[(i, j)] = proxy
+                        self.via[(i, j)] = await nursery.start(proxy.serve)
+
+    def write_configs(self) -> None:
+        ca_dir = self.data_dir / "ca"
+        create_cluster_ca(CLUSTER, ca_dir)
+        seeds = tuple(self.addresses)
+        leases = attrs.evolve(
+            self.settings.leases, backend="sqlite", path=self.data_dir / "leases.db"
+        )
+        for i in self.nodes:
+            name = f"node-{i}"
+            node_dir = self.data_dir / name
+            create_node_certificate(name, ca_dir, node_dir, cluster=CLUSTER)
+            config = NodeConfig(
+                cluster_name=CLUSTER,
+                node_name=name,
+                bind_host="127.0.0.1",
+                bind_port=seeds[i - 1].port,
+                seed_nodes=seeds,
+                tls=TlsFiles(
+                    ca_file=node_dir / "ca.pem",
+                    cert_file=node_dir / "node.pem",
+                    key_file=node_dir / "node-key.pem",
+                ),
+                transport=TransportSettings(
+                    dial_via=tuple(
+                        (str(seeds[j - 1]), self.via[(i, j)]) for j in self.nodes if j != i
+                    ),
+                    reconnect_backoff_max=2.0,
+                ),
+                split_brain_resolver=SplitBrainResolverSettings(
+                    stable_after=self.settings.stable_after
+                ),
+                lease=leases,
+                log_level="WARNING",
+                shutdown_timeout=5.0,
+            )
+            path = node_dir / "node.toml"
+            path.write_text(config.to_toml())
+            self.configs[i] = path
+            (node_dir / "history").mkdir(exist_ok=True)
+
+    # -- the node processes ---------------------------------------------------------------------
+
+    def spawn(self, i: int) -> ProcessRun:
+        name = f"node-{i}"
+        count = sum(1 for run in self.runs if run.node == name) + 1
+        history = self.data_dir / name / "history" / f"{count}.jsonl"
+        s = self.settings
+        command = [
+            sys.executable,
+            "-m",
+            "p2pshard.testing._real_node",
+            "--config",
+            str(self.configs[i]),
+            "--history",
+            str(history),
+            "--clients",
+            str(s.clients_per_node),
+            "--entities",
+            str(s.entities),
+            "--shards",
+            str(s.shards),
+            "--interval",
+            str(s.message_interval),
+            "--seed",
+            str(self.seed),
+            "--parent",
+            str(os.getpid()),
+        ]
+        if not s.use_lease:
+            command.append("--no-lease")
+        root = str(Path(__file__).resolve().parents[2])  # where this p2pshard is imported from
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))),
+        }
+        log = (self.data_dir / name / "node.log").open("ab")
+        log.write(f"=== {name}#{count} starts at {self.now() - self.origin:.1f}\n".encode())
+        log.flush()
+        run = ProcessRun(name, f"{name}#{count}", history, self.now())
+        with log:
+            # In the main thread, not a worker thread: the child's parent-death signal
+            # (--parent) follows the thread that started it.
+            run.popen = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+            )
+        run.pid = run.popen.pid
+        self.runs.append(run)
+        self.current[i] = run
+        return run
+
+    def alive(self, i: int) -> bool:
+        run = self.current.get(i)
+        return run is not None and run.ended is None
+
+    def send_signal(self, run: ProcessRun, signum: signal.Signals) -> bool:
+        """Send ``signum`` to the run's process group, if it has not been reaped yet."""
+        if run.popen is None or run.popen.returncode is not None:
+            return False
+        try:
+            os.killpg(run.pid, signum)
+        except ProcessLookupError:
+            return False
+        return True
+
+    async def supervise(self, i: int) -> None:
+        """Keep node ``i`` running: start it, wait for it to end, start it again later."""
+        while not self.stopping.is_set():
+            run = self.spawn(i)
+            assert run.popen is not None
+            while (status := run.popen.poll()) is None:
+                self.read_new(run)
+                await trio.sleep(POLL)
+            if run.ended is None:
+                run.ended = self.now()
+            run.exit_status = status
+            self.read_new(run)
+            if self.stopping.is_set():
+                return
+            if run.killed:
+                delay = run.restart_after
+            else:
+                delay = self.rng.uniform(2.0, 6.0)
+                if status == 0:
+                    self.fault(f"{run.label} exited (downed); restarts in {delay:.1f}s")
+                else:
+                    self.fault(f"{run.label} exited with status {status}; restarts")
+                    self.violations.append(
+                        Violation(
+                            NODE_PROCESS,
+                            f"{run.label} (pid {run.pid}) exited with status {status}: see "
+                            f"{self.data_dir / run.node / 'node.log'}",
+                        )
+                    )
+            await trio.sleep(delay)
+
+    def read_new(self, run: ProcessRun) -> None:
+        """Read the complete lines appended to the run's history file since the last call."""
+        try:
+            with run.history.open("rb") as file:
+                file.seek(run.offset)
+                data = file.read()
+        except FileNotFoundError:
+            return
+        end = data.rfind(b"\n") + 1
+        run.offset += end
+        for line in data[:end].splitlines():
+            if b'"e":"ready"' in line:
+                run.ready = True
+            elif b'"e":"view"' in line or b'"e":"answers"' in line:
+                with contextlib.suppress(ValueError):
+                    run.reports.append(json.loads(line))
+
+    def stop_all(self) -> None:
+        """SIGKILL every node process still running and reap it (bounded)."""
+        self.stopping.set()
+        for run in self.runs:
+            if run.popen is not None and run.popen.poll() is None:
+                self.send_signal(run, signal.SIGKILL)
+                if run.ended is None:
+                    run.ended = self.now()
+        for run in self.runs:
+            if run.popen is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    run.exit_status = run.popen.wait(timeout=10)
+                if run.ended is None:
+                    run.ended = self.now()
+            if run.pauses and run.pauses[-1][1] == float("inf"):
+                run.pauses[-1] = (run.pauses[-1][0], run.ended or self.now())
+
+    # -- views ----------------------------------------------------------------------------------
+
+    async def ask_views(self, bound: float) -> tuple[list[Violation], bool]:
+        """Signal every node for its view and answers; check them. Returns (violations, all in)."""
+        found: list[Violation] = []
+        asked: dict[int, tuple[ProcessRun, float]] = {}
+        for i in self.nodes:
+            run = self.current.get(i)
+            if run is None or run.ended is not None or not run.ready:
+                found.append(Violation(AGREEMENT, f"node-{i} is not running (or not ready)"))
+                continue
+            self.read_new(run)
+            asked[i] = (run, self.now())
+            self.send_signal(run, signal.SIGUSR1)
+        views: dict[int, dict[str, Any]] = {}
+        answers: dict[int, dict[str, str]] = {}
+        deadline = self.now() + bound
+        while len(answers) < len(asked) and self.now() < deadline:
+            await trio.sleep(0.2)
+            for i, (run, since) in asked.items():
+                self.read_new(run)
+                for event in run.reports:
+                    if event["t"] >= since and event["e"] == "view":
+                        views[i] = event
+                    elif event["t"] >= since and event["e"] == "answers":
+                        answers[i] = event["answers"]
+        for i, (run, _) in asked.items():
+            if i not in answers:
+                found.append(Violation(AGREEMENT, f"{run.label} did not report its view in time"))
+        members = {
+            f"node-{i}": frozenset((name, status) for name, status in view["members"])
+            for i, view in views.items()
+        }
+        homes = {f"node-{i}": dict(view["homes"]) for i, view in views.items()}
+        found += check_agreement_views(members, homes, [f"node-{i}" for i in self.nodes])
+        digests = {
+            f"node-{i}": {
+                key: None if value is None else bytes.fromhex(value)
+                for key, value in view["digests"].items()
+            }
+            for i, view in views.items()
+        }
+        found += check_convergence_digests(digests)
+        for i, table in sorted(answers.items()):
+            found += [
+                Violation(
+                    AGREEMENT,
+                    f"shard {shard} did not answer node-{i} within {ANSWER_TIMEOUT:g} s: {result}",
+                )
+                for shard, result in sorted(table.items())
+                if result != "ok"
+            ]
+        return found, len(views) == len(self.nodes)
+
+    async def wait_agreement(self, bound: float) -> tuple[list[Violation], float | None]:
+        """Ask for views until they agree or ``bound`` seconds pass; the last violations."""
+        started = self.now()
+        while True:
+            found, _ = await self.ask_views(ANSWER_TIMEOUT + 5)
+            if not found:
+                return [], self.now() - started
+            if self.now() - started >= bound:
+                return found, None
+            await trio.sleep(2.0)
+
+    # -- faults ---------------------------------------------------------------------------------
+
+    def live(self) -> list[int]:
+        return [i for i in self.nodes if self.alive(i) and not self.paused(i)]
+
+    def paused(self, i: int) -> bool:
+        run = self.current.get(i)
+        return run is not None and bool(run.pauses) and run.pauses[-1][1] == float("inf")
+
+    def cut(self, sources: Sequence[int], targets: Sequence[int]) -> None:
+        for i in sources:
+            for j in targets:
+                if i != j:
+                    self.proxies[(i, j)].block()
+
+    def heal(self) -> None:
+        for proxy in self.proxies.values():
+            proxy.heal()
+
+    async def schedule(self) -> None:
+        s, rng = self.settings, self.rng
+        start = self.now()
+        deadline = start + s.duration
+        turn: list[str] = []
+        injected = 0
+        missing = set(s.faults)  # every kind once, even if that takes longer (up to twice)
+
+        def going_on() -> bool:
+            now = self.now()
+            more = now < deadline or (missing and now < start + 2 * s.duration)
+            return bool(more) and injected < s.max_faults
+
+        while going_on():
+            await trio.sleep(rng.uniform(1.0, 3.0))
+            live = self.live()
+            if len(live) < max(3, len(self.nodes) // 2 + 1):
+                continue  # too many down or paused already
+            if not turn:
+                turn = list(s.faults)
+                rng.shuffle(turn)
+            kind = turn.pop()
+            await self.inject(kind, live)
+            missing.discard(kind)
+            injected += 1
+
+    async def inject(self, kind: str, live: list[int]) -> None:
+        s, rng = self.settings, self.rng
+        lasting = rng.uniform(3.0, s.fault_max)
+        if kind == "kill":
+            i = rng.choice(live)
+            run = self.current[i]
+            run.killed = True
+            run.restart_after = rng.uniform(2.0, 8.0)
+            self.send_signal(run, signal.SIGKILL)
+            run.ended = self.now()  # nothing of it runs after this
+            self.fault(f"kill {run.label} (restarts in {run.restart_after:.1f}s)")
+            return
+        if kind in ("pause", "pause-long"):
+            i = rng.choice(live)
+            run = self.current[i]
+            ttl = s.lease_ttl
+            seconds = (
+                rng.uniform(1.0, 3.0)
+                if kind == "pause"
+                else rng.uniform(ttl + 1.0, max(ttl + 2.0, s.fault_max))
+            )
+            if not self.send_signal(run, signal.SIGSTOP):
+                return
+            run.pauses.append((self.now(), float("inf")))
+            self.fault(f"{kind} {run.label} for {seconds:.1f}s")
+            try:
+                await trio.sleep(seconds)
+            finally:
+                run.pauses[-1] = (run.pauses[-1][0], self.now())
+                self.send_signal(run, signal.SIGCONT)
+            return
+        if kind == "partition":
+            minority = sorted(rng.sample(live, rng.randint(1, (len(self.nodes) - 1) // 2)))
+            rest = [j for j in self.nodes if j not in minority]
+            self.cut(minority, rest)
+            self.cut(rest, minority)
+            self.fault(f"partition {[f'node-{j}' for j in minority]} for {lasting:.1f}s")
+        elif kind == "isolate":
+            i = rng.choice(live)
+            others = [j for j in self.nodes if j != i]
+            self.cut([i], others)
+            self.cut(others, [i])
+            self.fault(f"isolate node-{i} for {lasting:.1f}s")
+        elif kind == "one-way":
+            i = rng.choice(live)
+            self.cut([i], [j for j in self.nodes if j != i])
+            self.fault(f"one-way: node-{i} cannot reach the others for {lasting:.1f}s")
+        else:  # bridge
+            a, b, c = rng.sample(live, 3)
+            self.cut([a], [c])
+            self.cut([c], [a])
+            self.fault(
+                f"bridge node-{a}-node-{b}-node-{c} (node-{a}, node-{c} cut) for {lasting:.1f}s"
+            )
+        try:
+            await trio.sleep(lasting)
+        finally:
+            self.heal()
+
+    # -- the whole run --------------------------------------------------------------------------
+
+    async def run(self) -> RealChaosReport:
+        agreed_after: float | None = None
+        try:
+            with single_error():
+                async with trio.open_nursery() as nursery:
+                    await self.start_proxies(nursery)
+                    self.write_configs()
+                    self.progress(
+                        f"seed={self.seed}: {self.settings.nodes} node processes on "
+                        f"{', '.join(map(str, self.addresses))}; data in {self.data_dir}"
+                    )
+                    for i in self.nodes:
+                        nursery.start_soon(self.supervise, i)
+                    agreed_after = await self.chaos()
+                    self.stop_all()
+                    nursery.cancel_scope.cancel()
+        finally:
+            self.stop_all()
+        return self.report(agreed_after)
+
+    async def chaos(self) -> float | None:
+        """Wait for the cluster, inject the faults, heal, be quiet, check the views."""
+        found, _ = await self.wait_agreement(READY_TIMEOUT)
+        if found:
+            self.violations.append(
+                Violation(
+                    AGREEMENT, f"the cluster did not form within {READY_TIMEOUT:g} s: {found[0]}"
+                )
+            )
+            return None
+        self.progress(f"cluster up after {self.now() - self.origin:.1f} s; faults:")
+        await self.schedule()
+        self.heal()
+        self.progress(f"faults over; quiet for {self.settings.quiet:g} s")
+        await trio.sleep(self.settings.quiet)
+        found, agreed_after = await self.wait_agreement(self.settings.settle)
+        self.violations += found
+        return agreed_after
+
+    def report(self, agreed_after: float | None) -> RealChaosReport:
+        """Merge every history file, run the history checkers, and report."""
+        merged = merge_histories(self.runs, origin=self.origin)
+        history = merged.history
+        violations = [*check_history(history), *self.violations]
+        if merged.broken_lines:
+            violations.append(
+                Violation(NODE_PROCESS, f"{merged.broken_lines} history lines did not parse")
+            )
+        return RealChaosReport(
+            self.seed,
+            self.settings,
+            tuple(violations),
+            tuple(self.faults),
+            merged.incarnations,
+            len(history.messages),
+            history.acknowledged_count(),
+            len(self.runs),
+            self.now() - self.origin,
+            agreed_after,
+            self.data_dir,
+            tuple(run.pid for run in self.runs),
+        )
+
+
+def run_real_chaos(
+    seed: int, settings: RealChaosSettings | None = None, *, data_dir: Path | None = None
+) -> RealChaosReport:
+    """Run one real-process chaos run (see the module docstring) and check every invariant.
+
+    ``data_dir`` (default: a new temporary directory; if given, it must be new or empty) gets
+    the certificates, configurations, lease file, each node's log and history files; it is left
+    in place for inspection. Every
+    node process is killed before this returns, also when it raises (Ctrl-C included).
+
+    Example:
+        >>> report = run_real_chaos(1, RealChaosSettings.quick())  # doctest: +SKIP
+        >>> print(summarize_real(report))  # doctest: +SKIP
+
+    Raises:
+        ConfigurationError: ``data_dir`` is not a new or empty directory.
+    """
+    settings = settings or RealChaosSettings()
+    if data_dir is None:
+        data_dir = Path(tempfile.mkdtemp(prefix="p2pshard-chaos-real-"))
+    elif data_dir.exists() and (not data_dir.is_dir() or any(data_dir.iterdir())):
+        raise ConfigurationError(
+            f"{data_dir} is not an empty directory: a run writes its certificates and history "
+            "files there; give a new or empty one"
+        )
+    data_dir.mkdir(parents=True, exist_ok=True)
+    orchestrator = _Orchestrator(seed, settings, data_dir.resolve(), random.Random(seed))
+    return trio.run(orchestrator.run)
+
+
+def summarize_real(report: RealChaosReport) -> str:
+    """The simulated suite's summary table (see ``summarize``), for one real-process run."""
+    lines = [f"{'nodes':<28}{report.settings.nodes:>10}"]
+    kinds = report.fault_counts()
+    lines.append(f"{'faults injected':<28}{sum(kinds.values()):>10}")
+    lines += [f"  {kind:<26}{count:>10}" for kind, count in sorted(kinds.items())]
+    lines.append(f"{'process starts':<28}{report.processes:>10}")
+    lines.append(f"{'entity incarnations':<28}{report.incarnations:>10}")
+    lines.append(f"{'messages sent':<28}{report.sent:>10}")
+    lines.append(f"{'messages acknowledged':<28}{report.acknowledged:>10}")
+    by_invariant = dict.fromkeys((*INVARIANTS, NODE_PROCESS), 0)
+    for violation in report.violations:
+        by_invariant[violation.invariant] = by_invariant.get(violation.invariant, 0) + 1
+    lines.append(f"{'violations':<28}{sum(by_invariant.values()):>10}")
+    lines += [f"  {name:<26}{count:>10}" for name, count in by_invariant.items()]
+    agreed = "never" if report.agreed_after is None else f"{report.agreed_after:.1f} s"
+    lines.append(f"{'agreed after the quiet':<28}{agreed:>10}")
+    lines.append(f"{'real seconds':<28}{report.seconds:>10.1f}")
+    if report.violations:
+        lines.append(f"first violation: {report.violations[0]}")
+        lines.append(f"data (logs, histories): {report.data_dir}")
+        lines.append(f"same schedule again: {report.replay_command()}")
+    return "\n".join(lines)
+
+
+def remove_data(report: RealChaosReport) -> None:
+    """Delete the run's data directory (what the CLI does after a clean run)."""
+    shutil.rmtree(report.data_dir, ignore_errors=True)

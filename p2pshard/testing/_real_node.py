@@ -1,0 +1,326 @@
+"""One node process of a real-process chaos run: a node, the counter workload, a history file.
+
+Run by ``p2pshard chaos --real`` (``p2pshard.testing._real``), once per node start, as
+``python -m p2pshard.testing._real_node --config node.toml --history FILE`` with the options
+``--clients N --entities E --shards S --interval SECONDS --seed S --parent PID --no-lease``
+(see ``--help``).
+
+Theory of operation: the process runs :func:`p2pshard.open_node` with the configuration, starts
+the counter entity type (shard leases on, from the ``[lease]`` backend the configuration names;
+all processes share one SQLite lease file), the singleton probe under a lease, and ``N``
+workload clients, and records what happens in FILE, one JSON object a line, each with ``t``, the
+time on CLOCK_MONOTONIC (``time.monotonic()``), which all processes on one host share (the trio
+clock of each process starts anywhere). Lines are written with one ``os.write`` on an
+``O_APPEND`` descriptor, so a line is whole even when the process is killed right after it, and
+the page cache keeps it: a line written is a line the orchestrator will read.
+
+The lines, by ``e`` (event):
+
+- ``ready``: the node runs (``pid``, ``node``, ``uid``);
+- ``start`` / ``stop``: an entity incarnation (``key`` ``type/id``, ``token`` its shard lease's
+  fencing token), from ``node.sharding.observe``;
+- ``log``: the entity handled (``sender``, ``seq``): the counter writes it **before** it
+  replies, so an acknowledgement means "handled and written", as a journal write would;
+- ``sent`` / ``ack``: a client sent (``sender``, ``seq``) to ``key``, and its answer came back;
+- ``singleton-start`` / ``singleton-stop`` / ``singleton-act``: the probe singleton's
+  instances and the pings it answered;
+- ``view`` and ``answers``: on SIGUSR1, the members this node sees, its region's shard homes and
+  its replicas' digests; then, for one probe entity per shard, whether it answered through this
+  node (the orchestrator's final checks);
+- ``exit``: the node left the cluster (downed or removed) and the process ends, as
+  ``p2pshard node`` does; the orchestrator starts it again.
+
+Sender names hold the pid, so that a restarted process, which counts its sequence numbers from 1
+again, is a different sender.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from membership import ClusterError
+from membership._member import MemberStatus
+from membership._singleton import SingletonContext
+
+from .._allocation import EntityId
+from .._config import NodeConfig
+from .._entity import EntityContext
+from .._extractor import HashExtractor
+from .._node import Node, open_node
+from .._region import ShardRegion
+from .._settings import ShardingSettings
+from ._workload import COUNTER, Add, Read
+
+PROBE = "chaos-probe"
+"""The singleton probe's name (and its lease's)."""
+
+ASK_TIMEOUT = 2.0
+"""Seconds a client waits for each answer."""
+
+PING_INTERVAL = 1.0
+"""Seconds between pings to the singleton probe."""
+
+ANSWER_TIMEOUT = 10.0
+"""Seconds each shard's probe entity may take to answer on SIGUSR1."""
+
+logger = logging.getLogger("p2pshard.testing.real_node")
+
+
+class HistoryFile:
+    """Appends one JSON line per event to a file, at once, with the CLOCK_MONOTONIC time."""
+
+    def __init__(self, path: Path) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def write(self, event: str, **fields: object) -> None:
+        """One line: ``{"e": event, "t": now, **fields}``, written before this returns."""
+        line = json.dumps({"e": event, "t": time.monotonic(), **fields}, separators=(",", ":"))
+        os.write(self._fd, line.encode() + b"\n")
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+class _Observer:
+    """Records entity incarnations (``node.sharding.observe``)."""
+
+    def __init__(self, history: HistoryFile) -> None:
+        self._history = history
+
+    def entity_started(self, type_name: str, entity_id: str, lease_token: int | None) -> None:
+        self._history.write("start", key=f"{type_name}/{entity_id}", token=lease_token)
+
+    def entity_stopped(self, type_name: str, entity_id: str) -> None:
+        self._history.write("stop", key=f"{type_name}/{entity_id}")
+
+
+def counter_entity(history: HistoryFile) -> Callable[[EntityContext], Any]:
+    """The counter: each ``Add`` is written to the history file before the answer goes out."""
+
+    class Counter:
+        def __init__(self, ctx: EntityContext) -> None:
+            self.key = f"{ctx.type_name}/{ctx.entity_id}"
+            self.handled = 0
+
+        async def receive(self, msg: object, ctx: EntityContext) -> object:
+            match msg:
+                case Add(sender=sender, seq=seq):
+                    history.write("log", key=self.key, sender=sender, seq=seq)
+                    self.handled += 1
+                    return self.handled
+                case Read():
+                    return self.handled
+            raise ValueError(f"the counter does not understand {msg!r}")
+
+    return Counter
+
+
+def singleton_probe(history: HistoryFile) -> Callable[[SingletonContext], Any]:
+    """A singleton that records its instances and every ping it answers."""
+
+    async def probe(ctx: SingletonContext) -> None:
+        history.write("singleton-start", name=ctx.name)
+        try:
+            async for request in ctx:
+                history.write("singleton-act", name=ctx.name)
+                request.reply(os.getpid())
+        finally:
+            history.write("singleton-stop", name=ctx.name)
+
+    return probe
+
+
+async def _client(
+    region: ShardRegion,
+    history: HistoryFile,
+    sender: str,
+    entities: int,
+    interval: float,
+    rng: random.Random,
+) -> None:
+    seq = 0
+    while True:
+        await trio.sleep(interval * rng.uniform(0.5, 1.5))
+        seq += 1
+        key = f"{COUNTER}/e{rng.randrange(entities)}"
+        history.write("sent", sender=sender, key=key, seq=seq)
+        with trio.move_on_after(ASK_TIMEOUT):
+            try:
+                await region.entity_ref(key.split("/", 1)[1]).ask(
+                    Add(sender=sender, seq=seq), timeout=ASK_TIMEOUT
+                )
+            except ClusterError:  # timed out, region stopping, buffer full: not acknowledged
+                continue
+            history.write("ack", sender=sender, seq=seq)
+
+
+async def _ping_singleton(node: Node) -> None:
+    proxy = node.singletons.proxy(PROBE)
+    while True:
+        await trio.sleep(PING_INTERVAL)
+        with contextlib.suppress(ClusterError):
+            await proxy.ask("ping", timeout=ASK_TIMEOUT)
+
+
+def probe_entities(shards: int) -> dict[str, str]:
+    """One entity id per shard of ``HashExtractor(shards)``: shard → ``probe-N``."""
+    extractor = HashExtractor(shards)
+    probes: dict[str, str] = {}
+    n = 0
+    while len(probes) < shards:
+        entity = f"probe-{n}"
+        probes.setdefault(str(extractor.shard_id(EntityId(entity))), entity)
+        n += 1
+    return probes
+
+
+async def _report(node: Node, region: ShardRegion, history: HistoryFile, shards: int) -> None:
+    """The final checks' material: this node's view, then whether every shard answers."""
+    members = sorted(
+        (m.node.name, m.status.value)
+        for m in node.cluster.members
+        if m.status is not MemberStatus.REMOVED
+    )
+    homes = {str(shard): home.name for shard, home in region.shard_homes().items()}
+    replicator = node.replicator
+    digests = {
+        key: (d.hex() if (d := replicator.digest(key)) else None)
+        for key in replicator.keys()  # noqa: SIM118
+    }
+    history.write("view", members=members, homes=homes, digests=digests)
+    answers: dict[str, str] = {}
+
+    async def ask(shard: str, entity: str) -> None:
+        try:
+            await region.entity_ref(entity).ask(Read(), timeout=ANSWER_TIMEOUT)
+        except Exception as exc:  # any failure is what the check looks for
+            answers[shard] = repr(exc)
+        else:
+            answers[shard] = "ok"
+
+    async with trio.open_nursery() as nursery:
+        for shard, entity in sorted(probe_entities(shards).items()):
+            nursery.start_soon(ask, shard, entity)
+    history.write("answers", answers=answers)
+
+
+async def run_node(args: argparse.Namespace) -> None:
+    """Run the node and its workload until it is downed or removed."""
+    config = NodeConfig.load(args.config)
+    history = HistoryFile(args.history)
+    rng = random.Random(f"{args.seed}/{config.node_name}/{os.getpid()}")
+    sharding = ShardingSettings(
+        use_lease=args.use_lease, lease_retry_interval=1.0, rebalance_interval=5.0
+    )
+    try:
+        with trio.open_signal_receiver(signal.SIGUSR1) as reports:
+            async with open_node(config) as node, trio.open_nursery() as nursery:
+                node.sharding.observe(_Observer(history))
+                region = await node.sharding.start(
+                    COUNTER,
+                    counter_entity(history),
+                    extractor=HashExtractor(args.shards),
+                    settings=sharding,
+                )
+                lease = node.leases.lease(PROBE) if args.use_lease else None
+                await node.singletons.start(PROBE, singleton_probe(history), lease=lease)
+                history.write(
+                    "ready", pid=os.getpid(), node=config.node_name, uid=f"{node.address.uid:x}"
+                )
+                for k in range(args.clients):
+                    sender = f"{config.node_name}.{os.getpid()}.c{k}"
+                    client_rng = random.Random(rng.getrandbits(64))
+                    nursery.start_soon(
+                        _client, region, history, sender, args.entities, args.interval, client_rng
+                    )
+                nursery.start_soon(_ping_singleton, node)
+
+                async def report_on_signal() -> None:
+                    async for _ in reports:
+                        nursery.start_soon(_report, node, region, history, args.shards)
+
+                nursery.start_soon(report_on_signal)
+                await node.terminated.wait()  # downed or removed: the process ends
+                history.write("exit", why=str(node.cluster.termination_reason))
+                nursery.cancel_scope.cancel()
+    finally:
+        history.close()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m p2pshard.testing._real_node",
+        description="One node process of p2pshard chaos --real: a node, the counter workload "
+        "and its history file.",
+    )
+    parser.add_argument("--config", required=True, type=Path, help="the node's TOML file")
+    parser.add_argument("--history", required=True, type=Path, help="the history file to append")
+    parser.add_argument("--clients", type=int, default=1, help="workload clients (default 1)")
+    parser.add_argument("--entities", type=int, default=20, help="counter entities (default 20)")
+    parser.add_argument("--shards", type=int, default=10, help="shards (default 10)")
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=0.1,
+        help="mean seconds between a client's messages (default 0.1)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seeds the clients' choices")
+    parser.add_argument(
+        "--parent",
+        type=int,
+        help="the orchestrator's pid: this process is killed when it dies (Linux)",
+    )
+    parser.add_argument(
+        "--no-lease",
+        dest="use_lease",
+        action="store_false",
+        help="no shard or singleton leases (to show what the checkers catch without them)",
+    )
+    return parser
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have Linux SIGKILL this process when the orchestrator dies (``PR_SET_PDEATHSIG``).
+
+    The orchestrator kills its node processes itself; this covers the orchestrator being killed
+    (a CI timeout, say), so that no node process outlives it.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before we asked
+        sys.exit(1)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status (0 once the node was downed or removed)."""
+    args = _parser().parse_args(argv)
+    if args.parent is not None:
+        _die_with_parent(args.parent)
+    config = NodeConfig.load(args.config)
+    logging.basicConfig(
+        level=config.log_level,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    trio.run(run_node, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
