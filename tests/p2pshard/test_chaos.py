@@ -30,7 +30,7 @@ from p2pshard.testing import (
 )
 
 CI_SEEDS = range(200)
-CI_SETTINGS = ChaosSettings(duration=20.0, quiet=30.0, message_interval=0.25)
+CI_SETTINGS = ChaosSettings(duration=15.0, quiet=30.0, message_interval=0.3)
 SLOW_SEEDS = range(1000, 3000)
 JOBS = 2
 

@@ -19,7 +19,7 @@ from membership import LinkConditions, SplitBrainResolverSettings
 from p2pshard import ShardingSettings
 from p2pshard.testing import ChaosReport, ChaosSettings, Scenario, ScenarioBody, run_scenario
 
-SETTINGS = ChaosSettings(quiet=40.0)
+SETTINGS = ChaosSettings(quiet=30.0)
 
 
 def check(report: ChaosReport) -> None:
