@@ -447,9 +447,8 @@ class ShardCoordinatorCore:
         if worker is None:
             return []
         if ok and self.state.shards.get(shard) == worker.owner:
-            worker.deadline = worker.resend_at = float(
-                "inf"
-            )  # ends when the deallocation is written
+            # It ends when the deallocation is written; nothing to resend meanwhile.
+            worker.deadline = worker.resend_at = float("inf")
             return self._update(ShardHomeDeallocated(shard))
         del self._workers[shard]
         return self._answer_deferred(shard, now)
