@@ -50,12 +50,9 @@ sys.path.insert(0, str(_HERE.parent))
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import json  # noqa: E402
-import math  # noqa: E402
 import os  # noqa: E402
-import random  # noqa: E402
 import select  # noqa: E402
 import signal  # noqa: E402
-import socket  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
@@ -69,8 +66,9 @@ import trio  # noqa: E402
 import trio_websocket  # noqa: E402
 
 from benchmarks._process import ROOT, BenchmarkError  # noqa: E402
+from benchmarks._report import cell, json_safe, progress_line, quantiles_ms  # noqa: E402
 from examples.chat.client import ChatClient, open_chat_client  # noqa: E402
-from examples.chat.cluster import ChatCluster  # noqa: E402
+from examples.chat.cluster import ChatCluster, free_base_port  # noqa: E402
 
 HOST = "127.0.0.1"
 NODES = 3
@@ -107,25 +105,6 @@ def make_plan(*, quick: bool) -> Plan:
         rounds=1 if quick else 3,
         part_limit=120.0 if quick else 300.0,
     )
-
-
-def progress_line(enabled: bool, text: str) -> None:
-    """One progress line on stderr."""
-    if enabled:
-        print(text, file=sys.stderr, flush=True)
-
-
-def quantiles_ms(samples: list[float]) -> dict[str, float]:
-    """p50 and p99 of ``samples`` (seconds) in milliseconds."""
-    if not samples:
-        return {"p50_ms": math.nan, "p99_ms": math.nan}
-    if len(samples) == 1:
-        return {"p50_ms": samples[0] * 1e3, "p99_ms": samples[0] * 1e3}
-    cuts = statistics.quantiles(samples, n=100, method="inclusive")
-    return {"p50_ms": statistics.median(samples) * 1e3, "p99_ms": cuts[98] * 1e3}
-
-
-# ==== the baseline server =========================================================================
 
 
 async def baseline_server() -> None:
@@ -352,21 +331,6 @@ FIGURES = (
 )
 
 
-def _free_base_port(nodes: int, offset: int) -> int:
-    for _ in range(50):
-        base = random.randrange(30000, 50000)
-        try:
-            for port in [base + i for i in range(nodes)] + [
-                base + offset + i for i in range(nodes)
-            ]:
-                with socket.socket() as probe:
-                    probe.bind((HOST, port))
-        except OSError:
-            continue
-        return base
-    raise BenchmarkError("no free ports for the chat cluster")
-
-
 def run_all(plan: Plan, progress: bool) -> dict[str, Any]:
     """Start both targets, measure them round by round, stop them; the report."""
     started = time.monotonic()
@@ -375,7 +339,7 @@ def run_all(plan: Plan, progress: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="p2pshard-bench-chat-") as tmp:
         root = Path(tmp)
         cluster = ChatCluster(
-            NODES, root / "cluster", _free_base_port(NODES, 1000), log_level="WARNING",
+            NODES, root / "cluster", free_base_port(NODES), log_level="WARNING",
             log_to_files=True,
         )  # fmt: skip
         baseline: BaselineProcess | None = None
@@ -431,10 +395,6 @@ def run_all(plan: Plan, progress: bool) -> dict[str, Any]:
     return report
 
 
-def _f(value: float | None, spec: str = ".2f") -> str:
-    return "-" if value is None or math.isnan(value) else format(value, spec)
-
-
 def format_table(report: dict[str, Any]) -> str:
     """The report as a table for people."""
     counts = report["counts"]
@@ -453,9 +413,9 @@ def format_table(report: dict[str, Any]) -> str:
         rows.append(
             (
                 what,
-                _f(report[f"cluster_{key}"], spec),
-                _f(report[f"baseline_{key}"], spec),
-                _f(ratio),
+                cell(report[f"cluster_{key}"], spec),
+                cell(report[f"baseline_{key}"], spec),
+                cell(ratio),
             )
         )
     missing = report["missing_deliveries"]
@@ -489,17 +449,6 @@ def format_table(report: dict[str, Any]) -> str:
             "figures are pessimistic"
         )
     return "\n".join(lines)
-
-
-def json_safe(value: Any) -> Any:
-    """``value`` with NaN (a figure that could not be had) as None: strict JSON has no NaN."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:

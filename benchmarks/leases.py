@@ -101,6 +101,7 @@ import trio  # noqa: E402
 from benchmarks import _sharding_worker as worker  # noqa: E402
 from benchmarks import transport as transport_bench  # noqa: E402
 from benchmarks._process import BenchmarkError  # noqa: E402
+from benchmarks._report import cell, json_safe, progress_line, quantiles_ms  # noqa: E402
 from p2pshard import (  # noqa: E402
     HashExtractor,
     LeaseSettings,
@@ -179,25 +180,9 @@ def make_plan(*, quick: bool) -> Plan:
     )
 
 
-def progress_line(enabled: bool, text: str) -> None:
-    """One progress line on stderr."""
-    if enabled:
-        print(text, file=sys.stderr, flush=True)
-
-
 def ms(seconds: float) -> float:
     """Seconds in milliseconds."""
     return seconds * 1e3
-
-
-def quantiles_ms(samples: list[float]) -> dict[str, float]:
-    """p50 and p99 of ``samples`` (seconds) in milliseconds."""
-    if not samples:
-        return {"p50_ms": math.nan, "p99_ms": math.nan}
-    if len(samples) == 1:
-        return {"p50_ms": ms(samples[0]), "p99_ms": ms(samples[0])}
-    cuts = statistics.quantiles(samples, n=100, method="inclusive")
-    return {"p50_ms": ms(statistics.median(samples)), "p99_ms": ms(cuts[98])}
 
 
 def median(values: list[float]) -> float:
@@ -994,10 +979,6 @@ def run_all(plan: Plan, *, progress: bool) -> dict[str, Any]:
     return report
 
 
-def _f(value: float | None, spec: str = ".2f") -> str:
-    return "-" if value is None or math.isnan(value) else format(value, spec)
-
-
 def _failed(count: int) -> str:
     return f" ({count:,} failed)" if count else ""
 
@@ -1018,15 +999,15 @@ def backend_rows(
         rows.append(
             (
                 f"{name} {what}, p50 / p99 (ms)",
-                f"{_f(b[f'{op}_p50_ms'])} / {_f(b[f'{op}_p99_ms'])}",
-                f"{_f(b[f'{op}_baseline_p50_ms'])} / {_f(b[f'{op}_baseline_p99_ms'])} {noop}",
-                _f(b[f"{op}_ratio"]),
+                f"{cell(b[f'{op}_p50_ms'])} / {cell(b[f'{op}_p99_ms'])}",
+                f"{cell(b[f'{op}_baseline_p50_ms'])} / {cell(b[f'{op}_baseline_p99_ms'])} {noop}",
+                cell(b[f"{op}_ratio"]),
             )
         )
     rows.append(
         (
             "    one renewal at a time (renewals/s)",
-            _f(b["renewals_sequential_per_s"], ",.0f"),
+            cell(b["renewals_sequential_per_s"], ",.0f"),
             "",
             "",
         )
@@ -1041,22 +1022,22 @@ def backend_rows(
         rows += [
             (
                 f"{name} renewals/s, {what}",
-                _f(b[f"renewals{suffix}_per_s"], ",.0f") + _failed(b[f"renewals{suffix}_failed"]),
-                _f(b[f"renewals{suffix}_baseline_per_s"], ",.0f")
+                cell(b[f"renewals{suffix}_per_s"], ",.0f") + _failed(b[f"renewals{suffix}_failed"]),
+                cell(b[f"renewals{suffix}_baseline_per_s"], ",.0f")
                 + " no-ops/s"
                 + _failed(b[f"renewals{suffix}_baseline_failed"]),
-                _f(b[f"renewals{suffix}_ratio"]),
+                cell(b[f"renewals{suffix}_ratio"]),
             ),
             (
                 "    first answer after (s)",
-                _f(b[f"renewals{suffix}_first_s"]),
-                _f(b[f"renewals{suffix}_baseline_first_s"]),
+                cell(b[f"renewals{suffix}_first_s"]),
+                cell(b[f"renewals{suffix}_baseline_first_s"]),
                 "",
             ),
             (
                 "    renewal p50 / p99 under that load, queueing included (ms)",
-                f"{_f(b[f'renewals{suffix}_loaded_p50_ms'])} / "
-                f"{_f(b[f'renewals{suffix}_loaded_p99_ms'])}",
+                f"{cell(b[f'renewals{suffix}_loaded_p50_ms'])} / "
+                f"{cell(b[f'renewals{suffix}_loaded_p99_ms'])}",
                 "",
                 "",
             ),
@@ -1066,9 +1047,9 @@ def backend_rows(
         rows.append(
             (
                 "    what-if: renew p50 with another connection open (ms)",
-                _f(whatif["renew_keeper_open"]["p50_ms"]),
-                f"{_f(whatif['renew_alone']['p50_ms'])} without it",
-                _f(whatif["renew_keeper_open"]["p50_ms"] / whatif["renew_alone"]["p50_ms"]),
+                cell(whatif["renew_keeper_open"]["p50_ms"]),
+                f"{cell(whatif['renew_alone']['p50_ms'])} without it",
+                cell(whatif["renew_keeper_open"]["p50_ms"] / whatif["renew_alone"]["p50_ms"]),
             )
         )
     k = b["keepalive"]
@@ -1078,7 +1059,7 @@ def backend_rows(
                 f"{name} keep-alive, {k['leases']:,} default leases, {k['seconds']:g} s",
                 f"{k['renewals_per_s']:,.0f} renewals/s",
                 f"{k['needed_per_s']:,.0f}/s needed",
-                _f(k["renewals_per_s"] / k["needed_per_s"] if k["needed_per_s"] else math.nan),
+                cell(k["renewals_per_s"] / k["needed_per_s"] if k["needed_per_s"] else math.nan),
             )
         )
         pending = k["leases"] - k["granted"] - k["acquire_failed"]
@@ -1101,19 +1082,19 @@ def first_rows(label: str, f: dict[str, Any] | None) -> list[tuple[str, ...]]:
     return [
         (
             f"first ask to a new shard, {label} leases, p50 (ms)",
-            _f(f["on_p50_ms"]),
-            f"{_f(f['off_p50_ms'])} leases off",
-            _f(f["ratio_p50"]),
+            cell(f["on_p50_ms"]),
+            f"{cell(f['off_p50_ms'])} leases off",
+            cell(f["ratio_p50"]),
         ),
         (
             "    p99 (ms)",
-            _f(f["on_p99_ms"]),
-            f"{_f(f['off_p99_ms'])} leases off",
-            _f(f["ratio_p99"]),
+            cell(f["on_p99_ms"]),
+            f"{cell(f['off_p99_ms'])} leases off",
+            cell(f["ratio_p99"]),
         ),
         (
             "    added by the lease, p50 / p99 (ms)",
-            f"{_f(f['added_ms_p50'])} / {_f(f['added_ms_p99'])}",
+            f"{cell(f['added_ms_p50'])} / {cell(f['added_ms_p99'])}",
             "",
             "",
         ),
@@ -1174,17 +1155,6 @@ def format_table(report: dict[str, Any]) -> str:
             "figures are pessimistic (ratios of back-to-back pairs suffer less)"
         )
     return "\n".join(lines)
-
-
-def json_safe(value: Any) -> Any:
-    """``value`` with NaN (a figure that could not be had) as None: strict JSON has no NaN."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:

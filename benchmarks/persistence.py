@@ -60,6 +60,7 @@ import attrs  # noqa: E402
 import psycopg  # noqa: E402
 import trio  # noqa: E402
 
+from benchmarks._report import quantiles_ms  # noqa: E402
 from p2pshard import Journal, PostgresJournal, SqliteJournal  # noqa: E402
 from tests.p2pshard.postgres_server import PostgresNotInstalled, running_postgres  # noqa: E402
 
@@ -87,13 +88,6 @@ def make_plan(*, quick: bool) -> Plan:
 def progress(enabled: bool, text: str) -> None:
     if enabled:
         print(text, file=sys.stderr, flush=True)
-
-
-def quantiles_ms(samples: list[float]) -> tuple[float, float]:
-    if not samples:
-        return math.nan, math.nan
-    cuts = statistics.quantiles(samples, n=100, method="inclusive")
-    return statistics.median(samples) * 1e3, cuts[98] * 1e3
 
 
 class Baseline:
@@ -178,9 +172,12 @@ async def latencies(journal: Journal, baseline: Baseline, plan: Plan, show: bool
                 lambda k=k, s=stream: timed(journal.append(s, k, [EVENT], token=1)),
                 lambda k=k, s=stream: timed(baseline.insert(s, k)),
             ]
-            first, second = pair if k % 2 else pair[::-1]
-            a, b = await first(), await second()
-            (ours.append(a), base.append(b)) if k % 2 else (ours.append(b), base.append(a))
+            if k % 2:  # ours first
+                ours.append(await pair[0]())
+                base.append(await pair[1]())
+            else:  # the baseline first
+                base.append(await pair[1]())
+                ours.append(await pair[0]())
         ratios.append(statistics.median(ours) / statistics.median(base))
         ours_all += ours
         base_all += base
@@ -189,8 +186,9 @@ async def latencies(journal: Journal, baseline: Baseline, plan: Plan, show: bool
             f"  round {r + 1}: p50 {statistics.median(ours) * 1e3:.2f} ms ours, "
             f"{statistics.median(base) * 1e3:.2f} ms baseline",
         )
-    ours_p50, ours_p99 = quantiles_ms(ours_all)
-    base_p50, base_p99 = quantiles_ms(base_all)
+    ours_q, base_q = quantiles_ms(ours_all), quantiles_ms(base_all)
+    ours_p50, ours_p99 = ours_q["p50_ms"], ours_q["p99_ms"]
+    base_p50, base_p99 = base_q["p50_ms"], base_q["p99_ms"]
     return {
         "append_p50_ms": ours_p50,
         "append_p99_ms": ours_p99,

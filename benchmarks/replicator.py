@@ -92,6 +92,7 @@ import trio  # noqa: E402
 
 from benchmarks import transport as transport_bench  # noqa: E402
 from benchmarks._process import BenchmarkError, CommandProcess  # noqa: E402
+from benchmarks._report import progress_line  # noqa: E402
 from crdt import ReplicationError, WriteLocal, WriteMajority  # noqa: E402
 from membership import MemberStatus  # noqa: E402
 from p2pshard import Node, NodeConfig, open_node  # noqa: E402
@@ -656,12 +657,6 @@ def wait_converged(nodes: Sequence[Worker], expected: int | None, timeout: float
     raise BenchmarkError(
         f"replicas did not converge within {timeout:g} s: key counts {counts}, expected {expected}"
     )
-
-
-def progress_line(enabled: bool, text: str) -> None:
-    """One progress line on stderr."""
-    if enabled:
-        print(text, file=sys.stderr, flush=True)
 
 
 def measure_pingpong(root: Path, plan: Plan, progress: bool) -> dict[str, float]:

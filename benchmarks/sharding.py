@@ -104,6 +104,7 @@ import trio.testing  # noqa: E402
 from benchmarks import _sharding_worker as worker  # noqa: E402
 from benchmarks import transport as transport_bench  # noqa: E402
 from benchmarks._process import BenchmarkError, CommandProcess  # noqa: E402
+from benchmarks._report import progress_line  # noqa: E402
 from membership import (  # noqa: E402
     Address,
     LinkConditions,
@@ -208,12 +209,6 @@ def make_plan(*, quick: bool, seed: int | None) -> Plan:
         step_timeout=60.0 if quick else 180.0,
         lifetime=300.0 if quick else 1200.0,
     )
-
-
-def progress_line(enabled: bool, text: str) -> None:
-    """One progress line on stderr."""
-    if enabled:
-        print(text, file=sys.stderr, flush=True)
 
 
 def free_port() -> int:

@@ -51,6 +51,12 @@ DEFAULT_MAX_EVENT_SIZE = 1 << 20
 DEFAULT_SNAPSHOT_EVERY = 100
 """Events between snapshots by default, for entity types that do not say."""
 
+LOCK_WAIT_FRACTION = 0.8
+"""Part of ``operation_timeout`` a storage backend lets one call wait for another writer's lock
+(SQLite's busy timeout, PostgreSQL's ``statement_timeout`` and ``lock_timeout``): the store then
+refuses the call itself, with nothing written, before the caller's timeout abandons the thread
+and leaves the outcome unknown."""
+
 
 def _invalid(instance: Any, attribute: attrs.Attribute[Any], value: Any, allowed: str) -> None:
     raise ConfigurationError(

@@ -15,7 +15,7 @@ can never be stored. The statements go out in pipeline mode: an append takes two
 psycopg 3 (the ``postgresql`` extra) does the talking, in worker threads through
 ``trio.to_thread``, with a small pool of connections (at most ``connections`` calls at once).
 Each connection has ``statement_timeout`` and ``lock_timeout`` a little under
-``operation_timeout`` (``WAIT_FRACTION`` of it), so a statement stuck behind another writer is
+``operation_timeout`` (``LOCK_WAIT_FRACTION`` of it), so a statement stuck behind another writer is
 cancelled by the server, with nothing written; a call that is still not done at the full
 timeout raises :class:`p2pshard.JournalError` too and abandons its thread, and then the
 outcome of an append is unknown (it may still commit). A broken connection is
@@ -38,6 +38,7 @@ from ._errors import JournalConflict, JournalError
 from ._journal import (
     DEFAULT_MAX_EVENT_SIZE,
     DEFAULT_SNAPSHOT_EVERY,
+    LOCK_WAIT_FRACTION,
     JournalSettings,
     Recovery,
     admit_token,
@@ -50,11 +51,6 @@ from ._journal import (
 )
 
 _T = TypeVar("_T")
-
-WAIT_FRACTION = 0.8
-"""Part of ``operation_timeout`` one statement may take (``statement_timeout``,
-``lock_timeout``): the server then cancels it, a refusal with nothing written, before the
-caller's timeout abandons the thread and leaves the outcome unknown."""
 
 _SCHEMA_LOCK = 0x70327368_6A726E6C
 """The advisory lock (``p2sh`` ``jrnl``) held while the tables are created."""
@@ -166,7 +162,7 @@ class PostgresJournal:
             connect_timeout=max(2, math.ceil(self._timeout)),  # libpq: whole seconds, >= 2
         )
         try:
-            milliseconds = str(max(1, int(self._timeout * WAIT_FRACTION * 1000)))
+            milliseconds = str(max(1, int(self._timeout * LOCK_WAIT_FRACTION * 1000)))
             for setting in ("statement_timeout", "lock_timeout"):
                 conn.execute("SELECT set_config(%s, %s, false)", (setting, milliseconds))
         except BaseException:

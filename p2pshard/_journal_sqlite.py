@@ -32,6 +32,7 @@ from ._errors import JournalError
 from ._journal import (
     DEFAULT_MAX_EVENT_SIZE,
     DEFAULT_SNAPSHOT_EVERY,
+    LOCK_WAIT_FRACTION,
     JournalSettings,
     Recovery,
     admit_token,
@@ -44,11 +45,6 @@ from ._journal import (
 )
 
 _T = TypeVar("_T")
-
-LOCK_WAIT_FRACTION = 0.8
-"""Part of ``operation_timeout`` a call may wait for another writer's lock. SQLite then gives
-up by itself, a refusal with nothing written, before the caller's timeout abandons the thread
-and leaves the outcome unknown."""
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS p2pshard_journal_streams (

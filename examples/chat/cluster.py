@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -111,17 +112,22 @@ path = {_toml_str(data / "journal.db")}
             paths.append(path)
         return paths
 
+    def ports(self) -> list[int]:
+        """Every port the cluster listens on: each node's cluster port and page port."""
+        return [
+            p
+            for i in range(1, self.nodes + 1)
+            for p in (self.port(i), self.port(i) + self.http_offset)
+        ]
+
     def check_ports(self) -> None:
         """Fail early, naming the port, if one is taken."""
-        for i in range(1, self.nodes + 1):
-            for port in (self.port(i), self.port(i) + self.http_offset):
-                with socket.socket() as probe:
-                    try:
-                        probe.bind(("127.0.0.1", port))
-                    except OSError as exc:
-                        raise SystemExit(
-                            f"port {port} is taken ({exc.strerror}): pass another --base-port"
-                        ) from None
+        for port in self.ports():
+            error = _taken(port)
+            if error is not None:
+                raise SystemExit(
+                    f"port {port} is taken ({error.strerror}): pass another --base-port"
+                )
 
     def start(self) -> None:
         """Write the files and start every node."""
@@ -209,6 +215,25 @@ path = {_toml_str(data / "journal.db")}
         for log in self._logs:
             log.close()
         return status
+
+
+def _taken(port: int) -> OSError | None:
+    """Why ``port`` on 127.0.0.1 cannot be listened on now (None: it can)."""
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            return exc
+    return None
+
+
+def free_base_port(nodes: int, *, tries: int = 50) -> int:
+    """A random base port from 30000 at which a cluster of ``nodes`` finds all its ports free."""
+    for _ in range(tries):
+        plan = ChatCluster(nodes, Path(), random.randrange(30000, 50000))
+        if all(_taken(port) is None for port in plan.ports()):
+            return plan.base_port
+    raise RuntimeError(f"no free ports for a {nodes}-node chat cluster in {tries} tries")
 
 
 def _quiet(command: list[str]) -> None:

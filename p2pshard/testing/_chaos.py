@@ -45,6 +45,7 @@ from membership import (
     deterministic_scheduling,
 )
 from membership._member import MemberStatus
+from membership._settings import in_range
 
 from .._extractor import HashExtractor
 from .._lease_memory import MemoryLeaseBackend
@@ -73,43 +74,44 @@ WALL_LIMIT = 120
 move on, such as a busy loop, stops simulated time)."""
 
 
-def _check_faults(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    unknown = [kind for kind in value if kind not in FAULTS]  # type: ignore[attr-defined]
-    if unknown or not value:
-        raise ConfigurationError(
-            f"ChaosSettings.faults = {value!r} is invalid: choose one or more of {FAULTS}"
-        )
+def one_or_more_of(allowed: tuple[str, ...]) -> Any:
+    """An attrs validator: a non-empty tuple of fault kinds, each one of ``allowed``."""
 
-
-def _at_least(low: float) -> Any:
-    def check(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
-        if not value >= low:
+    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if not isinstance(value, tuple) or not value or any(k not in allowed for k in value):
             raise ConfigurationError(
-                f"ChaosSettings.{attribute.name} = {value!r} is invalid: must be at least {low}"
+                f"{type(instance).__name__}.{attribute.name} = {value!r} is invalid: choose one "
+                f"or more of {', '.join(allowed)}"
             )
 
     return check
+
+
+DAY = 86400.0
+"""The longest any duration setting may be, in seconds."""
 
 
 @attrs.frozen(kw_only=True)
 class ChaosSettings:
     """What one chaos run does. Every field is checked: a bad value raises ConfigurationError."""
 
-    nodes: int = attrs.field(default=5, validator=_at_least(3))
+    nodes: int = attrs.field(default=5, validator=in_range(3, 64, integer=True))
     """Cluster size (at least 3)."""
-    duration: float = attrs.field(default=30.0, validator=_at_least(0))
+    duration: float = attrs.field(default=30.0, validator=in_range(0, DAY))
     """Simulated seconds of faults."""
-    quiet: float = attrs.field(default=40.0, validator=_at_least(10))
+    quiet: float = attrs.field(default=40.0, validator=in_range(10, DAY))
     """Simulated seconds without faults before the final checks."""
-    entities: int = attrs.field(default=20, validator=_at_least(1))
-    shards: int = attrs.field(default=10, validator=_at_least(1))
-    clients_per_node: int = attrs.field(default=1, validator=_at_least(1))
-    message_interval: float = attrs.field(default=0.1, validator=_at_least(0.001))
+    entities: int = attrs.field(default=20, validator=in_range(1, 1 << 20, integer=True))
+    shards: int = attrs.field(default=10, validator=in_range(1, 1 << 16, integer=True))
+    clients_per_node: int = attrs.field(default=1, validator=in_range(1, 1000, integer=True))
+    message_interval: float = attrs.field(default=0.1, validator=in_range(0.001, 3600))
     """Seconds each workload client waits between messages (on average)."""
     use_lease: bool = True
     """Shard and singleton leases; without them single activation is not guaranteed."""
-    faults: tuple[str, ...] = attrs.field(default=FAULTS, converter=tuple, validator=_check_faults)
-    duplicate: float = attrs.field(default=0.0, validator=_at_least(0))
+    faults: tuple[str, ...] = attrs.field(
+        default=FAULTS, converter=tuple, validator=one_or_more_of(FAULTS)
+    )
+    duplicate: float = attrs.field(default=0.0, validator=in_range(0, 1))
     """Test-only: the probability that a link delivers a frame twice. TCP never does; the
     checkers must then catch messages handled twice."""
     double_activation_at: float | None = None
@@ -461,31 +463,22 @@ async def _check_cluster(
         )
         for i in live
     }
+    running = {sim.nodes[i].cluster.self_member.node for i in live}
     homes = {
         node_name(i): {
-            str(shard): home.name if home in _unique(sim, live) else str(home)
+            str(shard): home.name if home in running else str(home)
             for shard, home in sim.regions[i].shard_homes().items()
         }
         for i in live
         if i in sim.regions
     }
     found += check_agreement_views(members, homes, [node_name(i) for i in live])
+    keys = sorted({key for i in live for key in sim.nodes[i].replicator.keys()})  # noqa: SIM118
     found += check_convergence_digests(
-        {
-            node_name(i): {key: sim.nodes[i].replicator.digest(key) for key in _keys(sim, live)}
-            for i in live
-        }
+        {node_name(i): {key: sim.nodes[i].replicator.digest(key) for key in keys} for i in live}
     )
     found += await _every_shard_answers(sim, live, settings)
     return found
-
-
-def _unique(sim: SimCluster, live: Sequence[int]) -> set[Any]:
-    return {sim.nodes[i].cluster.self_member.node for i in live}
-
-
-def _keys(sim: SimCluster, live: Sequence[int]) -> list[str]:
-    return sorted({key for i in live for key in sim.nodes[i].replicator.keys()})  # noqa: SIM118
 
 
 async def _every_shard_answers(

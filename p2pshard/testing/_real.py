@@ -105,10 +105,12 @@ from membership import (
     TransportSettings,
 )
 from membership._certs import create_cluster_ca, create_node_certificate
+from membership._settings import in_range
 from membership._trioutil import single_error
 
 from .._config import NodeConfig, TlsFiles
 from .._lease import LeaseSettings
+from ._chaos import DAY, one_or_more_of
 from ._checkers import (
     AGREEMENT,
     INVARIANTS,
@@ -139,52 +141,34 @@ READY_TIMEOUT = 60.0
 """Seconds the first start may take until every node sees every node Up."""
 
 
-def _at_least(low: float, high: float = float("inf")) -> Any:
-    def check(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
-        if not low <= value <= high:
-            bounds = f"at least {low:g}" if high == float("inf") else f"from {low:g} to {high:g}"
-            raise ConfigurationError(
-                f"{type(instance).__name__}.{attribute.name} = {value!r} is invalid: must be "
-                f"{bounds}"
-            )
-
-    return check
-
-
-def _check_faults(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, tuple) or not value or any(k not in REAL_FAULTS for k in value):
-        raise ConfigurationError(
-            f"RealChaosSettings.faults = {value!r} is invalid: choose one or more of "
-            f"{', '.join(REAL_FAULTS)}"
-        )
-
-
 @attrs.frozen(kw_only=True)
 class RealChaosSettings:
     """What one real-process run does. A bad value raises ConfigurationError."""
 
-    nodes: int = attrs.field(default=5, validator=_at_least(3, 16))
+    nodes: int = attrs.field(default=5, validator=in_range(3, 16, integer=True))
     """Node processes (3 to 16; default 5)."""
-    duration: float = attrs.field(default=600.0, validator=_at_least(0))
+    duration: float = attrs.field(default=600.0, validator=in_range(0, DAY))
     """Seconds of faults (default 600); the last fault may run over by up to ``fault_max``."""
-    quiet: float = attrs.field(default=30.0, validator=_at_least(0))
+    quiet: float = attrs.field(default=30.0, validator=in_range(0, DAY))
     """Seconds without faults before the final checks (default 30)."""
-    settle: float = attrs.field(default=30.0, validator=_at_least(0))
+    settle: float = attrs.field(default=30.0, validator=in_range(0, DAY))
     """Seconds more the final checks may wait for the nodes to agree (default 30)."""
-    fault_max: float = attrs.field(default=15.0, validator=_at_least(3))
+    fault_max: float = attrs.field(default=15.0, validator=in_range(3, DAY))
     """Longest partition or long pause, in seconds (default 15)."""
-    max_faults: int = attrs.field(default=1000, validator=_at_least(0))
+    max_faults: int = attrs.field(default=1000, validator=in_range(0, 1 << 20, integer=True))
     """At most this many faults (default 1000)."""
-    faults: tuple[str, ...] = attrs.field(default=REAL_FAULTS, validator=_check_faults)
+    faults: tuple[str, ...] = attrs.field(
+        default=REAL_FAULTS, validator=one_or_more_of(REAL_FAULTS)
+    )
     """The fault kinds to draw from (default all of ``REAL_FAULTS``)."""
-    entities: int = attrs.field(default=20, validator=_at_least(1))
-    shards: int = attrs.field(default=10, validator=_at_least(1))
-    clients_per_node: int = attrs.field(default=1, validator=_at_least(0))
-    message_interval: float = attrs.field(default=0.1, validator=_at_least(0.01))
+    entities: int = attrs.field(default=20, validator=in_range(1, 1 << 20, integer=True))
+    shards: int = attrs.field(default=10, validator=in_range(1, 1 << 16, integer=True))
+    clients_per_node: int = attrs.field(default=1, validator=in_range(0, 1000, integer=True))
+    message_interval: float = attrs.field(default=0.1, validator=in_range(0.01, 3600))
     """Seconds each workload client waits between messages, on average (default 0.1)."""
-    lease_ttl: float = attrs.field(default=5.0, validator=_at_least(2))
+    lease_ttl: float = attrs.field(default=5.0, validator=in_range(2, 3600))
     """The shard and singleton leases' time-to-live in seconds (default 5)."""
-    stable_after: float = attrs.field(default=5.0, validator=_at_least(1))
+    stable_after: float = attrs.field(default=5.0, validator=in_range(1, 3600))
     """The split brain resolver's ``stable_after`` (default 5 s)."""
     use_lease: bool = True
     """Shard and singleton leases; without them single activation is not guaranteed."""

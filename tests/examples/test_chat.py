@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-import random
-import socket
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,28 +12,13 @@ import pytest
 import trio
 
 from examples.chat.client import ChatClient, ChatError, open_chat_client
-from examples.chat.cluster import ChatCluster
+from examples.chat.cluster import ChatCluster, free_base_port
 
 
-def _free_base_port(nodes: int, offset: int) -> int:
-    for _ in range(50):
-        base = random.randrange(30000, 50000)
-        try:
-            for port in [base + i for i in range(nodes)] + [
-                base + offset + i for i in range(nodes)
-            ]:
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free ports")
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChatCluster]:
-    data: Path = tmp_path_factory.mktemp("chat")
-    chat = ChatCluster(3, data, _free_base_port(3, 1000), log_level="WARNING", log_to_files=True)
+@contextlib.contextmanager
+def running_chat(data: Path) -> Iterator[ChatCluster]:
+    """A 3-node chat cluster on free ports, ready; stopped (and its logs' ends printed) after."""
+    chat = ChatCluster(3, data, free_base_port(3), log_level="WARNING", log_to_files=True)
     try:
         chat.start()
         chat.wait_ready(timeout=60)
@@ -43,6 +27,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChatCluster]:
         chat.stop()
         for log in sorted(data.glob("*.log")):
             print(f"--- {log.name} (last lines)\n" + "\n".join(log.read_text().splitlines()[-15:]))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChatCluster]:
+    with running_chat(tmp_path_factory.mktemp("chat")) as chat:
+        yield chat
 
 
 def _room_home(chat: ChatCluster, room: str) -> int | None:
@@ -86,30 +76,26 @@ async def test_bad_input_gets_error_frames(cluster: ChatCluster) -> None:
         assert [m["id"] for m in view["history"]] == ["ok-1"]  # nothing else got in
 
 
-async def _post_retrying(c: ChatClient, text: str, client_id: str) -> dict[str, Any]:
+async def _retrying(call: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    """``call`` again every half second while the room answers "retry" or not at all."""
     with trio.fail_after(60):
         while True:
             try:
-                return await c.post(text, client_id, wait=8)
+                return await call()
             except ChatError as exc:
                 if not exc.frame["retry"]:
                     raise
             except trio.TooSlowError:
                 pass
             await trio.sleep(0.5)
+
+
+async def _post_retrying(c: ChatClient, text: str, client_id: str) -> dict[str, Any]:
+    return await _retrying(lambda: c.post(text, client_id, wait=8))
 
 
 async def _join_retrying(c: ChatClient, room: str, user: str) -> dict[str, Any]:
-    with trio.fail_after(60):
-        while True:
-            try:
-                return await c.join(room, user, wait=8)
-            except ChatError as exc:
-                if not exc.frame["retry"]:
-                    raise
-            except trio.TooSlowError:
-                pass
-            await trio.sleep(0.5)
+    return await _retrying(lambda: c.join(room, user, wait=8))
 
 
 async def test_two_users_on_two_nodes_survive_kill_of_the_room_node(cluster: ChatCluster) -> None:

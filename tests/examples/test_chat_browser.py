@@ -22,7 +22,7 @@ import pytest
 from playwright.sync_api import BrowserContext, Page, sync_playwright
 
 from examples.chat.cluster import ChatCluster
-from tests.examples.test_chat import _free_base_port, _room_home
+from tests.examples.test_chat import _room_home, running_chat
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -57,16 +57,8 @@ def cluster(tmp_path: Path) -> Iterator[ChatCluster]:
             " it; by hand: apt-get install --no-install-recommends chromium",
             pytrace=False,
         )
-    data = tmp_path / "chat"
-    chat = ChatCluster(3, data, _free_base_port(3, 1000), log_level="WARNING", log_to_files=True)
-    try:
-        chat.start()
-        chat.wait_ready(timeout=60)
+    with running_chat(tmp_path / "chat") as chat:
         yield chat
-    finally:
-        chat.stop()
-        for log in sorted(data.glob("*.log")):
-            print(f"--- {log.name} (last lines)\n" + "\n".join(log.read_text().splitlines()[-15:]))
 
 
 @pytest.fixture

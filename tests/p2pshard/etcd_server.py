@@ -17,7 +17,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -28,6 +27,8 @@ from pathlib import Path
 import attrs
 import httpx
 import trio
+
+from .server_process import ServerProcess, free_port
 
 START_TIMEOUT = 15.0
 """Seconds etcd may take to answer ``/health`` after it was started."""
@@ -79,13 +80,6 @@ def find_etcd() -> str:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _environment() -> dict[str, str]:
     # ETCD_* variables are flags to etcd: the caller's must not change the test server.
     env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD_")}
@@ -96,7 +90,7 @@ def _environment() -> dict[str, str]:
 
 
 @attrs.define(eq=False)
-class EtcdServer:
+class EtcdServer(ServerProcess):
     """A running etcd process: its client URL, PID, data directory and log file."""
 
     url: str
@@ -113,17 +107,6 @@ class EtcdServer:
     def resume(self) -> None:
         """SIGCONT after :meth:`pause`."""
         os.kill(self.pid, signal.SIGCONT)
-
-    def exited(self) -> bool:
-        """Whether the process has exited."""
-        return self._process.poll() is not None
-
-    def log_tail(self, lines: int = 30) -> str:
-        """The end of etcd's log, for failure messages."""
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError as exc:
-            return f"(no log: {exc})"
 
     def stop(self) -> None:
         """Stop etcd (SIGTERM, SIGKILL after ``STOP_TIMEOUT``) and remove its data directory.
@@ -145,9 +128,9 @@ class EtcdServer:
 def _launch(tmp_path: Path) -> EtcdServer:
     """Start an etcd process (not yet ready) with fresh ports under ``tmp_path``."""
     binary = find_etcd()
-    client, peer = _free_port(), _free_port()
+    client, peer = free_port(), free_port()
     while peer == client:
-        peer = _free_port()
+        peer = free_port()
     data_dir = Path(tempfile.mkdtemp(prefix="etcd-data-", dir=tmp_path))
     log = tmp_path / f"etcd-{client}.log"
     client_url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"

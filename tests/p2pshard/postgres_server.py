@@ -20,7 +20,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -30,6 +29,8 @@ from pathlib import Path
 
 import attrs
 import psycopg
+
+from .server_process import ServerProcess, free_port
 
 START_TIMEOUT = 30.0
 """Seconds initdb plus the server's start may take."""
@@ -82,15 +83,8 @@ def _run_as() -> pwd.struct_passwd | None:
         ) from None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @attrs.define(eq=False)
-class PostgresServer:
+class PostgresServer(ServerProcess):
     """A running PostgreSQL: its connection string, PID, directories and log file."""
 
     dsn: str
@@ -101,17 +95,6 @@ class PostgresServer:
     """The temporary directory: ``data/`` (the cluster), the unix socket and the log."""
     log: Path
     _process: subprocess.Popen[bytes]
-
-    def exited(self) -> bool:
-        """Whether the process has exited."""
-        return self._process.poll() is not None
-
-    def log_tail(self, lines: int = 30) -> str:
-        """The end of the server's log, for failure messages."""
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError as exc:
-            return f"(no log: {exc})"
 
     def stop(self) -> None:
         """Stop the server and remove its directory; calling it again does nothing more."""
@@ -164,7 +147,7 @@ def _start(bindir: Path, user: pwd.struct_passwd | None, *, fsync: bool) -> Post
                 f"initdb into {data} failed ({initdb.returncode}):\n"
                 f"{initdb.stdout.decode(errors='replace')}{initdb.stderr.decode(errors='replace')}"
             )
-        port = _free_port()
+        port = free_port()
         command = [
             str(bindir / "postgres"),
             "-D",
