@@ -73,6 +73,7 @@ from ._sim import SimCluster as SimCluster
 from ._sim import node_address as node_address
 from ._sim import node_name as node_name
 from ._sim import simulated_cluster as simulated_cluster
+from ._sim import simulated_cluster_of as simulated_cluster_of
 from ._workload import COUNTER as COUNTER
 from ._workload import Add as Add
 from ._workload import CounterWorkload as CounterWorkload

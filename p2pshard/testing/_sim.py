@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
+from typing import Any, TypeVar
 
 import attrs
 import trio
@@ -51,9 +52,12 @@ BOUND = 120.0
 
 _TLS = TlsFiles(ca_file=Path("ca.pem"), cert_file=Path("n.pem"), key_file=Path("n.key"))
 
-Setup = Callable[[int, Node, "SimCluster"], Awaitable[None]]
+Setup = Callable[[int, Node, Any], Awaitable[None]]
 """Called once per node start, inside the node, before it counts as started: start entity types
 (store regions in ``sim.regions``), singletons, observers."""
+
+
+C = TypeVar("C", bound="SimCluster")
 
 
 def node_address(i: int) -> Address:
@@ -220,24 +224,40 @@ class SimCluster:
                 await trio.sleep(0.1)
 
 
-@asynccontextmanager
-async def simulated_cluster(
+def simulated_cluster(
     seed: int,
     setup: Setup | None = None,
     *,
     links: LinkConditions | None = None,
     history: History | None = None,
-) -> AsyncIterator[SimCluster]:
+) -> AbstractAsyncContextManager[SimCluster]:
     """A :class:`SimCluster` on a network seeded with ``seed``; it prints the seed first.
 
     Leaving the block cancels every node (as a crash of all of them). Run it under a
     ``MockClock`` and ``deterministic_scheduling(seed)`` for a replayable run.
     """
+    return simulated_cluster_of(SimCluster, seed, setup, links=links, history=history)
+
+
+@asynccontextmanager
+async def simulated_cluster_of(
+    cluster: Callable[..., C],
+    seed: int,
+    setup: Setup | None = None,
+    *,
+    links: LinkConditions | None = None,
+    history: History | None = None,
+    **fields: Any,
+) -> AsyncIterator[C]:
+    """As :func:`simulated_cluster`, made by ``cluster`` with ``fields`` as further attributes.
+
+    ``cluster`` is a subclass of :class:`SimCluster`, for a harness of your own.
+    """
     print(f"seed={seed}")
     links = links or SIM_LINKS
     net = SimNetwork(seed, conditions=links)
     async with trio.open_nursery() as nursery:
-        sim = SimCluster(net, nursery, setup, history or History(), links=links)
+        sim = cluster(net, nursery, setup, history or History(), links=links, **fields)
         yield sim
         nursery.cancel_scope.cancel()
 

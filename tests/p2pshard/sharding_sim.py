@@ -9,14 +9,14 @@ so a test can assert that no message was lost and that each sender's numbers arr
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import attrs
 import trio
 
-from membership import LinkConditions, SimNetwork
+from membership import LinkConditions
 from p2pshard import EntityContext, HashExtractor, Node, message, testing
 
 BOUND = testing.BOUND
@@ -158,18 +158,12 @@ def standard_setup(
     return setup
 
 
-@asynccontextmanager
-async def sim_cluster(
+def sim_cluster(
     seed: int,
     setup: Callable[[int, Node, SimCluster], Awaitable[None]] | None = None,
     *,
     conditions: LinkConditions | None = None,
-) -> AsyncIterator[SimCluster]:
-    print(f"seed={seed}")
-    links = conditions or testing.SIM_LINKS
-    net = SimNetwork(seed, conditions=links)
-    async with trio.open_nursery() as nursery:
-        setup = setup or standard_setup()
-        sim = SimCluster(net, nursery, setup, links=links)  # type: ignore[arg-type]
-        yield sim
-        nursery.cancel_scope.cancel()
+) -> AbstractAsyncContextManager[SimCluster]:
+    return testing.simulated_cluster_of(
+        SimCluster, seed, setup or standard_setup(), links=conditions
+    )

@@ -14,7 +14,6 @@ import pytest
 import trio
 import trio.testing
 
-from membership import SimNetwork
 from membership._sbr import SplitBrainResolverSettings
 from membership._singleton import SingletonContext, SingletonUnavailable
 from p2pshard import LeaseSettings, MemoryLeaseBackend, Node, testing
@@ -67,20 +66,16 @@ async def _start_counter(i: int, node: Node, sim: testing.SimCluster) -> None:
 async def harness(
     seed: int, sbr: SplitBrainResolverSettings | None = None
 ) -> AsyncIterator[Harness]:
-    print(f"seed={seed}")
-    net = SimNetwork(seed, conditions=testing.SIM_LINKS)
-    async with trio.open_nursery() as nursery:
-        h = Harness(
-            net,
-            nursery,
-            _start_counter,
-            split_brain_resolver=sbr or SplitBrainResolverSettings(stable_after=5.0),
-            lease_settings=LeaseSettings(),
-        )
+    async with testing.simulated_cluster_of(
+        Harness,
+        seed,
+        _start_counter,
+        split_brain_resolver=sbr or SplitBrainResolverSettings(stable_after=5.0),
+        lease_settings=LeaseSettings(),
+    ) as h:
         h.lease_backend = h.leases
         yield h
         assert testing.check_single_singleton(h.history) == []
-        nursery.cancel_scope.cancel()
 
 
 async def all_up(h: Harness, nodes: list[int]) -> None:
