@@ -13,7 +13,8 @@ can never be stored. The statements go out in pipeline mode: an append takes two
 (BEGIN, the insert and the lock; then the write and COMMIT), as many as the checks need.
 
 psycopg 3 (the ``postgresql`` extra) does the talking, in worker threads through
-``trio.to_thread``, with a small pool of connections (at most ``connections`` calls at once).
+``trio.to_thread``, with a small pool of connections (at most ``connections`` calls at once;
+``p2pshard._journal_threads``, shared with the SQLite backend).
 Each connection has ``statement_timeout`` and ``lock_timeout`` a little under
 ``operation_timeout`` (``LOCK_WAIT_FRACTION`` of it), so a statement stuck behind another writer is
 cancelled by the server, with nothing written; a call that is still not done at the full
@@ -25,16 +26,14 @@ dropped, and the next call opens a new one.
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import psycopg
 import psycopg.conninfo
 import psycopg.errors
-import trio
 
-from ._errors import JournalConflict, JournalError
+from ._errors import JournalConflict
 from ._journal import (
     DEFAULT_MAX_EVENT_SIZE,
     DEFAULT_SNAPSHOT_EVERY,
@@ -49,6 +48,7 @@ from ._journal import (
     check_snapshot_seq,
     check_token,
 )
+from ._journal_threads import ThreadedJournal
 
 _T = TypeVar("_T")
 
@@ -107,12 +107,14 @@ def _lock_stream(conn: Connection, persistence_id: str) -> tuple[int, int | None
     return int(row[0]), None if row[1] is None else int(row[1])
 
 
-class PostgresJournal:
+class PostgresJournal(ThreadedJournal[Connection]):
     """Event streams in the PostgreSQL database ``dsn`` names (a libpq string or URL).
 
     Example:
         >>> journal = PostgresJournal("postgresql://p2pshard@db-host/shop")
     """
+
+    _driver_errors = (psycopg.Error, OSError)
 
     def __init__(
         self,
@@ -123,37 +125,22 @@ class PostgresJournal:
         snapshot_every: int | None = DEFAULT_SNAPSHOT_EVERY,
         connections: int = 4,
     ) -> None:
-        JournalSettings(  # checks the values, with the usual messages
+        settings = JournalSettings(  # checks the values, with the usual messages
             backend="postgresql",
             dsn=dsn,
             operation_timeout=operation_timeout,
             max_event_size=max_event_size,
             snapshot_every=snapshot_every,
         )
+        super().__init__(settings, connections)
         self._dsn = dsn
         self.where = _where(dsn)
         """The server and database, for messages (never the password)."""
-        self._timeout = operation_timeout
-        self._max_event_size = max_event_size
-        self._snapshot_every = snapshot_every
-        self._limiter = trio.CapacityLimiter(connections)
-        self._idle: list[Connection] = []
-        self._pool_lock = threading.Lock()
-        self._ready = False
-        self._creating = trio.Lock()
-        self._closed = False
 
-    @property
-    def max_event_size(self) -> int:
-        """Bytes one event or snapshot may take."""
-        return self._max_event_size
+    # -- connections and transactions ---------------------------------------------------------
 
-    @property
-    def snapshot_every(self) -> int | None:
-        """Events between snapshots for entity types that do not set their own."""
-        return self._snapshot_every
-
-    # -- connections --------------------------------------------------------------------------
+    def _describe(self) -> str:
+        return f"postgresql journal {self.where}"
 
     def _connect(self) -> Connection:
         conn = psycopg.connect(
@@ -170,83 +157,31 @@ class PostgresJournal:
             raise
         return conn
 
-    def _take(self) -> Connection:
-        with self._pool_lock:
-            while self._idle:
-                conn = self._idle.pop()
-                if not conn.closed:
-                    return conn
-        return self._connect()
+    def _usable(self, conn: Connection) -> bool:
+        return not conn.closed
 
-    def _give_back(self, conn: Connection) -> None:
-        with self._pool_lock:
-            if not self._closed and not conn.closed:
-                self._idle.append(conn)
-                return
+    def _close(self, conn: Connection) -> None:
         conn.close()
 
-    def _create(self) -> None:
-        conn = self._take()
+    def _create(self, conn: Connection) -> None:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            for statement in _SCHEMA:
+                conn.execute(statement)
+
+    def _transaction(
+        self, conn: Connection, persistence_id: str, what: str, fn: Callable[[Connection], _T]
+    ) -> _T:
         try:
-            with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-                for statement in _SCHEMA:
-                    conn.execute(statement)
-        except BaseException:
-            conn.close()
-            raise
-        self._give_back(conn)
-
-    async def _run(self, persistence_id: str, what: str, fn: Callable[[Connection], _T]) -> _T:
-        if self._closed:
-            raise JournalError(persistence_id, f"postgresql journal {self.where} is closed")
-        with trio.move_on_after(self._timeout) as scope:
-            if not self._ready:
-                async with self._creating:  # one thread creates the tables, the others wait
-                    if not self._ready:
-                        await self._in_thread(persistence_id, "creating the tables", self._create)
-                        self._ready = True
-
-            def work() -> _T:
-                conn = self._take()
-                try:
-                    # Pipeline mode sends BEGIN with the first statements and COMMIT with the
-                    # last: an append is two round trips, not five.
-                    with conn.pipeline(), conn.transaction():
-                        result = fn(conn)
-                except JournalError:
-                    self._give_back(conn)  # a refusal, rolled back: the connection is fine
-                    raise
-                except psycopg.errors.UniqueViolation as exc:
-                    self._give_back(conn)
-                    raise JournalConflict(
-                        persistence_id,
-                        f"{what}: another writer stored that sequence number first ({exc}); "
-                        "nothing was written",
-                    ) from exc
-                except BaseException:
-                    conn.close()  # whatever went wrong, a new connection starts clean
-                    raise
-                self._give_back(conn)
-                return result
-
-            return await self._in_thread(persistence_id, what, work)
-        assert scope.cancelled_caught
-        raise JournalError(
-            persistence_id,
-            f"postgresql journal {self.where}: {what} did not finish within operation_timeout "
-            f"({self._timeout:g} s); its outcome is unknown",
-        )
-
-    async def _in_thread(self, persistence_id: str, what: str, work: Callable[[], _T]) -> _T:
-        try:
-            return await trio.to_thread.run_sync(
-                work, limiter=self._limiter, abandon_on_cancel=True
-            )
-        except (psycopg.Error, OSError) as exc:
-            text = str(exc).strip() or type(exc).__name__
-            raise JournalError(
-                persistence_id, f"postgresql journal {self.where}: {what} failed: {text}"
+            # Pipeline mode sends BEGIN with the first statements and COMMIT with the last: an
+            # append is two round trips, not five.
+            with conn.pipeline(), conn.transaction():
+                return fn(conn)
+        except psycopg.errors.UniqueViolation as exc:  # rolled back: the connection is fine
+            raise JournalConflict(
+                persistence_id,
+                f"{what}: another writer stored that sequence number first ({exc}); "
+                "nothing was written",
             ) from exc
 
     # -- the Journal interface --------------------------------------------------------------
@@ -329,11 +264,3 @@ class PostgresJournal:
             )
 
         await self._run(persistence_id, f"snapshot at {seq}", save)
-
-    async def aclose(self) -> None:
-        """Close the pooled connections; a call still running closes its own when done."""
-        with self._pool_lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()

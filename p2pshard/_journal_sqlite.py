@@ -10,25 +10,22 @@ with ``synchronous=FULL``: an append is on disk (the log fsynced) before it is a
 readers never block the writer.
 
 The blocking calls run in worker threads (at most ``threads`` at a time), each on a connection
-from a small pool that stays open, which also keeps the write-ahead log from being checkpointed
-away after every call. A call has ``operation_timeout`` seconds. Waiting for another process's
-lock ends a little sooner (SQLite's busy timeout, ``LOCK_WAIT_FRACTION`` of it) with a
-:class:`p2pshard.JournalError` and nothing written; a call that is still not done at the full
-timeout (a stalled disk) raises :class:`p2pshard.JournalError` too and its thread is abandoned,
-so the outcome of such an append is unknown (it may still commit).
+from a small pool that stays open (``p2pshard._journal_threads``), which also keeps the
+write-ahead log from being checkpointed away after every call. A call has
+``operation_timeout`` seconds. Waiting for another process's lock ends a little sooner
+(SQLite's busy timeout, ``LOCK_WAIT_FRACTION`` of it) with a :class:`p2pshard.JournalError` and
+nothing written; a call that is still not done at the full timeout (a stalled disk) raises
+:class:`p2pshard.JournalError` too and its thread is abandoned, so the outcome of such an
+append is unknown (it may still commit).
 """
 
 from __future__ import annotations
 
 import sqlite3
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-import trio
-
-from ._errors import JournalError
 from ._journal import (
     DEFAULT_MAX_EVENT_SIZE,
     DEFAULT_SNAPSHOT_EVERY,
@@ -43,6 +40,7 @@ from ._journal import (
     check_snapshot_seq,
     check_token,
 )
+from ._journal_threads import ThreadedJournal
 
 _T = TypeVar("_T")
 
@@ -66,6 +64,11 @@ _SCHEMA = (
 )
 
 
+def _create_tables(conn: sqlite3.Connection) -> None:
+    for statement in _SCHEMA:
+        conn.execute(statement)
+
+
 def _stream(conn: sqlite3.Connection, persistence_id: str) -> tuple[int, int | None]:
     row = conn.execute(
         "SELECT highest, fence FROM p2pshard_journal_streams WHERE persistence_id = ?",
@@ -84,12 +87,14 @@ def _put_stream(
     )
 
 
-class SqliteJournal:
+class SqliteJournal(ThreadedJournal[sqlite3.Connection]):
     """Event streams in the SQLite file ``path``, shared by every process on this host using it.
 
     Example:
         >>> journal = SqliteJournal("/var/lib/shop/journal.db", operation_timeout=5.0)
     """
+
+    _driver_errors = (sqlite3.Error, OSError)
 
     def __init__(
         self,
@@ -100,33 +105,18 @@ class SqliteJournal:
         snapshot_every: int | None = DEFAULT_SNAPSHOT_EVERY,
         threads: int = 4,
     ) -> None:
-        JournalSettings(  # checks the values, with the usual messages
+        settings = JournalSettings(  # checks the values, with the usual messages
             operation_timeout=operation_timeout,
             max_event_size=max_event_size,
             snapshot_every=snapshot_every,
         )
+        super().__init__(settings, threads)
         self.path = Path(path)
-        self._timeout = operation_timeout
-        self._max_event_size = max_event_size
-        self._snapshot_every = snapshot_every
-        self._limiter = trio.CapacityLimiter(threads)
-        self._idle: list[sqlite3.Connection] = []
-        self._pool_lock = threading.Lock()
-        self._ready = False
-        self._creating = trio.Lock()
-        self._closed = False
 
-    @property
-    def max_event_size(self) -> int:
-        """Bytes one event or snapshot may take."""
-        return self._max_event_size
+    # -- connections and transactions ---------------------------------------------------------
 
-    @property
-    def snapshot_every(self) -> int | None:
-        """Events between snapshots for entity types that do not set their own."""
-        return self._snapshot_every
-
-    # -- connections --------------------------------------------------------------------------
+    def _describe(self) -> str:
+        return f"sqlite journal {self.path}"
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
@@ -142,81 +132,29 @@ class SqliteJournal:
             raise
         return conn
 
-    def _take(self) -> sqlite3.Connection:
-        with self._pool_lock:
-            if self._idle:
-                return self._idle.pop()
-        return self._connect()
-
-    def _give_back(self, conn: sqlite3.Connection) -> None:
-        with self._pool_lock:
-            if not self._closed:
-                self._idle.append(conn)
-                return
+    def _close(self, conn: sqlite3.Connection) -> None:
         conn.close()
 
-    def _create(self) -> None:
-        conn = self._connect()
+    def _create(self, conn: sqlite3.Connection) -> None:
+        conn.execute("PRAGMA journal_mode=WAL")
+        self._transaction(conn, "", "creating the tables", _create_tables)
+
+    def _transaction(
+        self,
+        conn: sqlite3.Connection,
+        persistence_id: str,
+        what: str,
+        fn: Callable[[sqlite3.Connection], _T],
+    ) -> _T:
+        conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("BEGIN IMMEDIATE")
-            for statement in _SCHEMA:
-                conn.execute(statement)
+            result = fn(conn)
             conn.execute("COMMIT")
         except BaseException:
-            conn.close()
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
             raise
-        self._give_back(conn)
-
-    async def _run(
-        self, persistence_id: str, what: str, fn: Callable[[sqlite3.Connection], _T]
-    ) -> _T:
-        if self._closed:
-            raise JournalError(persistence_id, f"sqlite journal {self.path} is closed")
-        with trio.move_on_after(self._timeout) as scope:
-            if not self._ready:
-                async with self._creating:  # one thread creates the tables, the others wait
-                    if not self._ready:
-                        await self._in_thread(persistence_id, "creating the tables", self._create)
-                        self._ready = True
-
-            def work() -> _T:
-                conn = self._take()
-                try:
-                    conn.execute("BEGIN IMMEDIATE")
-                    try:
-                        result = fn(conn)
-                        conn.execute("COMMIT")
-                    except BaseException:
-                        if conn.in_transaction:
-                            conn.execute("ROLLBACK")
-                        raise
-                except JournalError:
-                    self._give_back(conn)  # a refusal: the connection is fine
-                    raise
-                except BaseException:
-                    conn.close()  # whatever went wrong, a new connection starts clean
-                    raise
-                self._give_back(conn)
-                return result
-
-            return await self._in_thread(persistence_id, what, work)
-        assert scope.cancelled_caught
-        raise JournalError(
-            persistence_id,
-            f"sqlite journal {self.path}: {what} did not finish within operation_timeout "
-            f"({self._timeout:g} s); its outcome is unknown",
-        )
-
-    async def _in_thread(self, persistence_id: str, what: str, work: Callable[[], _T]) -> _T:
-        try:
-            return await trio.to_thread.run_sync(
-                work, limiter=self._limiter, abandon_on_cancel=True
-            )
-        except (sqlite3.Error, OSError) as exc:
-            raise JournalError(
-                persistence_id, f"sqlite journal {self.path}: {what} failed: {exc}"
-            ) from exc
+        return result
 
     # -- the Journal interface --------------------------------------------------------------
 
@@ -285,11 +223,3 @@ class SqliteJournal:
             )
 
         await self._run(persistence_id, f"snapshot at {seq}", save)
-
-    async def aclose(self) -> None:
-        """Close the pooled connections; a call still running closes its own when done."""
-        with self._pool_lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
