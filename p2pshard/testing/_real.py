@@ -1,4 +1,4 @@
-"""Real-process chaos: node processes on loopback over mutual TLS, killed, stopped and cut off.
+"""Real-process chaos: node processes on loopback over mutual TLS, killed, stopped, cut off, slowed.
 
 The command::
 
@@ -28,6 +28,10 @@ with a cluster CA, one certificate and one TOML file per node (every node a seed
 else: blocking both directions is a partition, one direction a one-way partition. A blocked proxy
 stops forwarding and holds its connections (as a network that drops packets: the sender sees
 nothing, its handshakes time out); when the fault heals it resets them, and the nodes reconnect.
+A slow proxy forwards each chunk of the byte stream a fixed delay after it arrived, in order. A
+flaky proxy resets a connection, both ends, instead of forwarding a chunk, with a small chance
+for each: TCP never loses bytes inside a connection, so what a lossy link does to it is break
+it, and the transport must reconnect (the proxy accepts new connections throughout).
 Proxies rather than packet filters (nftables rules on per-node loopback addresses): they need no
 root, no kernel module and no package, so the run is the same in an unprivileged container, on a
 laptop and on CI, and nothing is left to clean up if the run is killed.
@@ -49,7 +53,10 @@ shuffled order, then again), while at least three nodes and a majority run unpau
 - ``partition``: a random minority cut off from the rest, both ways;
 - ``isolate``: one node cut off from every other;
 - ``one-way``: one node's links to the others cut, theirs to it kept;
-- ``bridge``: A and C cannot reach each other, both reach B.
+- ``bridge``: A and C cannot reach each other, both reach B;
+- ``slow``: every link to and from one node delays each chunk by 50 to 500 ms;
+- ``flaky``: every link to and from one node breaks its connection at a chunk with a chance of
+  5 to 25 % per chunk; the nodes reconnect, and lose what was on its way.
 
 Then every fault is healed and the cluster is left ``quiet``; then each node process is asked
 (SIGUSR1) for its view: the members it sees, its shard homes, its replicas' digests, and whether
@@ -72,9 +79,10 @@ finds its lease lost and stops without acting did nothing a second incarnation c
 with (that is what leases with fencing are for); one that acts is checked like any other.
 
 Where it differs from the simulation: a run is not replayable (real timing): the seed fixes the
-schedule's draws, but which nodes are up to be picked depends on timing; there are no flaky or
-slow links (the proxies only cut); a pause is a
-real SIGSTOP, which freezes the node's timers too (the simulation's pause only holds messages).
+schedule's draws, but which nodes are up to be picked depends on timing; a flaky link loses
+connections, not frames, and a slow one delays chunks of a byte stream, not frames (a proxy sees
+no frames); a pause is a real SIGSTOP, which freezes the node's timers too (the simulation's
+pause only holds messages).
 """
 
 from __future__ import annotations
@@ -122,11 +130,25 @@ from ._checkers import (
 from ._history import History, Sent, Span
 from ._real_node import ANSWER_TIMEOUT
 
-REAL_FAULTS = ("kill", "pause", "pause-long", "partition", "isolate", "one-way", "bridge")
+REAL_FAULTS = (
+    "kill",
+    "pause",
+    "pause-long",
+    "partition",
+    "isolate",
+    "one-way",
+    "bridge",
+    "slow",
+    "flaky",
+)
 """Every fault kind a real-process schedule can draw from."""
 
-QUICK_FAULTS = ("kill", "pause", "pause-long", "isolate", "one-way")
-"""The kinds of ``--quick`` (with three nodes a partition's minority is one node: ``isolate``)."""
+QUICK_FAULTS = ("kill", "pause", "pause-long", "isolate", "one-way", "flaky")
+"""The kinds of ``--quick`` (with three nodes a partition's minority is one node: ``isolate``).
+
+Not ``slow``, the mildest fault on loopback: a schedule goes on until every kind came once, and
+a seventh kind would make the quick run about 10 s longer.
+"""
 
 NODE_PROCESS = "node-process"
 """The invariant name of a node process that failed: exited with an error, or never ready."""
@@ -139,6 +161,14 @@ POLL = 0.1
 
 READY_TIMEOUT = 60.0
 """Seconds the first start may take until every node sees every node Up."""
+
+FLAKY_MIN, FLAKY_MAX = 0.05, 0.25
+"""A flaky link resets its connection instead of forwarding a chunk with a chance in this range
+(drawn per fault)."""
+
+HELD_CHUNKS = 64
+"""Chunks a proxy holds per direction of a connection (a slow link's latency) before it stops
+reading, so TCP flow control slows the sender as a real link would."""
 
 
 @attrs.frozen(kw_only=True)
@@ -154,7 +184,7 @@ class RealChaosSettings:
     settle: float = attrs.field(default=30.0, validator=in_range(0, DAY))
     """Seconds more the final checks may wait for the nodes to agree (default 30)."""
     fault_max: float = attrs.field(default=15.0, validator=in_range(3, DAY))
-    """Longest partition or long pause, in seconds (default 15)."""
+    """Longest partition, slow or flaky link, or long pause, in seconds (default 15)."""
     max_faults: int = attrs.field(default=1000, validator=in_range(0, 1 << 20, integer=True))
     """At most this many faults (default 1000)."""
     faults: tuple[str, ...] = attrs.field(
@@ -253,18 +283,36 @@ def _reset(stream: trio.SocketStream | None) -> None:
 
 @attrs.define(eq=False)
 class FaultProxy:
-    """Forwards TCP connections to ``target`` until blocked: the link from one node to another.
+    """Forwards TCP connections to ``target``: the link from one node to another, with faults.
 
-    Blocked, it forwards nothing more on any connection and accepts new ones without forwarding
-    them (as a network that drops every packet); :meth:`heal` resets the connections it held, so
-    both ends see the link break and reconnect.
+    Blocked (:meth:`block`), it forwards nothing more on any connection and accepts new ones
+    without forwarding them (as a network that drops every packet). Slow (:meth:`slow`), it
+    forwards every chunk ``delay`` seconds after the chunk arrived, in order (a link's latency,
+    not its bandwidth). Flaky (:meth:`flaky`), it resets a connection instead of forwarding a
+    chunk, now and then, and goes on accepting new ones: TCP never loses bytes inside a
+    connection, so a lossy link shows as lost connections. :meth:`heal` ends all three; the
+    connections held while blocked are reset, so both ends see the link break and reconnect.
+
+    Example:
+        >>> proxy = FaultProxy("node-1->node-2", Address("127.0.0.1", 7355))
+        >>> proxy.slow(0.2)  # every chunk 200 ms late
+        >>> proxy.heal()
+        >>> proxy.delay
+        0.0
     """
 
     name: str
     target: Address
     blocked: bool = False
+    delay: float = 0.0
+    """Seconds each chunk is held before it is forwarded (0: none)."""
+    reset_chance: float = 0.0
+    """The chance that a chunk resets its connection instead of being forwarded (0: never)."""
     connections: int = 0
     """Connections accepted so far."""
+    resets: int = 0
+    """Connections reset by :meth:`flaky` so far."""
+    _rng: random.Random = attrs.field(factory=random.Random)
     _pumping: set[trio.CancelScope] = attrs.field(factory=set)
     _healed: trio.Event = attrs.field(factory=trio.Event)
 
@@ -285,9 +333,34 @@ class FaultProxy:
         for scope in self._pumping:
             scope.cancel()
 
+    def slow(self, delay: float) -> None:
+        """Forward each chunk ``delay`` seconds after it arrived, on every connection.
+
+        Raises:
+            ValueError: ``delay`` is negative.
+        """
+        if not delay >= 0:
+            raise ValueError(f"a proxy's delay is seconds, 0 or more, not {delay!r}")
+        self.delay = delay
+
+    def flaky(self, chance: float, rng: random.Random) -> None:
+        """Reset a connection instead of forwarding a chunk, with ``chance`` for each chunk.
+
+        ``rng`` draws which chunks (give each run's proxies a generator from its seed).
+
+        Raises:
+            ValueError: ``chance`` is not between 0 and 1.
+        """
+        if not 0 <= chance <= 1:
+            raise ValueError(f"a proxy's reset chance is between 0 and 1, not {chance!r}")
+        self.reset_chance = chance
+        self._rng = rng
+
     def heal(self) -> None:
-        """Forward again; the connections held while blocked are reset."""
+        """Forward again, without delay or resets; the connections held while blocked are reset."""
         self.blocked = False
+        self.delay = 0.0
+        self.reset_chance = 0.0
         self._healed.set()
 
     async def _forward(self, client: trio.SocketStream) -> None:
@@ -303,10 +376,10 @@ class FaultProxy:
                     if upstream is None:
                         return
                     async with trio.open_nursery() as nursery:
-                        nursery.start_soon(_pump, client, upstream, nursery.cancel_scope)
-                        nursery.start_soon(_pump, upstream, client, nursery.cancel_scope)
+                        nursery.start_soon(self._pump, client, upstream, nursery.cancel_scope)
+                        nursery.start_soon(self._pump, upstream, client, nursery.cancel_scope)
                 if not pumping.cancel_called:
-                    return  # one side closed the connection
+                    return  # one side closed the connection, or it was reset for flaky
             await self._healed.wait()  # blocked: hold the connection, forward nothing
         except OSError:
             pass  # the target is down (a killed node): the client sees the link break
@@ -315,12 +388,40 @@ class FaultProxy:
             _reset(client)
             _reset(upstream)
 
+    async def _pump(
+        self, src: trio.SocketStream, dst: trio.SocketStream, done: trio.CancelScope
+    ) -> None:
+        """Forward ``src`` to ``dst`` until either breaks or ends; then cancel ``done``.
 
-async def _pump(src: trio.SocketStream, dst: trio.SocketStream, done: trio.CancelScope) -> None:
-    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-        while data := await src.receive_some(1 << 16):
-            await dst.send_all(data)
-    done.cancel()
+        A task of its own sends, so that a chunk waits ``delay`` from when it arrived, not
+        from when the one before it was sent; a reset for flaky cancels ``done`` at once,
+        and what was still on its way is lost with the connection.
+        """
+        send, receive = trio.open_memory_channel[tuple[float, bytes]](HELD_CHUNKS)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._deliver, receive, dst, done)
+            async with send:
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    while data := await src.receive_some(1 << 16):
+                        flaky = self.reset_chance and not done.cancel_called
+                        if flaky and self._rng.random() < self.reset_chance:
+                            self.resets += 1
+                            done.cancel()
+                            return
+                        await send.send((trio.current_time(), data))
+
+    async def _deliver(
+        self,
+        receive: trio.MemoryReceiveChannel[tuple[float, bytes]],
+        dst: trio.SocketStream,
+        done: trio.CancelScope,
+    ) -> None:
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            async with receive:
+                async for arrived, data in receive:
+                    await trio.sleep_until(arrived + self.delay)
+                    await dst.send_all(data)
+        done.cancel()
 
 
 # --- merging the history files -------------------------------------------------------------------
@@ -807,6 +908,10 @@ class _Orchestrator:
                 if i != j:
                     self.proxies[(i, j)].block()
 
+    def links(self, i: int) -> list[FaultProxy]:
+        """The proxies of every link to and from node ``i``."""
+        return [proxy for (a, b), proxy in self.proxies.items() if i in (a, b)]
+
     def heal(self) -> None:
         for proxy in self.proxies.values():
             proxy.heal()
@@ -884,6 +989,19 @@ class _Orchestrator:
             i = rng.choice(live)
             self.cut([i], [j for j in self.nodes if j != i])
             self.fault(f"one-way: node-{i} cannot reach the others for {lasting:.1f}s")
+        elif kind == "slow":
+            i = rng.choice(live)
+            delay = rng.uniform(0.05, 0.5)
+            for proxy in self.links(i):
+                proxy.slow(delay)
+            self.fault(f"slow node-{i} (every chunk {delay * 1000:.0f} ms late) for {lasting:.1f}s")
+        elif kind == "flaky":
+            i = rng.choice(live)
+            chance = rng.uniform(FLAKY_MIN, FLAKY_MAX)
+            chunks = random.Random(rng.getrandbits(64))  # the schedule's draws stay apart
+            for proxy in self.links(i):
+                proxy.flaky(chance, chunks)
+            self.fault(f"flaky node-{i} (reset at {chance:.0%} of chunks) for {lasting:.1f}s")
         else:  # bridge
             a, b, c = rng.sample(live, 3)
             self.cut([a], [c])

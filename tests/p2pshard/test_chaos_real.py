@@ -1,4 +1,4 @@
-"""Real-process chaos: node processes on loopback, killed, stopped and cut off by proxies.
+"""Real-process chaos: node processes on loopback, killed, stopped, cut off and slowed by proxies.
 
 The quick run (three processes, about 70 s) is a default test: every invariant holds, every
 quick fault kind was injected, messages were acknowledged, no node process is left. The ten
@@ -6,7 +6,8 @@ minute run on five processes is ``slow``. The merge of the processes' history fi
 on hand-made files, which show what the checkers must catch: overlapping incarnations in two
 processes, an incarnation that acts after its process was continued, messages acknowledged but
 not kept, or kept twice, or out of order, and two singletons at once. A run with leases off and
-long pauses shows a real double activation being caught (``slow``: it depends on timing).
+long pauses shows a real double activation being caught (``slow``: it depends on timing). The
+proxies are tested on their own, with an echo server: blocked, slow and flaky links.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import random
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -33,7 +36,7 @@ from p2pshard.testing import (
     run_real_chaos,
     summarize_real,
 )
-from p2pshard.testing._real import QUICK_FAULTS, live_pieces
+from p2pshard.testing._real import QUICK_FAULTS, _Orchestrator, live_pieces
 
 SEED = 20261122
 
@@ -252,7 +255,7 @@ def test_a_process_that_has_not_ended_cannot_be_merged(tmp_path: Path) -> None:
     [
         (["--quick"], "--quick and --dir go with --real"),
         (["--real", "--nodes", "2"], "RealChaosSettings.nodes = 2 is invalid"),
-        (["--real", "--faults", "kill,flaky"], "RealChaosSettings.faults = ('kill', 'flaky')"),
+        (["--real", "--faults", "kill,crash"], "RealChaosSettings.faults = ('kill', 'crash')"),
     ],
 )
 def test_the_command_refuses_bad_real_options(
@@ -306,6 +309,150 @@ async def test_a_blocked_proxy_forwards_nothing_and_resets_its_links_when_healed
         for stream in (old, held, new):
             await stream.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_a_slow_proxy_delivers_every_chunk_late_but_whole_and_in_order() -> None:
+    send, chunks = trio.open_memory_channel[tuple[float, bytes]](100)
+
+    async def record(stream: trio.SocketStream) -> None:
+        async for data in stream:
+            await send.send((trio.current_time(), bytes(data)))
+
+    async def receive(size: int) -> list[tuple[float, bytes]]:
+        """The chunks (arrival time, data) of the next ``size`` bytes."""
+        got: list[tuple[float, bytes]] = []
+        with trio.fail_after(10):
+            while sum(len(data) for _, data in got) < size:
+                got.append(await chunks.receive())
+        return got
+
+    async with trio.open_nursery() as nursery:
+        [listener] = await nursery.start(
+            functools.partial(trio.serve_tcp, host="127.0.0.1"), record, 0
+        )
+        proxy = FaultProxy("a->b", Address("127.0.0.1", listener.socket.getsockname()[1]))
+        via = await nursery.start(proxy.serve)
+        stream = await trio.open_tcp_stream(via.host, via.port)
+        proxy.slow(0.5)
+        sent: list[float] = []
+        for n in range(20):
+            sent.append(trio.current_time())
+            await stream.send_all(b"%03d" % n)
+            await trio.sleep(0.01)
+        arrived = await receive(60)
+        assert b"".join(data for _, data in arrived) == b"".join(b"%03d" % n for n in range(20))
+        late = [t - sent[n] for n, t in enumerate(arrival_times(arrived, 3))]
+        assert 0.5 <= min(late) <= max(late) < 2.0, late  # each chunk its delay, not the sum
+
+        proxy.heal()
+        at = trio.current_time()
+        await stream.send_all(b"end")
+        arrived = await receive(3)
+        assert b"".join(data for _, data in arrived) == b"end"
+        assert arrived[-1][0] - at < 0.5
+        await stream.aclose()
+        nursery.cancel_scope.cancel()
+
+
+def arrival_times(arrived: list[tuple[float, bytes]], size: int) -> list[float]:
+    """When the last byte of each ``size``-byte message arrived."""
+    times: list[float] = []
+    total = 0
+    for t, data in arrived:
+        total += len(data)
+        times += [t] * (total // size - len(times))
+    return times
+
+
+async def test_a_flaky_proxy_resets_connections_and_accepts_new_ones() -> None:
+    async with trio.open_nursery() as nursery:
+        [listener] = await nursery.start(
+            functools.partial(trio.serve_tcp, host="127.0.0.1"), echo, 0
+        )
+        proxy = FaultProxy("a->b", Address("127.0.0.1", listener.socket.getsockname()[1]))
+        via = await nursery.start(proxy.serve)
+        old = await trio.open_tcp_stream(via.host, via.port)
+        assert await round_trip(old, b"one", 5) == b"one"
+
+        proxy.flaky(1.0, random.Random(SEED))
+        assert await round_trip(old, b"two", 5) == b""  # reset: the chunk is lost with the link
+        during = await trio.open_tcp_stream(via.host, via.port)  # accepted, reset at once
+        assert await round_trip(during, b"three", 5) == b""
+
+        print(f"seed={SEED}")
+        proxy.flaky(0.3, random.Random(SEED))  # now and then: some round trips pass
+        stream = await trio.open_tcp_stream(via.host, via.port)
+        passed = broken = 0
+        for n in range(30):
+            if await round_trip(stream, b"%02d" % n, 5) == b"%02d" % n:
+                passed += 1
+            else:
+                broken += 1
+                await stream.aclose()
+                stream = await trio.open_tcp_stream(via.host, via.port)
+        assert passed > 0
+        assert broken > 0
+        assert proxy.resets == 2 + broken
+
+        proxy.heal()
+        new = await trio.open_tcp_stream(via.host, via.port)
+        assert await round_trip(new, b"four", 5) == b"four"
+        assert await round_trip(stream, b"five", 5) == b"five"  # opened while flaky
+        assert proxy.resets == 2 + broken
+        for each in (old, during, stream, new):
+            await each.aclose()
+        nursery.cancel_scope.cancel()
+
+
+def test_a_proxy_refuses_a_negative_delay_and_a_chance_outside_0_to_1() -> None:
+    proxy = FaultProxy("a->b", Address("127.0.0.1", 7355))
+    with pytest.raises(ValueError, match=r"not -0\.1"):
+        proxy.slow(-0.1)
+    with pytest.raises(ValueError, match=r"not 1\.5"):
+        proxy.flaky(1.5, random.Random(SEED))
+    assert (proxy.delay, proxy.reset_chance) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("kind", "line", "low", "high"),
+    [
+        ("slow", r"slow node-(\d) \(every chunk (\d+) ms late\) for 3\.0s", 50, 500),
+        ("flaky", r"flaky node-(\d) \(reset at (\d+)% of chunks\) for 3\.0s", 5, 25),
+    ],
+)
+async def test_slow_and_flaky_take_every_link_to_and_from_one_node_until_healed(
+    kind: str,
+    line: str,
+    low: int,
+    high: int,
+    tmp_path: Path,
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    print(f"seed={SEED}")
+    settings = RealChaosSettings(nodes=4, fault_max=3.0)
+    chaos = _Orchestrator(SEED, settings, tmp_path, random.Random(SEED))
+    chaos.proxies = {
+        (i, j): FaultProxy(f"node-{i}->node-{j}", Address("127.0.0.1", 7355 + j))
+        for i in chaos.nodes
+        for j in chaos.nodes
+        if i != j
+    }
+
+    def faulty() -> set[tuple[int, int]]:
+        return {pair for pair, proxy in chaos.proxies.items() if proxy.delay or proxy.reset_chance}
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(chaos.inject, kind, chaos.nodes)
+        await trio.sleep(1.0)
+        [fault] = chaos.faults
+        match = re.fullmatch(r"\d+\.\d " + line, fault)
+        assert match, fault
+        node, amount = int(match[1]), int(match[2])
+        assert faulty() == {(i, j) for i, j in chaos.proxies if node in (i, j)}
+        assert low <= amount <= high
+    assert faulty() == set()
+    report = RealChaosReport(SEED, settings, (), (fault,), 0, 0, 0, 0, 0.0, None, tmp_path, ())
+    assert report.fault_counts() == {kind: 1}
 
 
 def test_the_replay_command_names_what_differs_from_its_base() -> None:
