@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The whole test suite: lint, types, tests. `scripts/test.sh --slow` adds soak and many-seed runs;
-# any other arguments go to pytest. The etcd lease tests start their own etcd server and the
-# PostgreSQL journal tests their own PostgreSQL, and the chat example's browser test drives a
-# headless Chromium: when the binaries are missing they are installed first from Debian's packages
-# etcd-server, postgresql and chromium (which brings a font through fontconfig).
+# The whole test suite: lint, types, tests (in two pytest-xdist workers). `scripts/test.sh --slow`
+# adds soak and many-seed runs; any other arguments go to pytest (-n 0: one process). The etcd
+# lease tests start their own etcd server and the PostgreSQL journal tests their own PostgreSQL,
+# and the chat example's browser test drives a headless Chromium: when the binaries are missing
+# they are installed first from Debian's packages etcd-server, postgresql and chromium (which
+# brings a font through fontconfig).
 source "$(dirname "$0")/_venv.sh"
 
 # Installs one of Debian's packages as root (or through sudo) for tests that run a real server,
@@ -87,4 +88,6 @@ install_debian_package chromium "" "chat browser" has_chromium
 ruff check .
 ruff format --check .
 mypy
-python -m pytest "$@"
+# Two workers (CI has two cores): most tests wait on real processes, sockets and servers, and the
+# long chaos runs would otherwise leave the second core idle. Pass -n 0 to run in one process.
+python -m pytest -n 2 --dist worksteal "$@"
