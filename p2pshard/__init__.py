@@ -52,6 +52,7 @@ from ._journal_memory import MemoryJournalStatistics as MemoryJournalStatistics
 from ._journal_sqlite import SqliteJournal as SqliteJournal
 from ._lease import Lease as Lease
 from ._lease import LeaseBackend as LeaseBackend
+from ._lease import LeaseClock as LeaseClock
 from ._lease import LeaseGrant as LeaseGrant
 from ._lease import Leases as Leases
 from ._lease import LeaseSettings as LeaseSettings

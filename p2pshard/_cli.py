@@ -136,17 +136,20 @@ def _parser() -> argparse.ArgumentParser:
         "chaos",
         help="run seeded chaos schedules on a simulated cluster (or real processes: --real) "
         "and check every invariant",
-        description="Run a simulated cluster (one process, mock clock) under random partitions, "
-        "flaky and slow links, crashes and pauses, with a counter workload, then check single "
-        "activation, acknowledged messages kept exactly once, per-sender order, agreement after "
-        "heal, at most one singleton and replica convergence. Prints a summary table; a failing "
-        "seed is run once more to check that it reproduces, and the command that replays it is "
-        "printed. With --real, run one schedule against node processes on 127.0.0.1 instead "
-        "(TCP with mutual TLS, shard leases in a shared SQLite file): faults by SIGKILL, "
-        "SIGSTOP/SIGCONT (shorter and longer than the lease time-to-live) and partitions (a "
-        "proxy between every ordered pair of nodes, so one-way too); then heal, quiet, check "
-        "that every node runs and agrees, merge the processes' histories and check the same "
-        "invariants. Exit status 1 when an invariant was broken.",
+        description="Run a simulated cluster (one process, mock clock) under random "
+        "partitions, flaky and slow links, crashes, pauses and lease clock skew, with a "
+        "counter workload (or chat-like rooms fanning posts out to inboxes), then check "
+        "single activation, "
+        "acknowledged messages kept exactly once, per-sender order, agreement after heal, at "
+        "most one singleton, replica convergence and the fan-out copies. Prints a summary "
+        "table; a failing seed is run once more to check that it reproduces, and the command "
+        "that replays it is printed. With --real, run one schedule against node processes on "
+        "127.0.0.1 instead (TCP with mutual TLS, shard leases in a shared SQLite file): "
+        "faults by SIGKILL, SIGSTOP/SIGCONT (shorter and longer than the lease time-to-live), "
+        "partitions, slow links and connection resets (a proxy between every ordered pair of "
+        "nodes, so one-way too); then heal, quiet, check that every node runs and agrees, "
+        "merge the processes' histories and check the same invariants. Exit status 1 when an "
+        "invariant was broken.",
     )
     chaos.add_argument("--seeds", type=int, default=100, help="how many seeds (default 100)")
     chaos.add_argument("--start-seed", type=int, default=0, help="the first seed (default 0)")
@@ -172,14 +175,20 @@ def _parser() -> argparse.ArgumentParser:
     chaos.add_argument(
         "--faults",
         help="comma-separated fault kinds to draw from (default: all of partition, isolate, "
-        "bridge, one-way, flaky, slow, crash, pause; with --real: kill, pause, pause-long, "
-        "partition, isolate, one-way, bridge)",
+        "bridge, one-way, flaky, slow, crash, pause, skew; with --real: kill, pause, pause-long, "
+        "partition, isolate, one-way, bridge, slow, flaky; --real --quick: kill, pause, "
+        "pause-long, isolate, one-way, flaky)",
     )
     chaos.add_argument(
         "--message-interval",
         type=float,
         default=0.1,
         help="seconds between a workload client's messages, on average (default 0.1)",
+    )
+    chaos.add_argument(
+        "--workloads",
+        help="comma-separated workloads: counter (the default), fan-out (rooms copying each "
+        "post to member inboxes before they answer), or both; not with --real",
     )
     chaos.add_argument(
         "--no-lease", action="store_true", help="run without shard and singleton leases"
@@ -252,7 +261,11 @@ def _chaos(args: argparse.Namespace) -> int:
     if args.quick or args.dir is not None:
         raise ConfigurationError("--quick and --dir go with --real")
     faults = FAULTS if args.faults is None else tuple(k.strip() for k in args.faults.split(","))
+    workloads = ChaosSettings().workloads
+    if args.workloads is not None:
+        workloads = tuple(k.strip() for k in args.workloads.split(","))
     settings = ChaosSettings(
+        workloads=workloads,
         nodes=5 if args.nodes is None else args.nodes,
         duration=30.0 if args.duration is None else args.duration,
         quiet=40.0 if args.quiet is None else args.quiet,
@@ -321,6 +334,8 @@ def _chaos_real(args: argparse.Namespace) -> int:
 
     from .testing._real import RealChaosSettings, remove_data, run_real_chaos, summarize_real
 
+    if args.workloads is not None:
+        raise ConfigurationError("--workloads goes with the simulated cluster, not --real")
     base = RealChaosSettings.quick() if args.quick else RealChaosSettings()
     faults = (
         base.faults if args.faults is None else tuple(k.strip() for k in args.faults.split(","))

@@ -14,6 +14,8 @@ request, which is later, so the holder stops believing it holds the lease before
 anyone else take it, by at least ``safety_margin`` (room for clocks that run at slightly
 different rates). :meth:`Lease.check` never blocks: it compares the clock with that deadline, so a
 process that was paused past it sees False at once when it wakes, before its keep-alive task runs.
+The holder's clock is a :class:`LeaseClock`: trio's by default; the simulated cluster gives each
+node one that runs faster or slower, to test that ``safety_margin`` covers clocks that disagree.
 
 The lease is *lost* when a renewal is refused (someone else holds it, or it expired), or when the
 deadline passes because the backend did not answer in time; :meth:`Lease.wait_lost` returns then.
@@ -144,7 +146,8 @@ class LeaseGrant:
     token: int
     """Larger than every token granted for ``name`` before: fences the holder's writes."""
     deadline: float
-    """Time on the trio clock after which the holder must not act on this grant any more."""
+    """Time on the holder's :class:`LeaseClock` (trio's by default) after which the holder must
+    not act on this grant any more."""
 
 
 class LeaseBackend(Protocol):
@@ -179,6 +182,37 @@ class LeaseBackend(Protocol):
         ...
 
 
+class LeaseClock(Protocol):
+    """The clock a lease holder measures its deadline on.
+
+    ``now`` reads it; ``trio_time`` converts one of its readings into the trio time at which it
+    will read that, for sleeping until it. Trio's own clock (:data:`TRIO_CLOCK`) is the
+    default; a test may give a node one that runs at another rate.
+    """
+
+    def now(self) -> float:
+        """The current reading."""
+        ...
+
+    def trio_time(self, reading: float) -> float:
+        """When, on the trio clock, this clock will read ``reading`` (at its current rate)."""
+        ...
+
+
+class _TrioClock:
+    """Trio's clock as a :class:`LeaseClock`."""
+
+    def now(self) -> float:
+        return trio.current_time()
+
+    def trio_time(self, reading: float) -> float:
+        return reading
+
+
+TRIO_CLOCK: LeaseClock = _TrioClock()
+"""The default :class:`LeaseClock`: ``trio.current_time()``."""
+
+
 class _Held:
     """One grant while its keep-alive task runs."""
 
@@ -209,6 +243,7 @@ class Lease:
         settings: LeaseSettings | None = None,
         *,
         nursery: trio.Nursery,
+        clock: LeaseClock = TRIO_CLOCK,
     ) -> None:
         for what, value in (("name", name), ("owner", owner)):
             if not isinstance(value, str) or not value or len(value) > 512:
@@ -220,6 +255,7 @@ class Lease:
         self.name = name
         self.owner = owner
         self.settings = settings if settings is not None else LeaseSettings()
+        self.clock = clock
         self._nursery = nursery
         self._held: _Held | None = None
         self._lock = trio.Lock()
@@ -238,9 +274,7 @@ class Lease:
         """Whether the lease is held now: a grant whose deadline has not passed. Never blocks."""
         held = self._held
         return (
-            held is not None
-            and not held.lost.is_set()
-            and trio.current_time() < held.grant.deadline
+            held is not None and not held.lost.is_set() and self.clock.now() < held.grant.deadline
         )
 
     async def acquire(self) -> LeaseGrant | None:
@@ -257,7 +291,7 @@ class Lease:
                 return self._held.grant
             self._forget()
             settings = self.settings
-            sent = trio.current_time()
+            sent = self.clock.now()
             with trio.move_on_after(settings.operation_timeout) as scope:
                 token = await self.backend.try_acquire(self.name, self.owner, settings.ttl)
             if scope.cancelled_caught:
@@ -311,17 +345,20 @@ class Lease:
             held.lost.set()
 
     async def _keep_alive(self, held: _Held) -> None:
-        settings = self.settings
-        renew_at = trio.current_time() + settings.renew_interval
+        settings, clock = self.settings, self.clock
+        renew_at = clock.now() + settings.renew_interval
         reason = "its deadline passed without a successful renewal"
         with held.scope:
             while True:
-                await trio.sleep_until(min(renew_at, held.grant.deadline))
-                sent = trio.current_time()
+                # Readings of this lease's clock become trio times only to sleep: a clock whose
+                # rate changed meanwhile wakes this early or late, and the loop reads it again.
+                await trio.sleep_until(clock.trio_time(min(renew_at, held.grant.deadline)))
+                sent = clock.now()
                 if sent >= held.grant.deadline:
                     break
                 renewed: bool | None = None
-                with trio.move_on_at(min(sent + settings.operation_timeout, held.grant.deadline)):
+                give_up = min(sent + settings.operation_timeout, held.grant.deadline)
+                with trio.move_on_at(clock.trio_time(give_up)):
                     try:
                         renewed = await self.backend.renew(
                             self.name, self.owner, held.grant.token, settings.ttl
@@ -331,7 +368,7 @@ class Lease:
                     except Exception:  # a backend bug must not take the node down
                         logger.exception("lease %s: renewal failed", self.name)
                 if renewed is None:  # unknown: try again soon, until the deadline
-                    renew_at = trio.current_time() + settings.renew_interval * RETRY_FRACTION
+                    renew_at = clock.now() + settings.renew_interval * RETRY_FRACTION
                     continue
                 if not renewed:
                     reason = "the backend refused the renewal (expired or taken over)"
@@ -377,16 +414,21 @@ class Leases:
         settings: LeaseSettings,
         cluster_name: str,
         nursery: trio.Nursery,
+        clock: LeaseClock = TRIO_CLOCK,
     ) -> None:
         self.backend = backend
         self.owner = owner
         self.settings = settings
         self.cluster_name = cluster_name
+        self.clock = clock
+        """The clock this node's leases measure their deadlines on."""
         self._nursery = nursery
 
     def lease(self, name: str) -> Lease:
         """A handle on the lease ``name``, owned by this node, kept alive in the node's nursery."""
-        return Lease(self.backend, name, self.owner, self.settings, nursery=self._nursery)
+        return Lease(
+            self.backend, name, self.owner, self.settings, nursery=self._nursery, clock=self.clock
+        )
 
     def shard_lease_name(self, type_name: str, shard_id: str) -> str:
         """The lease a shard holds: ``<cluster>-shard-<type>-<shard>`` (as Akka names it)."""

@@ -36,7 +36,7 @@ from membership._trioutil import single_error
 
 from ._config import NodeConfig
 from ._journal import Journal, JournalSettings, open_journal
-from ._lease import LeaseBackend, Leases, LeaseSettings
+from ._lease import TRIO_CLOCK, LeaseBackend, LeaseClock, Leases, LeaseSettings
 from ._lease_sqlite import SqliteLeaseBackend
 from ._sharding import Sharding
 from ._status import StatusService
@@ -258,6 +258,7 @@ async def open_node(
     downing_lease: DowningLease | None = None,
     lease_backend: LeaseBackend | None = None,
     journal: Journal | None = None,
+    lease_clock: LeaseClock = TRIO_CLOCK,
 ) -> AsyncIterator[Node]:
     """Start a node and join the cluster through its seed nodes; leaving the block leaves.
 
@@ -274,6 +275,9 @@ async def open_node(
         journal: a journal to use instead of the one ``config.journal`` names (a
             :class:`MemoryJournal` shared by a simulated cluster, say). The caller keeps
             ownership of it; one the configuration names is closed when the node stops.
+        lease_clock: the clock the node's leases measure their deadlines on (trio's by
+            default; the simulated cluster's clock-skew fault gives a node a slower or faster
+            one).
 
     Example:
         >>> async def main() -> None:
@@ -303,7 +307,14 @@ async def open_node(
     ):
         if transport is not None:
             async with _run(
-                config, transport, rng, downing_lease, backend, node_journal, wall_offset=0.0
+                config,
+                transport,
+                rng,
+                downing_lease,
+                backend,
+                node_journal,
+                wall_offset=0.0,
+                lease_clock=lease_clock,
             ) as node:
                 yield node
             return
@@ -323,6 +334,7 @@ async def open_node(
                 backend,
                 node_journal,
                 wall_offset=time.time() - trio.current_time(),
+                lease_clock=lease_clock,
             ) as node,
         ):
             yield node
@@ -377,6 +389,7 @@ async def _run(
     journal: Journal | None,
     *,
     wall_offset: float,
+    lease_clock: LeaseClock,
 ) -> AsyncIterator[Node]:
     with single_error():
         async with trio.open_nursery() as nursery:
@@ -384,7 +397,12 @@ async def _run(
             if lease_backend is not None:
                 address = transport.local_address.address
                 leases = Leases(
-                    lease_backend, str(address), config.lease, config.cluster_name, nursery
+                    lease_backend,
+                    str(address),
+                    config.lease,
+                    config.cluster_name,
+                    nursery,
+                    clock=lease_clock,
                 )
             sbr = config.split_brain_resolver
             if (

@@ -10,7 +10,9 @@ invariants a sharded application relies on:
   are handled in the order sent;
 - after the faults heal, every node agrees on membership and shard homes, every shard answers,
   and the replicas converge;
-- at most one instance of a singleton at a time.
+- at most one instance of a singleton at a time;
+- with the chat-like fan-out workload, every member's copy of a room is a prefix of the room's
+  log and holds every post the room acknowledged.
 
 Use :func:`run_chaos` (or ``p2pshard chaos``) for randomized schedules;
 :func:`run_real_chaos` (or ``p2pshard chaos --real``) for one schedule against node processes on
@@ -36,6 +38,7 @@ Example:
 """
 
 from ._chaos import FAULTS as FAULTS
+from ._chaos import WORKLOADS as WORKLOADS
 from ._chaos import ChaosHung as ChaosHung
 from ._chaos import ChaosReport as ChaosReport
 from ._chaos import ChaosSettings as ChaosSettings
@@ -51,10 +54,17 @@ from ._checkers import Violation as Violation
 from ._checkers import check_acknowledged_kept as check_acknowledged_kept
 from ._checkers import check_agreement_views as check_agreement_views
 from ._checkers import check_convergence_digests as check_convergence_digests
+from ._checkers import check_fan_out as check_fan_out
 from ._checkers import check_history as check_history
 from ._checkers import check_sender_order as check_sender_order
 from ._checkers import check_single_activation as check_single_activation
 from ._checkers import check_single_singleton as check_single_singleton
+from ._fanout import INBOX as INBOX
+from ._fanout import ROOM as ROOM
+from ._fanout import Deliver as Deliver
+from ._fanout import inbox_entity as inbox_entity
+from ._fanout import room_entity as room_entity
+from ._fanout import room_members as room_members
 from ._history import History as History
 from ._history import Sent as Sent
 from ._history import Span as Span
@@ -70,6 +80,7 @@ from ._sim import BOUND as BOUND
 from ._sim import SIM_LEASES as SIM_LEASES
 from ._sim import SIM_LINKS as SIM_LINKS
 from ._sim import SimCluster as SimCluster
+from ._sim import SkewedClock as SkewedClock
 from ._sim import node_address as node_address
 from ._sim import node_name as node_name
 from ._sim import simulated_cluster as simulated_cluster
@@ -78,5 +89,6 @@ from ._workload import COUNTER as COUNTER
 from ._workload import Add as Add
 from ._workload import CounterWorkload as CounterWorkload
 from ._workload import Read as Read
+from ._workload import Stall as Stall
 from ._workload import counter_entity as counter_entity
 from ._workload import singleton_probe as singleton_probe

@@ -14,19 +14,24 @@ fault at a time, chosen from ``settings.faults``:
 - ``flaky``: one node's links lose 5 to 30 % of frames;
 - ``slow``: one node's links take 50 to 500 ms;
 - ``crash``: one node dies at once and is started again later, as a new incarnation;
-- ``pause``: everything to and from one node, and its lease calls, waits (a long GC pause).
+- ``pause``: everything to and from one node, and its lease calls, waits (a long GC pause);
+- ``skew``: the clock one node's leases read runs 0.8 ``safety_margin / ttl`` slower to
+  ``safety_margin / ttl`` faster than the lease backend's, while later faults come and go.
 
 A node that is downed exits (as ``p2pshard node`` does) and a supervisor starts it again a few
 seconds later. Meanwhile :class:`CounterWorkload` clients send numbered messages through every
-node. After the schedule every fault is lifted and the cluster is left quiet; then the checkers
-run: the history invariants, membership and shard-home agreement, every shard answering through
-every node, and replica convergence.
+node: to counters, and with the ``fan-out`` workload also to chat-like rooms that copy every post
+to their members' inboxes (``p2pshard.testing._fanout``). After the schedule every fault is
+lifted and the cluster is left quiet; then the checkers run: the history invariants (the fan-out
+copies among them), membership and shard-home agreement, every shard answering through every
+node, and replica convergence.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import multiprocessing
 import random
@@ -47,6 +52,7 @@ from membership import (
 from membership._member import MemberStatus
 from membership._settings import in_range
 
+from .._config import NodeConfig
 from .._extractor import HashExtractor
 from .._lease_memory import MemoryLeaseBackend
 from .._node import Node
@@ -59,12 +65,16 @@ from ._checkers import (
     check_convergence_digests,
     check_history,
 )
+from ._fanout import INBOX, ROOM, inbox_entity, room_entity, room_members
 from ._history import History
 from ._sim import SimCluster, node_address, node_name, simulated_cluster
 from ._workload import COUNTER, CounterWorkload, Read, counter_entity, singleton_probe
 
-FAULTS = ("partition", "isolate", "bridge", "one-way", "flaky", "slow", "crash", "pause")
+FAULTS = ("partition", "isolate", "bridge", "one-way", "flaky", "slow", "crash", "pause", "skew")
 """Every fault kind a schedule can draw from."""
+
+WORKLOADS = ("counter", "fan-out")
+"""The workloads a run can drive: counters, and rooms fanning posts out to inboxes."""
 
 PROBE = "chaos-probe"
 """The singleton probe's name."""
@@ -85,6 +95,10 @@ def one_or_more_of(allowed: tuple[str, ...]) -> Any:
             )
 
     return check
+
+
+def _names(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
 
 
 DAY = 86400.0
@@ -109,11 +123,20 @@ class ChaosSettings:
     use_lease: bool = True
     """Shard and singleton leases; without them single activation is not guaranteed."""
     faults: tuple[str, ...] = attrs.field(
-        default=FAULTS, converter=tuple, validator=one_or_more_of(FAULTS)
+        default=FAULTS, converter=_names, validator=one_or_more_of(FAULTS)
     )
     duplicate: float = attrs.field(default=0.0, validator=in_range(0, 1))
     """Test-only: the probability that a link delivers a frame twice. TCP never does; the
     checkers must then catch messages handled twice."""
+    workloads: tuple[str, ...] = attrs.field(
+        default=("counter",), converter=_names, validator=one_or_more_of(WORKLOADS)
+    )
+    """Which clients run: ``counter`` (numbered messages to counters) and ``fan-out`` (numbered
+    posts to rooms of ``rooms`` rooms, each copying them to ``members_per_room`` of ``inboxes``
+    inboxes before it answers)."""
+    rooms: int = attrs.field(default=5, validator=in_range(1, 1 << 16, integer=True))
+    inboxes: int = attrs.field(default=10, validator=in_range(1, 1 << 16, integer=True))
+    members_per_room: int = attrs.field(default=3, validator=in_range(1, 1 << 16, integer=True))
     double_activation_at: float | None = None
     """Test-only: at this time, start a live entity's shard on a second node too, skipping its
     lease. The single-activation checker must catch it."""
@@ -150,6 +173,8 @@ class ChaosReport:
             parts.append("--no-lease")
         if s.faults != FAULTS:
             parts.append(f"--faults {','.join(s.faults)}")
+        if s.workloads != ChaosSettings().workloads:
+            parts.append(f"--workloads {','.join(s.workloads)}")
         return " ".join(parts)
 
 
@@ -169,6 +194,8 @@ def run_scenario(
     *,
     split_brain_resolver: SplitBrainResolverSettings | None = None,
     sharding: ShardingSettings | None = None,
+    configure: Callable[[int, NodeConfig], NodeConfig] | None = None,
+    stop_message: object = None,
 ) -> ChaosReport:
     """Run ``body`` against a chaos cluster in its own ``trio.run``, then check every invariant.
 
@@ -177,12 +204,16 @@ def run_scenario(
     :class:`Scenario` once every node is Up and injects its faults. When it returns, every fault
     is lifted, the cluster is left quiet for ``settings.quiet`` and the checkers run.
     ``sharding`` replaces the counter type's settings (``use_lease`` still follows
-    ``settings``); ``split_brain_resolver`` the default keep-majority after 5 s.
+    ``settings``); ``split_brain_resolver`` the default keep-majority after 5 s; ``configure``
+    adjusts node ``i``'s configuration before each start; ``stop_message`` is what the
+    counters get when their shard is handed off (by default they are just stopped).
     """
     settings = settings or ChaosSettings()
 
     async def main() -> ChaosReport:
-        return await _scenario(seed, body, settings, split_brain_resolver, sharding)
+        return await _scenario(
+            seed, body, settings, split_brain_resolver, sharding, configure, stop_message
+        )
 
     def hung(signum: int, frame: object) -> None:
         raise ChaosHung(
@@ -304,6 +335,8 @@ async def _scenario(
     settings: ChaosSettings,
     split_brain_resolver: SplitBrainResolverSettings | None,
     sharding: ShardingSettings | None,
+    configure: Callable[[int, NodeConfig], NodeConfig] | None,
+    stop_message: object,
 ) -> ChaosReport:
     rng = random.Random(seed)
     history = History()
@@ -321,7 +354,24 @@ async def _scenario(
             counter_entity(history),
             extractor=HashExtractor(settings.shards),
             settings=sharding,
+            stop_message=stop_message,
         )
+        if "fan-out" in settings.workloads:
+            await node.sharding.start(
+                INBOX,
+                inbox_entity(history),
+                extractor=HashExtractor(settings.shards),
+                settings=sharding,
+            )
+            members = functools.partial(
+                room_members, inboxes=settings.inboxes, per_room=settings.members_per_room
+            )
+            await node.sharding.start(
+                ROOM,
+                room_entity(history, node.sharding, members),
+                extractor=HashExtractor(settings.shards),
+                settings=sharding,
+            )
         lease = node.leases.lease(f"sim-singleton-{PROBE}") if settings.use_lease else None
         await node.singletons.start(PROBE, singleton_probe(history, i), lease=lease)
 
@@ -329,6 +379,7 @@ async def _scenario(
         sim.lease_backend = backend
         sim.exit_when_terminated = True
         sim.split_brain_resolver = split_brain_resolver
+        sim.configure = configure
         # Every node is a seed node (as Akka advises for a fixed set of hosts): a restarted node
         # then finds the cluster through whichever node it can reach.
         sim.seeds = tuple(node_address(i) for i in range(1, settings.nodes + 1))
@@ -346,14 +397,27 @@ async def _scenario(
             await sim.start(i)
         await sim.all_up(nodes)
 
-        workload = CounterWorkload(
-            sim,
-            random.Random(f"{seed}/workload"),
-            entities=settings.entities,
-            clients_per_node=settings.clients_per_node,
-            interval=settings.message_interval,
-        )
-        sim.nursery.start_soon(workload.run, nodes)
+        if "counter" in settings.workloads:
+            workload = CounterWorkload(
+                sim,
+                random.Random(f"{seed}/workload"),
+                entities=settings.entities,
+                clients_per_node=settings.clients_per_node,
+                interval=settings.message_interval,
+            )
+            sim.nursery.start_soon(workload.run, nodes)
+        if "fan-out" in settings.workloads:
+            posters = CounterWorkload(
+                sim,
+                random.Random(f"{seed}/fan-out"),
+                entities=settings.rooms,
+                clients_per_node=settings.clients_per_node,
+                interval=settings.message_interval,
+                ask_timeout=4.0,
+                type_name=ROOM,
+                prefix="p",
+            )
+            sim.nursery.start_soon(posters.run, nodes)
         if settings.double_activation_at is not None:
             sim.nursery.start_soon(_double_activation, sim, settings.double_activation_at)
 
@@ -361,6 +425,7 @@ async def _scenario(
         sim.heal()
         for i in nodes:
             sim.set_links(i, links, among=nodes)
+            sim.skew(i, 1.0)
         await trio.sleep(settings.quiet)
         violations = check_history(history)
         violations += await _check_cluster(sim, nodes, settings)
@@ -385,6 +450,14 @@ async def _inject(scenario: Scenario, kind: str, live: list[int]) -> None:
     history = sim.history
     if kind == "crash":
         scenario.crash(rng.choice(live), restart_after=rng.uniform(3.0, 12.0))
+        return
+    if kind == "skew":
+        i = rng.choice(live)
+        bound = sim.lease_settings.safety_margin / sim.lease_settings.ttl
+        rate = rng.uniform(1 - 0.8 * bound, 1 + bound)
+        history.fault(f"skew n{i}'s lease clock to {rate:.3f}x for {lasting:.1f}s")
+        sim.skew(i, rate)
+        sim.nursery.start_soon(_unskew_later, sim, i, lasting)
         return
     if kind == "pause":
         i = rng.choice(live)
@@ -423,6 +496,11 @@ async def _inject(scenario: Scenario, kind: str, live: list[int]) -> None:
         history.fault(f"one-way: n{i} cannot reach the others for {lasting:.1f}s")
     await trio.sleep(lasting)
     sim.heal()
+
+
+async def _unskew_later(sim: SimCluster, i: int, delay: float) -> None:
+    await trio.sleep(delay)
+    sim.skew(i, 1.0)
 
 
 async def _double_activation(sim: SimCluster, at: float) -> None:

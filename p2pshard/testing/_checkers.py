@@ -21,6 +21,7 @@ SENDER_ORDER = "sender-order"
 AGREEMENT = "agreement"
 SINGLE_SINGLETON = "single-singleton"
 CONVERGENCE = "convergence"
+FAN_OUT = "fan-out"
 
 INVARIANTS = (
     SINGLE_ACTIVATION,
@@ -29,6 +30,7 @@ INVARIANTS = (
     AGREEMENT,
     SINGLE_SINGLETON,
     CONVERGENCE,
+    FAN_OUT,
 )
 """Every invariant name, in report order."""
 
@@ -45,12 +47,13 @@ class Violation:
 
 
 def check_history(history: History) -> list[Violation]:
-    """Every history invariant: single activation, acknowledged kept, order, one singleton."""
+    """Every history invariant: activation, acknowledged kept, order, singleton, fan-out."""
     return [
         *check_single_activation(history),
         *check_acknowledged_kept(history),
         *check_sender_order(history),
         *check_single_singleton(history),
+        *check_fan_out(history),
     ]
 
 
@@ -192,3 +195,46 @@ def _overlapping(spans: list[Span]) -> Iterable[tuple[Span, Span]]:
             if b.start >= a_end:
                 break
             yield a, b
+
+
+def check_fan_out(history: History) -> list[Violation]:
+    """(vii) Fan-out copies are prefixes of the room's log, holding what it acknowledged.
+
+    Each member's copy of a room is a prefix of the room's log (nothing lost, repeated or
+    reordered), and holds every post the room acknowledged.
+    """
+    found = []
+    for member, rooms in sorted(history.copies.items()):
+        for room, copy in sorted(rooms.items()):
+            log = history.logs.get(room, [])
+            at = next((n for n, post in enumerate(copy) if n >= len(log) or log[n] != post), None)
+            if at is not None:
+                has = "nothing" if at >= len(log) else f"{log[at][0]}#{log[at][1]}"
+                found.append(
+                    Violation(
+                        FAN_OUT,
+                        f"{member}'s copy of {room} holds {copy[at][0]}#{copy[at][1]} as post "
+                        f"{at + 1}; the room's log has {has} there",
+                    )
+                )
+    numbers = {
+        room: {post: n for n, post in enumerate(history.logs.get(room, []), start=1)}
+        for room in history.room_members
+    }
+    for message in sorted(history.messages.values(), key=lambda m: (m.sender, m.seq)):
+        room = message.entity
+        if room not in numbers or message.acknowledged_at is None:
+            continue
+        number = numbers[room].get((message.sender, message.seq))
+        if number is None:
+            continue  # acknowledged-kept reports it
+        for member in history.room_members[room]:
+            if len(history.copies.get(member, {}).get(room, ())) < number:
+                found.append(
+                    Violation(
+                        FAN_OUT,
+                        f"{room}: {message.sender}#{message.seq} (post {number}) was "
+                        f"acknowledged at {message.acknowledged_at:.3f} but {member} lacks it",
+                    )
+                )
+    return found

@@ -10,6 +10,7 @@ checkers afterwards (``p2pshard.testing._checkers``). It holds
   :meth:`History.acknowledged`);
 - each entity's log: the (sender, sequence number) pairs the entity durably handled, in order
   (:meth:`History.logged`); the workload entity writes it before it answers;
+- for the fan-out workload, each room's members and each member's copy of each room's log;
 - the faults injected, as lines of text.
 
 Times are whatever clock the run shares: the trio clock in simulation (one mock clock for the
@@ -85,6 +86,10 @@ class History:
     """(sender, seq) → the message; a sender's sequence numbers are unique."""
     logs: dict[str, list[tuple[str, int]]] = attrs.field(factory=dict)
     """Entity key → the (sender, seq) pairs it durably handled, in order."""
+    room_members: dict[str, tuple[str, ...]] = attrs.field(factory=dict)
+    """Fan-out workload: room key → the keys of its members' inboxes."""
+    copies: dict[str, dict[str, list[tuple[str, int]]]] = attrs.field(factory=dict)
+    """Fan-out workload: inbox key → room key → the room's posts it holds, in order."""
     faults: list[str] = attrs.field(factory=list)
     """The faults injected, one line each, with the time."""
     _open: dict[str, dict[str, Span]] = attrs.field(factory=dict, alias="_open")

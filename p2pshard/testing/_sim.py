@@ -12,7 +12,9 @@ nodes.
 A node started again after a crash is a new incarnation (new uid, new replicator client id),
 as a restarted process is. :meth:`SimCluster.pause` holds every message to and from a node, and
 its lease calls, for a while, as a long GC pause or CPU starvation does; the node's own timers
-keep running (a limit of the simulation: a real pause stops them too).
+keep running (a limit of the simulation: a real pause stops them too). :meth:`SimCluster.skew`
+makes the clock a node's leases read run faster or slower than the others' (and the lease
+backend's): clock skew, for the lease's ``safety_margin``.
 """
 
 from __future__ import annotations
@@ -51,6 +53,35 @@ BOUND = 120.0
 """Seconds (simulated) a wait for the cluster may take before it fails."""
 
 _TLS = TlsFiles(ca_file=Path("ca.pem"), cert_file=Path("n.pem"), key_file=Path("n.key"))
+
+
+class SkewedClock:
+    """A :class:`~p2pshard.LeaseClock` that runs at ``rate`` times the trio clock's speed.
+
+    It reads the trio clock's time until :meth:`set_rate` changes its rate; from then on it
+    moves on from where it was at the new rate, as a drifting hardware clock does.
+    """
+
+    def __init__(self) -> None:
+        self.rate = 1.0
+        self._at_trio = 0.0
+        self._at_reading = 0.0
+
+    def now(self) -> float:
+        """The current reading."""
+        return self._at_reading + (trio.current_time() - self._at_trio) * self.rate
+
+    def trio_time(self, reading: float) -> float:
+        """When, on the trio clock, this clock will read ``reading`` at its current rate."""
+        return self._at_trio + (reading - self._at_reading) / self.rate
+
+    def set_rate(self, rate: float) -> None:
+        """Run at ``rate`` times the trio clock's speed from now on (rate > 0)."""
+        if not rate > 0:
+            raise ValueError(f"a clock rate must be positive, not {rate!r}")
+        self._at_reading, self._at_trio = self.now(), trio.current_time()
+        self.rate = rate
+
 
 Setup = Callable[[int, Node, Any], Awaitable[None]]
 """Called once per node start, inside the node, before it counts as started: start entity types
@@ -111,6 +142,8 @@ class SimCluster:
     done: dict[int, trio.Event] = attrs.field(factory=dict)
     starts: dict[int, int] = attrs.field(factory=dict)
     paused_until: dict[int, float] = attrs.field(factory=dict)
+    lease_clocks: dict[int, SkewedClock] = attrs.field(factory=dict)
+    """The clock each node's leases read; a restarted node keeps its host's clock."""
 
     @property
     def live(self) -> list[int]:
@@ -148,7 +181,11 @@ class SimCluster:
                 async with (
                     self.net.transport(node_address(i), node_name(i)) as transport,
                     open_node(
-                        config, transport=transport, rng=rng, lease_backend=self.lease_backend
+                        config,
+                        transport=transport,
+                        rng=rng,
+                        lease_backend=self.lease_backend,
+                        lease_clock=self.lease_clocks.setdefault(i, SkewedClock()),
                     ) as node,
                 ):
                     self.nodes[i] = node
@@ -211,6 +248,15 @@ class SimCluster:
         await trio.sleep(seconds)
         self.set_links(i, self.links, among=among)
         self.paused_until.pop(i, None)
+
+    def skew(self, i: int, rate: float) -> None:
+        """Make the clock node ``i``'s leases read run at ``rate`` times everyone else's speed.
+
+        A rate under 1 makes the node believe it holds a lease longer than the backend keeps
+        it; ``safety_margin`` covers rates down to ``1 - safety_margin / ttl``. ``rate=1`` ends
+        the skew (the clock keeps the offset it gained).
+        """
+        self.lease_clocks.setdefault(i, SkewedClock()).set_rate(rate)
 
     async def all_up(self, nodes: list[int], *, bound: float = BOUND) -> None:
         """Wait until each of ``nodes`` sees exactly ``nodes`` as members, all Up."""

@@ -43,6 +43,18 @@ class Read:
     """Counter workload: answered with how many messages the entity has logged."""
 
 
+@message(name="p2pshard.testing.Stall")
+@attrs.frozen(kw_only=True)
+class Stall:
+    """Counter workload: the counter sleeps ``seconds`` before it answers.
+
+    As an entity stuck in a call does; as a stop message it makes every counter ignore being
+    stopped.
+    """
+
+    seconds: float
+
+
 COUNTER = "Counter"
 """The counter workload's entity type name."""
 
@@ -65,6 +77,9 @@ def counter_entity(history: History) -> Callable[[EntityContext], Any]:
                     return len(history.logs[self.key])
                 case Read():
                     return len(history.logs.get(self.key, ()))
+                case Stall(seconds=seconds):
+                    await trio.sleep(seconds)
+                    return None
             raise ValueError(f"the counter does not understand {msg!r}")
 
     return Counter
@@ -76,7 +91,9 @@ class CounterWorkload:
 
     Each client belongs to one node (``clients_per_node`` per node) and waits for each answer
     (up to ``ask_timeout``) before it sends the next; while its node is down it waits. Sequence
-    numbers are per client, so (sender, seq) names one message for the whole run.
+    numbers are per client, so (sender, seq) names one message for the whole run. The
+    entities are of type ``type_name`` (another type that logs ``Add`` as the counter does,
+    such as the fan-out workload's rooms); a client's name starts with ``prefix``.
     """
 
     sim: SimCluster
@@ -85,6 +102,8 @@ class CounterWorkload:
     clients_per_node: int = 1
     interval: float = 0.1
     ask_timeout: float = 2.0
+    type_name: str = COUNTER
+    prefix: str = "c"
 
     async def run(self, nodes: list[int]) -> None:
         """Run the clients of ``nodes`` until cancelled."""
@@ -92,19 +111,20 @@ class CounterWorkload:
             for i in nodes:
                 for k in range(self.clients_per_node):
                     rng = random.Random(self.rng.getrandbits(64))
-                    nursery.start_soon(self._client, i, f"c{i}.{k}", rng)
+                    nursery.start_soon(self._client, i, f"{self.prefix}{i}.{k}", rng)
 
     async def _client(self, i: int, sender: str, rng: random.Random) -> None:
         history = self.sim.history
         seq = 0
         while True:
             await trio.sleep(self.interval * rng.uniform(0.5, 1.5))
-            region = self.sim.regions.get(i)
-            if region is None or i not in self.sim.nodes:
-                continue
+            node = self.sim.nodes.get(i)
+            if node is None or self.type_name not in node.sharding.type_names:
+                continue  # down, or still starting
+            region = node.sharding.region(self.type_name)
             seq += 1
             entity = f"e{rng.randrange(self.entities)}"
-            history.sent(sender, f"{COUNTER}/{entity}", seq)
+            history.sent(sender, f"{self.type_name}/{entity}", seq)
             with trio.move_on_after(self.ask_timeout):
                 try:
                     await region.entity_ref(entity).ask(

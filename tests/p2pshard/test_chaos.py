@@ -2,7 +2,8 @@
 
 Each seed is a whole cluster in one ``trio.run`` (``p2pshard.testing.run_chaos``): partitions of
 every shape, flaky and slow links, crashes, pauses, downed nodes restarted, under a counter
-workload; then every invariant. The default run covers ``CI_SEEDS`` seeds in two processes;
+workload; then every invariant. The default run covers ``CI_SEEDS`` seeds in two processes, and
+``FAN_OUT_SEEDS`` with the chat-like fan-out workload instead;
 ``--slow`` adds ``SLOW_SEEDS``. The checkers are shown to catch what they must: with leases off,
 with a network that delivers frames twice, and with a test fault that activates an entity twice.
 """
@@ -14,6 +15,7 @@ import pytest
 import trio
 import trio.testing
 
+from p2pshard._cli import main
 from p2pshard.testing import (
     ChaosSettings,
     History,
@@ -21,6 +23,7 @@ from p2pshard.testing import (
     check_acknowledged_kept,
     check_agreement_views,
     check_convergence_digests,
+    check_fan_out,
     check_sender_order,
     check_single_activation,
     check_single_singleton,
@@ -31,6 +34,8 @@ from p2pshard.testing import (
 
 CI_SEEDS = range(200)
 CI_SETTINGS = ChaosSettings(duration=15.0, quiet=30.0, message_interval=0.3)
+FAN_OUT_SEEDS = range(200, 240)
+FAN_OUT_SETTINGS = attrs.evolve(CI_SETTINGS, workloads=("fan-out",))
 SLOW_SEEDS = range(1000, 3000)
 JOBS = 2
 
@@ -54,6 +59,11 @@ def run_and_check(seeds: range, settings: ChaosSettings) -> None:
 
 def test_every_invariant_holds_over_the_ci_seeds() -> None:
     run_and_check(CI_SEEDS, CI_SETTINGS)
+
+
+def test_every_invariant_holds_over_fan_out_seeds() -> None:
+    """Chat-like rooms copying each post to three inboxes before they answer."""
+    run_and_check(FAN_OUT_SEEDS, FAN_OUT_SETTINGS)
 
 
 @pytest.mark.slow
@@ -188,3 +198,56 @@ def test_convergence_digests() -> None:
     assert [str(v) for v in check_convergence_digests(differ)] == [
         "convergence: replicas of k differ: n1: 01, n2: absent"
     ]
+
+
+def test_fan_out_copies_are_prefixes_holding_every_acknowledged_post() -> None:
+    h = History()
+    h.room_members["Room/r"] = ("Inbox/a", "Inbox/b")
+    for seq in (1, 2, 3):
+        h.sent("p1", "Room/r", seq, at=float(seq))
+        h.logged("Room/r", "p1", seq)
+    h.acknowledged("p1", 1, at=1.5)
+    h.acknowledged("p1", 2, at=2.5)  # post 3 was not acknowledged: members may lack it
+    h.copies["Inbox/a"] = {"Room/r": [("p1", 1), ("p1", 2), ("p1", 3)]}
+    h.copies["Inbox/b"] = {"Room/r": [("p1", 1), ("p1", 2)]}
+    assert check_fan_out(h) == []
+    h.copies["Inbox/b"]["Room/r"] = [("p1", 1)]  # lacks an acknowledged post
+    h.copies["Inbox/a"]["Room/r"] = [("p1", 1), ("p1", 3)]  # skipped one
+    assert [str(v) for v in check_fan_out(h)] == [
+        "fan-out: Inbox/a's copy of Room/r holds p1#3 as post 2; the room's log has p1#2 there",
+        "fan-out: Room/r: p1#2 (post 2) was acknowledged at 2.500 but Inbox/b lacks it",
+    ]
+    h.copies["Inbox/a"]["Room/r"] = [("p1", 1), ("p1", 2), ("p1", 3), ("p1", 3)]
+    h.copies["Inbox/b"]["Room/r"] = [("p1", 1), ("p1", 2)]
+    assert [str(v) for v in check_fan_out(h)] == [
+        "fan-out: Inbox/a's copy of Room/r holds p1#3 as post 4; the room's log has nothing there"
+    ]
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+
+def test_the_command_runs_one_fan_out_seed(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--seed", "3", "--workloads", "counter,fan-out", "--duration", "10", "--quiet", "10"]
+    assert main(["chaos", *argv]) == 0
+    out = capsys.readouterr().out
+    assert "violations: 0" in out
+    settings = ChaosSettings(workloads=("counter", "fan-out"), duration=10.0, quiet=10.0)
+    assert run_chaos(3, settings).replay_command() == (
+        "p2pshard chaos --seed 3 --nodes 5 --duration 10 --quiet 10 --workloads counter,fan-out"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["--workloads", "chat"], "ChaosSettings.workloads = ('chat',) is invalid: choose one"),
+        (["--faults", "skew,quake"], "ChaosSettings.faults = ('skew', 'quake') is invalid"),
+        (["--real", "--workloads", "fan-out"], "--workloads goes with the simulated cluster"),
+    ],
+)
+def test_the_command_refuses_bad_options(
+    argv: list[str], error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["chaos", *argv]) == 2
+    assert error in capsys.readouterr().err

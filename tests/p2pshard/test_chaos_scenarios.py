@@ -12,12 +12,23 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
 from membership import LinkConditions, SplitBrainResolverSettings
-from p2pshard import ShardingSettings
-from p2pshard.testing import ChaosReport, ChaosSettings, Scenario, ScenarioBody, run_scenario
+from p2pshard import AskTimeout, EntityId, HashExtractor, NodeConfig, ShardingSettings
+from p2pshard.testing import (
+    SIM_LEASES,
+    ChaosReport,
+    ChaosSettings,
+    Read,
+    Scenario,
+    ScenarioBody,
+    Stall,
+    run_scenario,
+)
+from p2pshard.testing._checkers import SINGLE_ACTIVATION
 
 SETTINGS = ChaosSettings(quiet=30.0)
 
@@ -144,6 +155,81 @@ async def a_member_paused_shorter_than_downing(scenario: Scenario) -> None:
     await scenario.sim.pause(victim, 4.0, among=scenario.nodes)
 
 
+def other_than_the_coordinator(scenario: Scenario, n: int) -> list[int]:
+    """The ``n`` newest nodes that do not run the coordinator, newest first."""
+    c = scenario.coordinator_node()
+    return [i for i in reversed(scenario.nodes) if i != c][:n]
+
+
+def entity_in(scenario: Scenario, shard: str) -> str:
+    """An entity id of ``shard`` that the workload never sends to."""
+    extractor = HashExtractor(scenario.settings.shards)
+    return next(
+        f"probe-{n}" for n in range(10_000) if extractor.shard_id(EntityId(f"probe-{n}")) == shard
+    )
+
+
+async def min_nr_of_members_gates_allocation(scenario: Scenario) -> None:
+    """Five regions are the minimum: with one node gone, its shards find no new home."""
+    (victim,) = other_than_the_coordinator(scenario, 1)
+    await trio.sleep(3.0)
+    orphans = hosts(scenario, victim)
+    assert orphans, f"n{victim} hosts no shard to orphan"
+    scenario.crash(victim, restart_after=None)
+    await trio.sleep(20.0)  # downed and removed: four regions left
+    probe = entity_in(scenario, min(orphans))
+    with pytest.raises(AskTimeout):
+        await scenario.sim.regions[scenario.sim.live[0]].entity_ref(probe).ask(Read(), timeout=5)
+    for i in scenario.sim.live:
+        assert not orphans & hosts(scenario, i), f"n{i} got an orphan below min_nr_of_members"
+    await scenario.sim.start(victim)
+    scenario.down.discard(victim)
+    await scenario.sim.all_up(scenario.nodes)
+    with trio.fail_after(20.0):
+        await scenario.sim.regions[scenario.sim.live[0]].entity_ref(probe).ask(Read(), timeout=20)
+
+
+async def no_rebalance_while_a_member_is_unreachable_or_joining(scenario: Scenario) -> None:
+    """A node comes back empty while another is unreachable (not downed: the split brain
+    resolver waits a minute): nothing moves until the unreachable node is back."""
+    newest, unreachable = other_than_the_coordinator(scenario, 2)
+    others = [i for i in scenario.nodes if i != unreachable]
+    await trio.sleep(3.0)
+    scenario.down.add(newest)  # not restarted by the supervisor: this body starts it
+    await scenario.sim.graceful_leave(newest)
+    await trio.sleep(3.0)
+    scenario.sim.partition(unreachable, others)
+    scenario.sim.history.fault(f"isolate n{unreachable} for 30s (not downed)")
+    await trio.sleep(5.0)
+    before = {i: hosts(scenario, i) for i in scenario.sim.live}
+    await scenario.sim.start(newest)
+    scenario.down.discard(newest)
+    await trio.sleep(20.0)  # four rebalance intervals, with an empty region joining
+    assert not hosts(scenario, newest), "a shard moved to the joining node"
+    for i, shards in before.items():
+        assert hosts(scenario, i) == shards, f"n{i}'s shards moved while n{unreachable} was away"
+    scenario.sim.heal()
+    await scenario.sim.all_up(scenario.nodes)
+    with trio.fail_after(20.0):  # four rebalance intervals
+        while not hosts(scenario, newest):  # noqa: ASYNC110 - polls on the mock clock
+            await trio.sleep(0.5)
+
+
+async def an_entity_that_ignores_its_stop_message(scenario: Scenario) -> None:
+    """Every counter ignores its stop message: the leaving node's are stopped by force after
+    ``handoff_timeout`` (20 s), and only then start on their new homes."""
+    (victim,) = other_than_the_coordinator(scenario, 1)
+    await trio.sleep(3.0)
+    assert hosts(scenario, victim)
+    scenario.down.add(victim)
+    started = trio.current_time()
+    await scenario.sim.graceful_leave(victim)
+    took = trio.current_time() - started
+    assert 15.0 <= took < 40.0, f"the leave took {took:.1f} s"
+    await scenario.sim.start(victim)
+    scenario.down.discard(victim)
+
+
 SCENARIOS: dict[str, tuple[ScenarioBody, dict[str, Any]]] = {
     "region and coordinator blackholed during allocation": (
         region_and_coordinator_blackholed_during_allocation,
@@ -168,6 +254,26 @@ SCENARIOS: dict[str, tuple[ScenarioBody, dict[str, Any]]] = {
         {"settings": ChaosSettings(nodes=6, quiet=40.0)},
     ),
     "a member paused for less than the downing time": (a_member_paused_shorter_than_downing, {}),
+    "min-nr-of-members gates allocation": (
+        min_nr_of_members_gates_allocation,
+        {"sharding": ShardingSettings(min_nr_of_members=5, lease_retry_interval=1.0)},
+    ),
+    "no rebalance while a member is unreachable or joining": (
+        no_rebalance_while_a_member_is_unreachable_or_joining,
+        {
+            "sharding": ShardingSettings(rebalance_interval=5.0, lease_retry_interval=1.0),
+            "split_brain_resolver": SplitBrainResolverSettings(stable_after=60.0),
+        },
+    ),
+    "an entity that ignores its stop message": (
+        an_entity_that_ignores_its_stop_message,
+        {
+            "sharding": ShardingSettings(
+                handoff_timeout=20.0, rebalance_interval=5.0, lease_retry_interval=1.0
+            ),
+            "stop_message": Stall(seconds=10_000),
+        },
+    ),
 }
 
 
@@ -219,3 +325,52 @@ def test_flaky_links_with_lease_majority(nodes: int) -> None:
     sbr = SplitBrainResolverSettings(active_strategy="lease-majority", stable_after=5.0)
     settings = ChaosSettings(nodes=nodes, quiet=40.0)
     check(run_scenario(13, flaky, settings, split_brain_resolver=sbr))
+
+
+SAFE_RATE = 1 - 0.8 * SIM_LEASES.safety_margin / SIM_LEASES.ttl
+"""The slowest lease clock the chaos schedule draws: within what ``safety_margin`` covers."""
+
+
+def cut_off_with_a_skewed_lease_clock(rate: float) -> ScenarioBody:
+    """The newest node's lease clock runs at ``rate``; it is isolated and cut off from the
+    lease backend for 20 s, while its own clients keep sending to the shards it hosts. It decides
+    to down itself late (as a starved process does), so only its leases stop its entities
+    before the others take its shards over."""
+
+    async def body(scenario: Scenario) -> None:
+        victim = scenario.nodes[-1]
+        owner = f"10.0.0.1:{victim}"
+        others = [i for i in scenario.nodes if i != victim]
+        await trio.sleep(3.0)
+        scenario.sim.skew(victim, rate)
+        scenario.backend.cut_off(owner)
+        scenario.sim.partition(victim, others)
+        scenario.sim.history.fault(
+            f"n{victim}: lease clock at {rate:g}x, isolated and cut off from leases for 20s"
+        )
+        await trio.sleep(20.0)
+        scenario.backend.cut_off(owner, False)
+
+    return body
+
+
+def deciding_late(i: int, config: NodeConfig) -> NodeConfig:
+    if i != SETTINGS.nodes:
+        return config
+    late = attrs.evolve(config.split_brain_resolver, stable_after=30.0)
+    return attrs.evolve(config, split_brain_resolver=late)
+
+
+def test_lease_clock_skew_within_the_safety_margin_keeps_single_activation() -> None:
+    body = cut_off_with_a_skewed_lease_clock(SAFE_RATE)
+    check(run_scenario(17, body, SETTINGS, configure=deciding_late))
+
+
+def test_lease_clock_skew_beyond_the_safety_margin_is_caught() -> None:
+    """The same scenario with a clock at a tenth of the speed: the victim believes its leases
+    last ten times as long, keeps its entities past the backend's expiry, and the checker
+    finds them live on two nodes at once (the fault has teeth)."""
+    body = cut_off_with_a_skewed_lease_clock(0.1)
+    report = run_scenario(17, body, SETTINGS, configure=deciding_late)
+    print(f"seed={report.seed}: {[str(v) for v in report.violations[:3]]}")
+    assert any(v.invariant == SINGLE_ACTIVATION for v in report.violations)
