@@ -128,17 +128,33 @@ async def remembered_entities_after_coordinator_failover(scenario: Scenario) -> 
     assert remembered <= running, f"not running after failover: {remembered - running}"
 
 
-async def shard_lease_failing_then_lost(scenario: Scenario) -> None:
+async def shard_lease_failing_lost_then_refused(scenario: Scenario) -> None:
+    """The newest node's renewals fail until its shard leases are lost; while it is cut off,
+    another owner takes those leases for 8 s, so when the node is back its shards are refused
+    until they expire, and only then run again."""
     victim = scenario.nodes[-1]
     await trio.sleep(3.0)
+    shards = hosts(scenario, victim)
+    assert shards, f"n{victim} hosts no shard"
     owner = f"10.0.0.1:{victim}"
     scenario.backend.cut_off(owner)  # renewals fail: every lease of n<victim> is lost
     scenario.sim.history.fault(f"lease backend cut off from n{victim} for 12s")
-    await trio.sleep(12.0)
+    await trio.sleep(6.0)
+    for shard in sorted(shards):
+        name = f"sim-shard-Counter-{shard}"
+        token = await scenario.backend.try_acquire(name, "intruder", 8.0)
+        assert token is not None, f"{name} was not free {SIM_LEASES.ttl:g} s after the cut"
+    scenario.sim.history.fault(f"another owner holds the leases of shards {sorted(shards)} for 8s")
+    await trio.sleep(6.0)
     open_there = [k for node, k in scenario.sim.history.open_incarnations() if node == f"n{victim}"]
     assert not open_there, f"n{victim} still runs {open_there} without its leases"
     scenario.backend.cut_off(owner, False)
-    await trio.sleep(5.0)
+    await trio.sleep(1.5)  # its shards ask for their leases again, and are refused
+    open_there = [k for node, k in scenario.sim.history.open_incarnations() if node == f"n{victim}"]
+    assert not open_there, f"n{victim} runs {open_there} under leases another owner holds"
+    await trio.sleep(10.0)
+    running = {k for node, k in scenario.sim.history.open_incarnations() if node == f"n{victim}"}
+    assert running, f"n{victim} runs nothing after the other owner's leases expired"
 
 
 async def three_oldest_of_six_crash_at_once(scenario: Scenario) -> None:
@@ -248,7 +264,7 @@ SCENARIOS: dict[str, tuple[ScenarioBody, dict[str, Any]]] = {
         remembered_entities_after_coordinator_failover,
         {"sharding": ShardingSettings(remember_entities=True, lease_retry_interval=1.0)},
     ),
-    "shard lease failing, then lost": (shard_lease_failing_then_lost, {}),
+    "shard lease failing, lost, then refused": (shard_lease_failing_lost_then_refused, {}),
     "three oldest of six crash at once": (
         three_oldest_of_six_crash_at_once,
         {"settings": ChaosSettings(nodes=6, quiet=40.0)},
