@@ -397,27 +397,20 @@ async def _scenario(
             await sim.start(i)
         await sim.all_up(nodes)
 
-        if "counter" in settings.workloads:
+        clients: dict[str, dict[str, Any]] = {  # fan-out posters send to rooms
+            "counter": {"entities": settings.entities},
+            "fan-out": {"entities": settings.rooms, "type_name": ROOM, "prefix": "p"},
+        }
+        for kind in settings.workloads:
             workload = CounterWorkload(
                 sim,
-                random.Random(f"{seed}/workload"),
-                entities=settings.entities,
+                random.Random(f"{seed}/{'workload' if kind == 'counter' else kind}"),
                 clients_per_node=settings.clients_per_node,
                 interval=settings.message_interval,
+                ask_timeout=2.0 if kind == "counter" else 4.0,
+                **clients[kind],
             )
             sim.nursery.start_soon(workload.run, nodes)
-        if "fan-out" in settings.workloads:
-            posters = CounterWorkload(
-                sim,
-                random.Random(f"{seed}/fan-out"),
-                entities=settings.rooms,
-                clients_per_node=settings.clients_per_node,
-                interval=settings.message_interval,
-                ask_timeout=4.0,
-                type_name=ROOM,
-                prefix="p",
-            )
-            sim.nursery.start_soon(posters.run, nodes)
         if settings.double_activation_at is not None:
             sim.nursery.start_soon(_double_activation, sim, settings.double_activation_at)
 

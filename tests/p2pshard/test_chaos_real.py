@@ -17,7 +17,7 @@ import functools
 import json
 import random
 import re
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -274,6 +274,20 @@ async def echo(stream: trio.SocketStream) -> None:
             await stream.send_all(data)
 
 
+@contextlib.asynccontextmanager
+async def proxy_to(
+    server: Callable[[trio.SocketStream], Awaitable[None]],
+) -> AsyncIterator[tuple[FaultProxy, Address]]:
+    """A proxy to ``server`` on 127.0.0.1, and where to dial it; both stop at the end."""
+    async with trio.open_nursery() as nursery:
+        [listener] = await nursery.start(
+            functools.partial(trio.serve_tcp, host="127.0.0.1"), server, 0
+        )
+        proxy = FaultProxy("a->b", Address("127.0.0.1", listener.socket.getsockname()[1]))
+        yield proxy, await nursery.start(proxy.serve)
+        nursery.cancel_scope.cancel()
+
+
 async def round_trip(stream: trio.SocketStream, data: bytes, wait: float) -> bytes | None:
     """What comes back for ``data`` within ``wait`` seconds (None: nothing; b"": closed)."""
     with trio.move_on_after(wait):
@@ -286,12 +300,7 @@ async def round_trip(stream: trio.SocketStream, data: bytes, wait: float) -> byt
 
 
 async def test_a_blocked_proxy_forwards_nothing_and_resets_its_links_when_healed() -> None:
-    async with trio.open_nursery() as nursery:
-        [listener] = await nursery.start(
-            functools.partial(trio.serve_tcp, host="127.0.0.1"), echo, 0
-        )
-        proxy = FaultProxy("a->b", Address("127.0.0.1", listener.socket.getsockname()[1]))
-        via = await nursery.start(proxy.serve)
+    async with proxy_to(echo) as (proxy, via):
         old = await trio.open_tcp_stream(via.host, via.port)
         assert await round_trip(old, b"one", 5) == b"one"
 
@@ -308,7 +317,6 @@ async def test_a_blocked_proxy_forwards_nothing_and_resets_its_links_when_healed
         assert proxy.connections == 3
         for stream in (old, held, new):
             await stream.aclose()
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_slow_proxy_delivers_every_chunk_late_but_whole_and_in_order() -> None:
@@ -326,12 +334,7 @@ async def test_a_slow_proxy_delivers_every_chunk_late_but_whole_and_in_order() -
                 got.append(await chunks.receive())
         return got
 
-    async with trio.open_nursery() as nursery:
-        [listener] = await nursery.start(
-            functools.partial(trio.serve_tcp, host="127.0.0.1"), record, 0
-        )
-        proxy = FaultProxy("a->b", Address("127.0.0.1", listener.socket.getsockname()[1]))
-        via = await nursery.start(proxy.serve)
+    async with proxy_to(record) as (proxy, via):
         stream = await trio.open_tcp_stream(via.host, via.port)
         proxy.slow(0.5)
         sent: list[float] = []
@@ -351,7 +354,6 @@ async def test_a_slow_proxy_delivers_every_chunk_late_but_whole_and_in_order() -
         assert b"".join(data for _, data in arrived) == b"end"
         assert arrived[-1][0] - at < 0.5
         await stream.aclose()
-        nursery.cancel_scope.cancel()
 
 
 def arrival_times(arrived: list[tuple[float, bytes]], size: int) -> list[float]:
@@ -365,12 +367,7 @@ def arrival_times(arrived: list[tuple[float, bytes]], size: int) -> list[float]:
 
 
 async def test_a_flaky_proxy_resets_connections_and_accepts_new_ones() -> None:
-    async with trio.open_nursery() as nursery:
-        [listener] = await nursery.start(
-            functools.partial(trio.serve_tcp, host="127.0.0.1"), echo, 0
-        )
-        proxy = FaultProxy("a->b", Address("127.0.0.1", listener.socket.getsockname()[1]))
-        via = await nursery.start(proxy.serve)
+    async with proxy_to(echo) as (proxy, via):
         old = await trio.open_tcp_stream(via.host, via.port)
         assert await round_trip(old, b"one", 5) == b"one"
 
@@ -401,7 +398,6 @@ async def test_a_flaky_proxy_resets_connections_and_accepts_new_ones() -> None:
         assert proxy.resets == 2 + broken
         for each in (old, during, stream, new):
             await each.aclose()
-        nursery.cancel_scope.cancel()
 
 
 def test_a_proxy_refuses_a_negative_delay_and_a_chance_outside_0_to_1() -> None:
