@@ -300,16 +300,18 @@ class Cluster:
     def handle(self, envelope: Envelope) -> bool:
         """Take a membership message from the transport; False if it is not one."""
         message, sender = envelope.message, envelope.sender
-        now = trio.current_time()
+        # The clock is read only for a message of ours: the node may ask about every message it
+        # receives, and reading the clock costs more than these checks.
         if isinstance(message, Heartbeat):
             if self._core.phase is not Phase.SHUT_DOWN:
                 self._send(sender, heartbeat_response(self._node, message))
             return True
         if isinstance(message, HeartbeatRsp):
-            self._heartbeats.heartbeat_rsp(sender, now)
+            self._heartbeats.heartbeat_rsp(sender, trio.current_time())
             return True
         if isinstance(message, CLUSTER_MESSAGES):
             if self._core.phase is not Phase.SHUT_DOWN:
+                now = trio.current_time()
                 before = self._core.next_deadline()
                 self._apply(self._core.receive(sender, message, now))
                 if self._core.next_deadline() < before:

@@ -8,7 +8,9 @@ registered enums travel as msgpack extension types, so they come back as what wa
 its own turns tuples into lists). There is no pickle anywhere: a peer can only make us build
 classes that were registered on purpose, through their validating constructors. (A class whose
 attrs ``__init__`` only stores its fields, with no validator, converter or hook, is built by
-storing them, which makes the same object in half the time: see :func:`_init_only_stores`.)
+storing them, which makes the same object in half the time: see :func:`_init_only_stores`. One
+whose only validators are ``instance_of`` checks, optional or not, is built the same way once
+the same ``isinstance`` checks pass, and by its constructor otherwise: see :func:`_type_checks`.)
 
 The header is fixed-size binary rather than msgpack so that a bad header (which means the link is
 broken: close it) is told apart cheaply from a bad body (one message nobody here understands: drop
@@ -114,23 +116,65 @@ def _init_only_stores(cls: type, fields: Sequence[attrs.Attribute[Any]]) -> bool
     """Whether ``cls(...)`` does nothing but store each argument in its slot.
 
     True for the ``__init__`` attrs writes for a slotted class with no validator, converter,
-    ``__attrs_pre_init__``, ``__attrs_post_init__`` or hash cache. Storing the fields straight
-    into a new instance then makes the same object as the constructor, in half the time.
-    Anything else (a hand-written ``__init__`` included) keeps the constructor, so every check a
-    class makes still runs on what a peer sent.
+    ``__attrs_pre_init__``, ``__attrs_post_init__``, hash cache or ``__setattr__`` of its own.
+    Storing the fields straight into a new instance then makes the same object as the
+    constructor, in half the time. Anything else (a hand-written ``__init__`` included) keeps
+    the constructor, so every check a class makes still runs on what a peer sent.
+    """
+    checks = _type_checks(cls, fields)
+    return checks is not None and all(check is None for check in checks)
+
+
+_INSTANCE_OF: Final[Any] = type(attrs.validators.instance_of(object))
+_OPTIONAL: Final[Any] = type(attrs.validators.optional(attrs.validators.instance_of(object)))
+
+
+@attrs.frozen
+class _Frozen:
+    pass
+
+
+_PLAIN_SETATTR: Final[tuple[object, ...]] = (object.__setattr__, _Frozen.__setattr__)
+"""A class's ``__setattr__`` when its constructor stores into the slots directly: none of its
+own, or that of a frozen attrs class (whose ``__init__`` goes around it)."""
+
+
+def _type_checks(
+    cls: type, fields: Sequence[attrs.Attribute[Any]]
+) -> list[tuple[Any, bool] | None] | None:
+    """The ``instance_of`` checks ``cls(...)`` makes, if that is all it does besides storing.
+
+    One entry per field: None (no validator), or ``(types, optional)`` for a validator
+    ``instance_of(types)``, or ``optional(instance_of(types))`` when ``optional``. None as a
+    whole when the constructor does anything else: a converter, another validator, a hook, a
+    hash cache, a ``__setattr__`` of the class's own, a field not in a slot, an ``__init__``
+    that attrs did not write. When the same ``isinstance`` checks pass, storing the fields
+    makes what the constructor makes (the validators would have passed); when one fails, the
+    constructor runs and raises its own error.
     """
     code = getattr(vars(cls).get("__init__"), "__code__", None)
     if code is None or not code.co_filename.startswith("<attrs generated"):
-        return False
+        return None
     hooks = ("__attrs_pre_init__", "__attrs_post_init__", "_attrs_cached_hash")
-    if any(hasattr(cls, hook) for hook in hooks):
-        return False
-    return all(
-        f.validator is None
-        and f.converter is None
-        and isinstance(getattr(cls, f.name, None), types.MemberDescriptorType)
-        for f in fields
-    )
+    if any(hasattr(cls, hook) for hook in hooks) or cls.__setattr__ not in _PLAIN_SETATTR:
+        return None
+    checks: list[tuple[Any, bool] | None] = []
+    for f in fields:
+        if f.converter is not None or not isinstance(
+            getattr(cls, f.name, None), types.MemberDescriptorType
+        ):
+            return None
+        validator: Any = f.validator
+        optional = type(validator) is _OPTIONAL
+        if optional:
+            validator = validator.validator
+        if validator is None:
+            checks.append(None)
+        elif type(validator) is _INSTANCE_OF:
+            checks.append((validator.type, optional))
+        else:
+            return None
+    return checks
 
 
 def _builder(
@@ -140,7 +184,8 @@ def _builder(
 
     The common case, every field present, runs generated code (keyword arguments spelled out
     once: three times cheaper than ``cls(**dict(zip()))``; or, when the constructor only stores
-    its arguments, the stores themselves). Any other count goes to :func:`_build_partial`.
+    its arguments, maybe after ``instance_of`` checks, the same checks and the stores
+    themselves). Any other count goes to :func:`_build_partial`.
     """
     # The source names fields by position only; the classes and descriptors are in namespace.
     namespace: dict[str, Any] = {
@@ -149,14 +194,25 @@ def _builder(
         "count": len(fields) + 1,
         "partial": functools.partial(_build_partial, cls, aliases),
     }
-    if _init_only_stores(cls, fields):
-        lines = ["    o = new(cls)"]
+    assert all(alias.isidentifier() for alias in aliases)  # attrs checks them
+    arguments = ", ".join(f"{alias}=v[{i}]" for i, alias in enumerate(aliases, start=1))
+    checks = _type_checks(cls, fields)
+    if checks is not None:
+        tests = []
+        for i, check in enumerate(checks):
+            if check is not None:
+                namespace[f"t{i}"], optional = check
+                test = f"isinstance(v[{i + 1}], t{i})"
+                tests.append(f"(v[{i + 1}] is None or {test})" if optional else test)
+        lines = []
+        if tests:
+            # A value a validator would refuse: the constructor raises its own error for it.
+            lines += [f"    if not ({' and '.join(tests)}):", f"        return cls({arguments})"]
+        lines.append("    o = new(cls)")
         for i, f in enumerate(fields):
             namespace[f"set{i}"] = getattr(cls, f.name).__set__
             lines.append(f"    set{i}(o, v[{i + 1}])")
     else:
-        assert all(alias.isidentifier() for alias in aliases)  # attrs checks them
-        arguments = ", ".join(f"{alias}=v[{i}]" for i, alias in enumerate(aliases, start=1))
         lines = [f"    o = cls({arguments})"]
     source = "\n".join(["def build(v):", "    if len(v) != count:", "        return partial(v)"])
     exec("\n".join([source, *lines, "    return o"]), namespace)
@@ -262,19 +318,29 @@ def wire_name(cls: type) -> str | None:
     return None if spec is None else spec.name
 
 
+_ExtType = msgpack.ExtType
+_new_ext = tuple.__new__
+"""``_new_ext(_ExtType, (code, data))`` makes an ExtType without the checks of its Python
+``__new__`` (code in 0..127, data bytes), which hold for every one made here: a third of the
+cost of packing a nested object."""
+
+
 def _default(obj: Any) -> Any:
     cls = type(obj)
+    as_list = _as_list_by_class.get(cls)
+    if as_list is not None:  # a registered attrs class: the common case first
+        return _new_ext(_ExtType, (EXT_OBJECT, _pack_nested(as_list(obj))))
     spec = _by_class.get(cls)
     if spec is not None:
         if isinstance(spec, _EnumSpec):
-            return msgpack.ExtType(EXT_ENUM, _pack_nested([spec.name, obj.value]))
-        return msgpack.ExtType(EXT_OBJECT, _pack_nested(spec.as_list(obj)))
+            return _new_ext(_ExtType, (EXT_ENUM, _pack_nested([spec.name, obj.value])))
+        return _new_ext(_ExtType, (EXT_OBJECT, _pack_nested(spec.as_list(obj))))
     if cls is tuple:
-        return msgpack.ExtType(EXT_TUPLE, _pack_nested(list(obj)))
+        return _new_ext(_ExtType, (EXT_TUPLE, _pack_nested(list(obj))))
     if cls is frozenset:
-        return msgpack.ExtType(EXT_FROZENSET, _pack_nested(list(obj)))
+        return _new_ext(_ExtType, (EXT_FROZENSET, _pack_nested(list(obj))))
     if cls is set:
-        return msgpack.ExtType(EXT_SET, _pack_nested(list(obj)))
+        return _new_ext(_ExtType, (EXT_SET, _pack_nested(list(obj))))
     if cls is int:  # msgpack hands us the ints it cannot pack itself
         raise SerializationError("an int outside -2**63..2**64-1 is not serializable")
     raise SerializationError(
@@ -286,16 +352,25 @@ def _default(obj: Any) -> Any:
 
 def _pack_nested(value: Any) -> bytes:
     # Refuse here what every receiver would drop (see MAX_NESTING), rather than lose it there.
-    local = _local
-    if local.depth >= MAX_NESTING:
+    nested = _local.nested  # one thread-local lookup: each costs as much as packing an int
+    depth = nested.depth
+    if depth >= MAX_NESTING:
         raise SerializationError(
             f"tuples, sets or registered objects nested more than {MAX_NESTING} deep"
         )
-    local.depth += 1
+    # One Packer per depth, reused: the one of a level is busy while the levels inside it pack,
+    # and making a new one (msgpack.packb) cost as much as the packing.
+    packers = nested.packers
+    if depth == len(packers):
+        packers.append(_new_packer())
+    nested.depth = depth + 1
     try:
-        packed: bytes = msgpack.packb(value, default=_default, use_bin_type=True, strict_types=True)
+        packed: bytes = packers[depth].pack(value)
+    except BaseException:
+        packers[depth] = _new_packer()  # see _encode_body
+        raise
     finally:
-        local.depth -= 1
+        nested.depth = depth
     return packed
 
 
@@ -303,12 +378,22 @@ def _new_packer() -> msgpack.Packer:
     return msgpack.Packer(default=_default, use_bin_type=True, strict_types=True)
 
 
+class _Nested:
+    """What :func:`_pack_nested` keeps per thread: how deep it is now, and a Packer per depth."""
+
+    __slots__ = ("depth", "packers")
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.packers: list[msgpack.Packer] = []
+
+
 class _Local(threading.local):
     def __init__(self) -> None:
         # One Packer per thread: reusing it is five times cheaper than msgpack.packb, but a Packer
         # is neither thread-safe nor re-entrant (nested objects use _pack_nested instead).
         self.packer = _new_packer()
-        self.depth = 0
+        self.nested = _Nested()
 
 
 _local = _Local()
@@ -459,7 +544,7 @@ def decode_parts(payload: bytes) -> tuple[int, object]:
             payload[HEADER_SIZE:], raw=False, strict_map_key=False, ext_hook=_top_ext_hook
         )
         if version_kind == _VERSION_OBJECT:
-            # _build_object inlined
+            # Building the object inlined (as in ext_hook): once per message.
             if not isinstance(value, list) or not value or not isinstance(value[0], str):
                 raise _not_an_object()
             spec = _by_name.get(value[0])
@@ -476,15 +561,6 @@ def decode_parts(payload: bytes) -> tuple[int, object]:
     return to_uid, value
 
 
-def _build_object(value: Any) -> object:
-    if not isinstance(value, list) or not value or not isinstance(value[0], str):
-        raise _not_an_object()
-    spec = _by_name.get(value[0])
-    if spec is None:
-        raise _unknown_type(value[0])
-    return spec.build(value)
-
-
 def _not_an_object() -> MessageDecodeError:
     return MessageDecodeError("object body is not [wire_name, *fields]")
 
@@ -493,28 +569,52 @@ def _unknown_type(name: str) -> MessageDecodeError:
     return MessageDecodeError(f"unknown message type {name!r}: not registered on this node")
 
 
-def _ext_hook(depth: int, code: int, data: bytes) -> object:
-    if depth > MAX_NESTING:
-        raise MessageDecodeError(
-            f"tuples, sets or objects nested more than {MAX_NESTING} deep in a message"
-        )
-    inner = msgpack.unpackb(
-        data, raw=False, strict_map_key=False, ext_hook=functools.partial(_ext_hook, depth + 1)
+ExtHook = Callable[[int, bytes], object]
+
+
+def _ext_hook_at(inside: ExtHook) -> ExtHook:
+    """The ``ext_hook`` for one level of extensions; ``inside`` reads those nested in them."""
+
+    def ext_hook(code: int, data: bytes) -> object:
+        inner = _unpackb(data, raw=False, strict_map_key=False, ext_hook=inside)
+        if code in (EXT_OBJECT, EXT_ENUM):
+            # Building the object inlined: once per nested object, such as every entity message.
+            if not isinstance(inner, list) or not inner or not isinstance(inner[0], str):
+                raise _not_an_object()
+            spec = _by_name.get(inner[0])
+            if spec is None:
+                raise _unknown_type(inner[0])
+            return spec.build(inner)
+        if not isinstance(inner, list):
+            raise MessageDecodeError(f"extension {code} does not hold a list")
+        if code == EXT_TUPLE:
+            return tuple(inner)
+        if code == EXT_FROZENSET:
+            return frozenset(inner)
+        if code == EXT_SET:
+            return set(inner)
+        raise MessageDecodeError(f"unknown extension type {code}")
+
+    return ext_hook
+
+
+def _too_deep(code: int, data: bytes) -> object:
+    raise MessageDecodeError(
+        f"tuples, sets or objects nested more than {MAX_NESTING} deep in a message"
     )
-    if code in (EXT_OBJECT, EXT_ENUM):
-        return _build_object(inner)
-    if not isinstance(inner, list):
-        raise MessageDecodeError(f"extension {code} does not hold a list")
-    if code == EXT_TUPLE:
-        return tuple(inner)
-    if code == EXT_FROZENSET:
-        return frozenset(inner)
-    if code == EXT_SET:
-        return set(inner)
-    raise MessageDecodeError(f"unknown extension type {code}")
 
 
-_top_ext_hook = functools.partial(_ext_hook, 1)
+def _ext_hooks() -> ExtHook:
+    # One closure per depth, made once and chained, innermost first: the depth is known without
+    # an argument, and no functools.partial is made or called per value.
+    hook: ExtHook = _too_deep  # what an extension MAX_NESTING + 1 levels deep meets
+    for _ in range(MAX_NESTING):
+        hook = _ext_hook_at(hook)
+    return hook
+
+
+_top_ext_hook: Final = _ext_hooks()
+"""Reads the extensions of a top-level value (depth 1)."""
 
 
 # --- one value on its own, for storage (the journal of event-sourced entities) ------------------

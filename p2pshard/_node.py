@@ -193,9 +193,11 @@ class Node:
 
     def _dispatch(self, envelope: Envelope) -> None:
         """Hand one received message to the service it belongs to (runs in the link task)."""
+        # Sharding first: entity messages are nearly all the traffic, and no two services take
+        # the same message type, so the order decides only how many are asked.
         if not (
-            self._cluster.handle(envelope)
-            or (self._sharding is not None and self._sharding.handle(envelope))
+            (self._sharding is not None and self._sharding.handle(envelope))
+            or self._cluster.handle(envelope)
             or self.singletons.handle(envelope)
             or self._to_replicator(envelope)
             or (self._status is not None and self._status.handle(envelope))

@@ -190,7 +190,16 @@ class EntityDelivery:
     )
 
 
-_set = object.__setattr__
+_new = object.__new__
+# The slots' own setters: calling them is a third cheaper than object.__setattr__ by name.
+(
+    _set_type_name,
+    _set_shard,
+    _set_entity_id,
+    _set_message,
+    _set_request_id,
+    _set_origin,
+) = (getattr(EntityDelivery, f.name).__set__ for f in attrs.fields(EntityDelivery))
 
 
 def unchecked_delivery(
@@ -206,13 +215,13 @@ def unchecked_delivery(
     For the region's hot path only, where every field has just come from values of the right
     type; a received one is always validated when it is decoded.
     """
-    delivery: EntityDelivery = object.__new__(EntityDelivery)
-    _set(delivery, "type_name", type_name)
-    _set(delivery, "shard", shard)
-    _set(delivery, "entity_id", entity_id)
-    _set(delivery, "message", message)
-    _set(delivery, "request_id", request_id)
-    _set(delivery, "origin", origin)
+    delivery: EntityDelivery = _new(EntityDelivery)
+    _set_type_name(delivery, type_name)
+    _set_shard(delivery, shard)
+    _set_entity_id(delivery, entity_id)
+    _set_message(delivery, message)
+    _set_request_id(delivery, request_id)
+    _set_origin(delivery, origin)
     return delivery
 
 

@@ -165,6 +165,8 @@ class ShardRegionCore(Generic[D]):
         self.settings = settings
         self.hosting = hosting
         self.homes: dict[ShardId, UniqueAddress] = {}
+        self._nodes: dict[UniqueAddress, UniqueAddress] = {}
+        """One object per node for ``homes``: see :meth:`_home_is`."""
         self.local: dict[ShardId, LocalShard] = {}
         self.buffers: dict[ShardId, collections.deque[D]] = {}
         self.buffered = 0
@@ -323,6 +325,8 @@ class ShardRegionCore(Generic[D]):
         gone = set(nodes)
         for shard in [s for s, home in self.homes.items() if home in gone]:
             del self.homes[shard]
+        for node in gone:
+            self._nodes.pop(node, None)
         return []
 
     def graceful_shutdown(self, now: float) -> list[RegionEffect[D]]:
@@ -394,6 +398,10 @@ class ShardRegionCore(Generic[D]):
                 shard,
                 region,
             )
+        # Every ShardHome brings its own copy of the address: keep one object per node, so
+        # that the shell's sends to it find the transport's cached route by identity (by value,
+        # the lookup costs a tenth of a send).
+        region = self._nodes.setdefault(region, region)
         self.homes[shard] = region
         return self._flush(shard, region)
 

@@ -165,6 +165,9 @@ class Shard:
         self._pending: list[tuple[EntityId, object, Reply | None]] | None = None
         self._loading: trio.CancelScope | None = None
         self._watching = trio.CancelScope()
+        # What trio.current_time() reads, without its two calls and run-context lookup: it is
+        # read after every run of an entity.
+        self._now: Callable[[], float] = trio.lowlevel.current_clock().current_time
 
     # -- remembered entities ----------------------------------------------------------------
 
@@ -397,7 +400,7 @@ class Shard:
             cell._scheduled = False
         if cell._state is _GONE:
             return
-        cell._last_active = trio.current_time()
+        cell._last_active = self._now()
         if mailbox:
             if cell._state is not _RESTARTING:
                 cell._scheduled = True

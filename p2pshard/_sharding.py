@@ -460,8 +460,16 @@ class Sharding:
     def handle(self, envelope: Envelope) -> bool:
         """Take a sharding message from the transport; False if it is not one."""
         message, sender = envelope.message, envelope.sender
+        if type(message) is EntityDelivery:
+            # Nearly every message: _on_delivery's common case spelled out here for speed.
+            region = self._regions.get(message.type_name)
+            if region is not None:
+                region._on_delivery(sender, message)
+            else:
+                self._on_delivery(sender, message)
+            return True
         match message:
-            case EntityDelivery():
+            case EntityDelivery():  # a subclass (messages are never subclassed)
                 self._on_delivery(sender, message)
             case EntityReply():
                 self._complete(message)

@@ -38,6 +38,7 @@ from membership._wire import (
     _EnumSpec,
     _init_only_stores,
     _pack_nested,
+    _type_checks,
     decode,
     decode_header,
     decode_parts,
@@ -427,6 +428,20 @@ def test_nesting_beyond_the_limit_fails_at_send_not_at_the_receiver() -> None:
     assert round_trip((1,)) == (1,)  # the encoder is still usable
 
 
+def test_a_nested_value_that_fails_to_pack_leaves_every_level_usable() -> None:
+    # Nested values are packed by one reused Packer per depth: a failure deep inside must not
+    # leave a half-written buffer in any of them.
+    for bad in [((1, (2, object())),), Holder((3, Holder(2**70)))]:
+        with pytest.raises(SerializationError):
+            encode(bad)
+        encoder = FrameEncoder(1 << 20)
+        with pytest.raises(SerializationError):
+            encoder.frame(bad, 0)
+        good = ((1, (2, Point(3, 4))), Holder((5, Holder(6))))
+        assert round_trip(good) == good
+        assert decode(encoder.frame(good, 0)[4:]).message == good
+
+
 def test_tuples_nested_beyond_the_limit_are_refused_not_a_crash() -> None:
     # Each level used to cost msgpack ~40 KB of C stack: a few hundred levels killed the process.
     assert decode(frame(nested_tuples(MAX_NESTING))).message is not None
@@ -552,13 +567,88 @@ class WithDict:
     n: int
 
 
+@message(name="tests.wire.Typed")
+@attrs.frozen(kw_only=True)
+class Typed:
+    name: str = attrs.field(validator=attrs.validators.instance_of(str))
+    count: int = attrs.field(default=0, validator=attrs.validators.instance_of(int))
+    where: Point | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(Point))
+    )
+    number: int | float = attrs.field(
+        default=0, validator=attrs.validators.instance_of((int, float))
+    )
+    anything: object = None
+
+
+@message(name="tests.wire.TypedAndChecked")
+@attrs.frozen
+class TypedAndChecked:
+    n: int = attrs.field(validator=[attrs.validators.instance_of(int), attrs.validators.gt(0)])
+
+
+@message(name="tests.wire.OwnSetattr")
+@attrs.define
+class OwnSetattr:
+    n: int
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, abs(value) if name == "n" else value)
+
+
 def test_only_a_constructor_that_just_stores_its_fields_is_bypassed() -> None:
     plain: list[type[Any]] = [Point, Options, Private, Versioned, DefaultName, Holder, Shape]
-    checked: list[type[Any]] = [Positive, Converted, Checked, CachedHash, HandWritten, WithDict]
+    checked: list[type[Any]] = [
+        Positive,
+        Converted,
+        Checked,
+        CachedHash,
+        HandWritten,
+        WithDict,
+        Typed,
+        TypedAndChecked,
+        OwnSetattr,
+    ]
     for cls in plain:
         assert _init_only_stores(cls, attrs.fields(cls)), cls
     for cls in checked:
         assert not _init_only_stores(cls, attrs.fields(cls)), cls
+
+
+def test_a_constructor_that_only_checks_types_is_bypassed_with_the_same_checks() -> None:
+    assert _type_checks(Typed, attrs.fields(Typed)) == [
+        (str, False),
+        (int, False),
+        (Point, True),
+        ((int, float), False),
+        None,
+    ]
+    checked: list[type[Any]] = [
+        Positive,
+        Converted,
+        Checked,
+        CachedHash,
+        HandWritten,
+        WithDict,
+        TypedAndChecked,
+    ]
+    for cls in checked:
+        assert _type_checks(cls, attrs.fields(cls)) is None, cls
+    typed = Typed(name="a", count=True, where=Point(1, 2), number=1.5, anything=[1])
+    assert decode(encode(typed)).message == typed  # a bool is an int, for isinstance too
+    assert decode(encode(Typed(name="b"))).message == Typed(name="b")
+    with pytest.raises(
+        MessageDecodeError, match=r"TypeError: .*'count' must be <class 'int'> \(got '1'"
+    ):
+        decode(object_frame("tests.wire.Typed", "a", "1", None, 0, None))
+    with pytest.raises(MessageDecodeError, match=r"TypeError: .*'where' must be"):
+        decode(object_frame("tests.wire.Typed", "a", 1, 2, 0, None))
+    with pytest.raises(MessageDecodeError, match="ValueError"):
+        decode(object_frame("tests.wire.TypedAndChecked", 0))
+    with attrs.validators.disabled():  # the constructor decides, as it would without fast paths
+        odd = decode(object_frame("tests.wire.Typed", 1, 2, 3, 4, 5)).message
+    assert isinstance(odd, Typed)
+    assert odd.name == 1  # type: ignore[comparison-overlap]
 
 
 def test_classes_that_check_or_convert_their_fields_are_still_built_by_their_constructor() -> None:
@@ -570,6 +660,7 @@ def test_classes_that_check_or_convert_their_fields_are_still_built_by_their_con
     ]:
         with pytest.raises(MessageDecodeError, match=r"ValueError|TypeError"):
             decode(object_frame(name, bad))
+    assert decode(object_frame("tests.wire.OwnSetattr", -3)).message == OwnSetattr(3)
     cached = decode(object_frame("tests.wire.CachedHash", 7)).message
     assert cached == CachedHash(7)
     assert hash(cached) == hash(CachedHash(7))
@@ -650,6 +741,9 @@ registered_names = st.sampled_from(
         "tests.wire.Checked",
         "tests.wire.CachedHash",
         "tests.wire.HandWritten",
+        "tests.wire.Typed",
+        "tests.wire.TypedAndChecked",
+        "tests.wire.OwnSetattr",
         "tests.wire.Color",
         "?",
     ]

@@ -394,6 +394,19 @@ def test_shard_home_elsewhere_flushes_the_buffer_there_in_order() -> None:
     assert core.homes == {A: N2, C: N3}
 
 
+def test_the_homes_on_one_node_are_one_object_until_its_region_is_gone() -> None:
+    # The shell's sends compare destinations by identity (the transport's route cache).
+    core = region(registered=True)
+    core.receive(COORD, home("a", node(2)), 0.0)
+    core.receive(COORD, home("b", node(2)), 0.0)
+    core.receive(COORD, home("c", node(3)), 0.0)
+    assert core.homes[A] is core.homes[B]
+    assert core.homes[C] == N3
+    core.regions_gone([N2], 0.1)
+    core.receive(COORD, home("a", n2_again := node(2)), 0.2)
+    assert core.homes[A] is n2_again
+
+
 def test_shard_home_here_starts_the_shard_without_answering_shard_started() -> None:
     core = region(registered=True)
     core.buffer(A, "a1", 0.0)
