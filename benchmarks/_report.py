@@ -1,13 +1,18 @@
-"""What the benchmark scripts share to report: quantiles, JSON without NaN, table cells, progress.
+"""What the benchmark scripts share to report: quantiles, JSON without NaN, table cells, progress,
+and running a whole benchmark to a printed report.
 
 A figure that could not be had is NaN in the report, ``-`` in a table and null in JSON.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import signal
 import statistics
 import sys
+import traceback
+from collections.abc import Callable
 from typing import Any
 
 
@@ -41,3 +46,31 @@ def json_safe(value: Any) -> Any:
 def cell(value: float | None, spec: str = ".2f") -> str:
     """A table cell: ``value`` formatted, or ``-`` when there is none."""
     return "-" if value is None or math.isnan(value) else format(value, spec)
+
+
+def run_and_print(
+    run: Callable[[], dict[str, Any]],
+    table: Callable[[dict[str, Any]], str],
+    *,
+    as_json: bool,
+    stopped: str,
+) -> int:
+    """Run a benchmark and print its report (a table, or JSON); the exit status.
+
+    A plain kill unwinds through the clean-up as Ctrl-C does; ``stopped`` says what that
+    clean-up stopped. A measurement that fails is printed with its traceback.
+    """
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        report = run()
+    except KeyboardInterrupt:
+        print(f"interrupted; {stopped}", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a measurement failed: say which, with its traceback
+        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+            exc = exc.exceptions[0]  # type: ignore[assignment]
+        traceback.print_exception(exc, file=sys.stderr)
+        print(f"benchmark failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(json_safe(report), indent=2) if as_json else table(report))
+    return 0

@@ -81,16 +81,13 @@ sys.path.insert(0, str(_HERE.parent))
 import argparse  # noqa: E402
 import base64  # noqa: E402
 import contextlib  # noqa: E402
-import json  # noqa: E402
 import logging  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
-import signal  # noqa: E402
 import sqlite3  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-import traceback  # noqa: E402
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -101,7 +98,7 @@ import trio  # noqa: E402
 from benchmarks import _sharding_worker as worker  # noqa: E402
 from benchmarks import transport as transport_bench  # noqa: E402
 from benchmarks._process import BenchmarkError  # noqa: E402
-from benchmarks._report import cell, json_safe, progress_line, quantiles_ms  # noqa: E402
+from benchmarks._report import cell, progress_line, quantiles_ms, run_and_print  # noqa: E402
 from p2pshard import (  # noqa: E402
     HashExtractor,
     LeaseSettings,
@@ -1169,21 +1166,12 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     plan = make_plan(quick=args.quick)
-    # A plain kill also unwinds through the clean-up that stops etcd and removes the files.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    try:
-        report = run_all(plan, progress=not args.json)
-    except KeyboardInterrupt:
-        print("interrupted; etcd stopped, temporary files removed", file=sys.stderr)
-        return 130
-    except Exception as exc:  # a measurement failed: say which, with its traceback
-        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-            exc = exc.exceptions[0]  # type: ignore[assignment]
-        traceback.print_exception(exc, file=sys.stderr)
-        print(f"benchmark failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(json_safe(report), indent=2) if args.json else format_table(report))
-    return 0
+    return run_and_print(
+        lambda: run_all(plan, progress=not args.json),
+        format_table,
+        as_json=args.json,
+        stopped="etcd stopped, temporary files removed",
+    )
 
 
 if __name__ == "__main__":

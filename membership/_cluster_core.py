@@ -636,30 +636,22 @@ class ClusterCore:
                 own_size,
             )
             return []
-        if not loses_to(own_size, own_oldest, ack.size, ack.oldest):
-            logger.log(
-                logging.WARNING if streak == 2 else logging.DEBUG,
-                "%s: found another cluster of the same name (oldest %s, %d members) at %s; "
-                "ours (oldest %s, %d members) wins: the other one will down itself",
-                self.self_node,
-                ack.oldest,
-                ack.size,
-                sender.address,
-                own_oldest,
-                own_size,
-            )
-            return []
-        logger.warning(
+        loses = loses_to(own_size, own_oldest, ack.size, ack.oldest)
+        logger.log(
+            logging.WARNING if loses or streak == 2 else logging.DEBUG,
             "%s: found another cluster of the same name (oldest %s, %d members) at %s; ours "
-            "(oldest %s, %d members) loses: downing all our members so that they rejoin it",
+            "(oldest %s, %d members) %s",
             self.self_node,
             ack.oldest,
             ack.size,
             sender.address,
             own_oldest,
             own_size,
+            "loses: downing all our members so that they rejoin it"
+            if loses
+            else "wins: the other one will down itself",
         )
-        return self._down_own_cluster(now)
+        return self._down_own_cluster(now) if loses else []
 
     def _down_own_cluster(self, now: float) -> list[Effect]:
         """Down every member, this node last, as the split brain resolver's down-all does."""

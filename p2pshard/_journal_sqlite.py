@@ -40,7 +40,7 @@ from ._journal import (
     check_snapshot_seq,
     check_token,
 )
-from ._journal_threads import ThreadedJournal
+from ._journal_threads import ThreadedJournal, read_recovery
 
 _T = TypeVar("_T")
 
@@ -168,18 +168,7 @@ class SqliteJournal(ThreadedJournal[sqlite3.Connection]):
             raised = admit_token(persistence_id, fence, token)
             if raised != fence:
                 _put_stream(conn, persistence_id, highest, raised)
-            row = conn.execute(
-                "SELECT seq, payload FROM p2pshard_journal_snapshots WHERE persistence_id = ?",
-                (persistence_id,),
-            ).fetchone()
-            snapshot = None if row is None else (int(row[0]), bytes(row[1]))
-            after = 0 if snapshot is None else snapshot[0]
-            events = conn.execute(
-                "SELECT seq, payload FROM p2pshard_journal_events "
-                "WHERE persistence_id = ? AND seq > ? ORDER BY seq",
-                (persistence_id, after),
-            ).fetchall()
-            return Recovery(snapshot, tuple((int(s), bytes(p)) for s, p in events), highest)
+            return read_recovery(conn, persistence_id, highest, "?")
 
         return await self._run(persistence_id, "recovery", recover)
 

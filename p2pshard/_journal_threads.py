@@ -9,22 +9,43 @@ the journal's rules (:class:`p2pshard.JournalError` raised inside the transactio
 connection back; any other failure closes it, so the next call starts on a clean one. A
 backend provides the connection (``_connect``, ``_usable``), the table creation (``_create``),
 one transaction around a function (``_transaction``), the errors its driver raises
-(``_driver_errors``) and how it names itself in messages (``_describe``).
+(``_driver_errors``) and how it names itself in messages (``_describe``). Both read a recovery
+with :func:`read_recovery`, the same two queries in their drivers' parameter style.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import trio
 
 from ._errors import JournalError
-from ._journal import JournalSettings
+from ._journal import JournalSettings, Recovery
 
 Conn = TypeVar("Conn")
 _T = TypeVar("_T")
+
+
+def read_recovery(conn: Any, persistence_id: str, highest: int, mark: str) -> Recovery:
+    """The stream's snapshot and the events after it, read on ``conn``.
+
+    ``conn`` is a DB-API connection with ``execute``, whose driver writes query parameters as
+    ``mark`` (``?`` or ``%s``).
+    """
+    row = conn.execute(
+        f"SELECT seq, payload FROM p2pshard_journal_snapshots WHERE persistence_id = {mark}",
+        (persistence_id,),
+    ).fetchone()
+    snapshot = None if row is None else (int(row[0]), bytes(row[1]))
+    after = 0 if snapshot is None else snapshot[0]
+    events = conn.execute(
+        "SELECT seq, payload FROM p2pshard_journal_events "
+        f"WHERE persistence_id = {mark} AND seq > {mark} ORDER BY seq",
+        (persistence_id, after),
+    ).fetchall()
+    return Recovery(snapshot, tuple((int(s), bytes(p)) for s, p in events), highest)
 
 
 class ThreadedJournal(Generic[Conn]):
