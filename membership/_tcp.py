@@ -4,11 +4,13 @@ Theory of operation: each node listens on its bind address. The first message to
 an outbound link task for that peer's address, which connects, runs the TLS handshake, checks the
 peer certificate's ``p2pshard://<cluster>/<node>`` URI, sends a :class:`Hello` naming our
 incarnation and waits for a :class:`HelloAck` naming theirs. Then it writes queued frames in
-batches until the link breaks, and reconnects with capped exponential backoff (with jitter, so a
-restarted cluster does not reconnect in lockstep). The link carries frames one way only; the peer
-sends to us over its own outbound link, as Akka's Artery TCP does, which keeps per-direction order
-simple. The accepting side checks the same certificate URI, then that the hello names the same
-cluster and node as the certificate, replies, and feeds the frames it reads to the shared inbox.
+batches until the link breaks (a lone frame sent while the link is idle is written by the task
+that sends it, see ``_tlslink``), and reconnects with capped exponential backoff (with jitter,
+so a restarted cluster does not reconnect in lockstep). The link carries frames one way only;
+the peer sends to us over its own outbound link, as Akka's Artery TCP does, which keeps
+per-direction order simple. The accepting side checks the same certificate URI, then that the
+hello names the same cluster and node as the certificate, replies, and feeds the frames it reads
+to the shared inbox.
 
 What goes wrong on one link stays on that link: a refused handshake, an oversize, truncated or
 undecodable frame, or a TLS record altered in flight closes it, is counted in ``statistics()`` and
@@ -33,20 +35,20 @@ from ._errors import HandshakeError, ProtocolError
 from ._framing import FrameDecoder, encode_frame
 from ._settings import TransportSettings
 from ._tls import TlsIdentity, peer_node_name
+from ._tlslink import TlsLink
 from ._transport import Outbox, Transport
 from ._trioutil import single_error
 
 logger = logging.getLogger("membership.transport")
 
-_READ_SIZE = 1 << 16
 _SHORT_READ = 4096
 """A read of fewer bytes than this means the peer is not streaming: latency matters more."""
-_YIELDS_AFTER_SHORT_READ = 3
+_YIELDS_AFTER_SHORT_READ = 1
 """Checkpoints a link's reader makes after handing over what a short read brought, before it
-reads again (on top of the one every delivery makes). Reading again is itself a few scheduler
-passes of work, and each checkpoint lets the tasks those messages woke go one step first: a
-dispatcher, the link writer it gave a reply to, that writer's way to the socket. Without them
-the reply often waits for the read, and a request-reply round trip takes up to a fifth longer.
+reads again (on top of the one every delivery makes). The tasks those messages woke (an entity
+that answers, an asker that sends its next request) then write to their idle links before this
+reader spends a read that finds nothing and a re-arm of its wait on the socket. More than one
+bought nothing measurable once replies stopped going through a link writer task.
 A streaming peer fills every read, so its link pays none of this."""
 
 
@@ -120,12 +122,10 @@ class TcpTransport(Transport):
         self._links_running += 1
         self._nursery.start_soon(self._run_link, outbox, name=f"link to {outbox.address}")
 
-    async def _read_frame(
-        self, stream: trio.SSLStream[trio.SocketStream], decoder: FrameDecoder
-    ) -> list[bytes]:
+    async def _read_frame(self, link: TlsLink, decoder: FrameDecoder) -> list[bytes]:
         """Read until at least one whole frame arrived."""
         while True:
-            data = await stream.receive_some(_READ_SIZE)
+            data = await link.receive_some()
             if not data:
                 decoder.eof()
                 raise HandshakeError("peer closed the link during the handshake")
@@ -150,17 +150,17 @@ class TcpTransport(Transport):
             where = "{}:{}".format(*tcp.socket.getpeername()[:2])
         except OSError:
             where = "unknown peer"
-        stream = trio.SSLStream(tcp, self._server_context, server_side=True)
+        link = TlsLink.over(tcp, self._server_context, server_side=True)
         decoder = FrameDecoder(self._settings.max_frame_size)
         try:
             with trio.fail_after(self._settings.handshake_timeout):
-                await stream.do_handshake()
-                name = peer_node_name(stream.getpeercert(), self.cluster)
-                first, *rest = await self._read_frame(stream, decoder)
+                await link.handshake()
+                name = peer_node_name(link.peer_certificate(), self.cluster)
+                first, *rest = await self._read_frame(link, decoder)
                 hello = _wire.decode(first).message
                 peer = check_hello(hello, cluster=self.cluster, certificate_name=name)
-                ack = encode_frame(_wire.encode(HelloAck(sender=self._local)))
-                await stream.send_all(ack)
+                link.write_nowait(encode_frame(_wire.encode(HelloAck(sender=self._local))))
+                await link.flush()
         except (
             HandshakeError,
             ProtocolError,
@@ -171,7 +171,7 @@ class TcpTransport(Transport):
             self._counters.handshakes_refused += 1
             reason = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) else exc
             logger.warning("%s: refused a link from %s: %s", self._local, where, reason or exc)
-            await trio.aclose_forcefully(stream)
+            link.close(notify=False)
             return
         self._inbound_links += 1
         logger.debug("%s: accepted a link from %s at %s", self._local, peer, where)
@@ -190,7 +190,7 @@ class TcpTransport(Transport):
                             await trio.lowlevel.checkpoint()
                 if error is not None:
                     raise error
-                data = await stream.receive_some(_READ_SIZE)
+                data = await link.receive_some()
                 if not data:
                     decoder.eof()
                     break
@@ -204,34 +204,33 @@ class TcpTransport(Transport):
                 logger.debug("%s: link from %s broke: %r", self._local, peer, exc.__cause__)
         finally:
             self._inbound_links -= 1
-            await trio.aclose_forcefully(stream)
+            link.close(notify=False)
 
     # ---- connecting side ----
 
-    async def _connect(
-        self, address: Address
-    ) -> tuple[trio.SSLStream[trio.SocketStream], UniqueAddress]:
+    async def _connect(self, address: Address) -> tuple[TlsLink, UniqueAddress]:
         dial = self._dial_via.get(address, address)  # a test proxy in between, if configured
         with trio.fail_after(self._settings.connect_timeout):
             tcp = await trio.open_tcp_stream(dial.host, dial.port)
-        stream = trio.SSLStream(tcp, self._client_context, server_hostname=None)
+        link = TlsLink.over(tcp, self._client_context, server_side=False)
         try:
             with trio.fail_after(self._settings.handshake_timeout):
-                await stream.do_handshake()
-                name = peer_node_name(stream.getpeercert(), self.cluster)
+                await link.handshake()
+                name = peer_node_name(link.peer_certificate(), self.cluster)
                 hello = Hello(cluster=self.cluster, sender=self._local)
-                await stream.send_all(encode_frame(_wire.encode(hello)))
+                link.write_nowait(encode_frame(_wire.encode(hello)))
+                await link.flush()
                 decoder = FrameDecoder(self._settings.max_frame_size)
-                first, *rest = await self._read_frame(stream, decoder)
+                first, *rest = await self._read_frame(link, decoder)
                 ack = _wire.decode(first).message
                 if rest or not isinstance(ack, HelloAck) or ack.sender.name != name:
                     raise HandshakeError(
                         f"{address} answered the hello with {ack!r}, not a HelloAck from {name!r}"
                     )
         except BaseException:
-            await trio.aclose_forcefully(stream)
+            link.close(notify=False)
             raise
-        return stream, ack.sender
+        return link, ack.sender
 
     async def _run_link(self, outbox: Outbox) -> None:
         try:
@@ -246,7 +245,7 @@ class TcpTransport(Transport):
         backoff = settings.reconnect_backoff_min
         while not outbox.closed:
             try:
-                stream, peer = await self._connect(outbox.address)
+                link, peer = await self._connect(outbox.address)
             except (
                 HandshakeError,
                 ProtocolError,
@@ -268,39 +267,68 @@ class TcpTransport(Transport):
             logger.info("%s: linked to %s", self._local, peer)
             try:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._watch_link, stream, nursery.cancel_scope)
-                    await self._write_link(outbox, stream)
+                    nursery.start_soon(self._watch_link, link, nursery.cancel_scope)
+                    await self._write_link(outbox, link)
                     nursery.cancel_scope.cancel()
             finally:
                 outbox.connected = False
-                with trio.CancelScope(shield=True), trio.move_on_after(1):
-                    await stream.aclose()
+                link.close()
             if not outbox.closed:
                 logger.info("%s: link to %s is down; reconnecting", self._local, peer)
                 with trio.move_on_after(backoff):
                     await outbox.closing.wait()
 
-    async def _write_link(self, outbox: Outbox, stream: trio.SSLStream[trio.SocketStream]) -> None:
+    async def _write_link(self, outbox: Outbox, link: TlsLink) -> None:
+        """Write the outbox's frames to ``link`` until it breaks or the outbox closes.
+
+        While idle it lets a sender write a lone frame itself (``Outbox.wait_for_frames``), so
+        a request or a reply reaches the socket without a pass through this task; frames sent
+        in a burst queue up and go out in batches of up to ``max_batch_bytes``.
+        """
         max_batch = self._settings.max_batch_bytes
-        while True:
-            await outbox.wait_for_frames()
-            if not outbox.frames:  # closed and drained
-                return
-            batch = outbox.take(max_batch)
+        unflushed = 0  # frames written directly whose bytes are not all in the kernel yet
+
+        def write_directly(frame: bytes) -> None:
+            nonlocal unflushed
             try:
-                await stream.send_all(batch[0] if len(batch) == 1 else b"".join(batch))
+                link.write_nowait(frame)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                outbox.frames_lost_in_flight += len(batch)
+                outbox.frames_lost_in_flight += 1
+                logger.debug("%s: write to %s failed: %r", self._local, outbox.address, exc)
+                return  # this task, woken next, finds the link broken
+            if link.pending:
+                unflushed += 1
+            else:
+                outbox.frames_sent += 1
+                outbox.bytes_sent += len(frame)
+
+        while True:
+            batch: list[bytes] = []
+            try:
+                if link.pending:
+                    await link.flush()
+                outbox.frames_sent += unflushed
+                unflushed = 0
+                if outbox.frames:
+                    batch = outbox.take(max_batch)
+                    link.write_nowait(batch[0] if len(batch) == 1 else b"".join(batch))
+                    await link.flush()
+                    outbox.sent(batch)
+                    # Let senders queue more before the next batch (as a socket write would).
+                    await trio.lowlevel.checkpoint()
+                    continue
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                outbox.frames_lost_in_flight += len(batch) + unflushed
                 logger.debug("%s: write to %s failed: %r", self._local, outbox.address, exc)
                 return
-            outbox.sent(batch)
+            if outbox.closed:
+                return
+            await outbox.wait_for_frames(write_directly)
 
-    async def _watch_link(
-        self, stream: trio.SSLStream[trio.SocketStream], scope: trio.CancelScope
-    ) -> None:
+    async def _watch_link(self, link: TlsLink, scope: trio.CancelScope) -> None:
         """Nothing is ever sent back on an outbound link: any read result means it ended."""
         with suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            await stream.receive_some(_READ_SIZE)
+            await link.receive_some()
         scope.cancel()
 
     async def aclose(self) -> None:

@@ -4,8 +4,9 @@ Theory of operation: a :class:`Transport` moves messages between nodes, at most 
 order per direction (Akka's guarantee for remote messages). Sending encodes at once, so a message
 that cannot travel fails at the call that sent it, then puts the frame on that peer's bounded send
 queue. One outbound link per peer takes frames from the queue, in order, many at a time (write
-coalescing). Received frames are decoded and put in one bounded inbox that the node reads with
-``receive()`` or ``async for``.
+coalescing); an idle link may instead take a lone frame at once, in the sending task, so that a
+request or a reply does not wait for the link's task to be scheduled. Received frames are
+decoded and put in one bounded inbox that the node reads with ``receive()`` or ``async for``.
 
 Full queues never drop silently: ``send_nowait`` raises :class:`SendQueueFull` and ``send`` waits
 for room; a full inbox makes links stop reading, which pushes back on the senders. A frame that was
@@ -152,6 +153,8 @@ class Outbox:
         than half of waking it through a ParkingLot, and every reply's way to the socket wakes
         it."""
         self._empty = trio.lowlevel.ParkingLot()
+        self._direct: Callable[[bytes], None] | None = None
+        """Set while the link task is idle and can take a frame at once (see wait_for_frames)."""
         self.closing = trio.Event()
         """Set when the transport closes: link tasks stop waiting and wind down."""
         self.closed = False
@@ -173,6 +176,15 @@ class Outbox:
                 f"send queue to {self.address} is full ({self.capacity} frames): the peer is "
                 "slow or unreachable; use send() to wait for room"
             )
+        direct = self._direct
+        if direct is not None:
+            # The link is idle with nothing queued: it writes this frame now, in this task.
+            # Once per wake-up of the link's task: the frames that follow in the same burst
+            # queue up and go out together when it runs.
+            self._direct = None
+            direct(frame)
+            self._wake_taker()
+            return
         self.frames.append(frame)
         if self._taker is not None:
             self._wake_taker()
@@ -186,8 +198,13 @@ class Outbox:
             await self._room.park()
         self.put_nowait(frame)
 
-    async def wait_for_frames(self) -> None:
+    async def wait_for_frames(self, direct: Callable[[bytes], None] | None = None) -> None:
         """Wait until a frame is queued (or the outbox closes).
+
+        With ``direct``, the next frame sent while this waits is given to ``direct`` at once, in
+        the sending task, instead of being queued, and the wait ends then too (with nothing
+        queued). A link that can write without waiting passes it: a lone message then goes out
+        without a scheduler pass. ``direct`` must not raise.
 
         One task takes frames from an outbox (its link's); a second one waiting at the same time
         is an error.
@@ -196,7 +213,13 @@ class Outbox:
             if self._taker is not None:
                 raise RuntimeError(f"another task already waits for frames to {self.address}")
             self._taker = trio.lowlevel.current_task()
-            await trio.lowlevel.wait_task_rescheduled(self._abort_wait)
+            self._direct = direct
+            try:
+                await trio.lowlevel.wait_task_rescheduled(self._abort_wait)
+            finally:
+                self._direct = None
+            if direct is not None:
+                return
 
     def _abort_wait(self, _: object) -> trio.lowlevel.Abort:
         self._taker = None

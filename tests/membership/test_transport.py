@@ -50,6 +50,40 @@ async def test_a_second_task_waiting_for_the_same_frames_is_refused() -> None:
         outbox.put_nowait(b"a")
 
 
+async def test_an_idle_link_takes_a_lone_frame_in_the_sending_task() -> None:
+    outbox = Outbox(PEER, 8)
+    written: list[bytes] = []
+    woken = 0
+
+    async def link() -> None:
+        nonlocal woken
+        await outbox.wait_for_frames(written.append)
+        woken += 1
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(link)
+        await trio.testing.wait_all_tasks_blocked()
+        outbox.put_nowait(b"a")
+        assert written == [b"a"]  # already written, before any other task ran
+        assert not outbox.frames
+        # The rest of the burst queues for the link task, to go out together.
+        outbox.put_nowait(b"b")
+        outbox.put_nowait(b"c")
+        assert written == [b"a"]
+        assert list(outbox.frames) == [b"b", b"c"]
+    assert woken == 1
+
+
+async def test_a_link_that_stopped_waiting_takes_no_frame_directly() -> None:
+    outbox = Outbox(PEER, 8)
+    written: list[bytes] = []
+    with trio.move_on_after(0.01):
+        await outbox.wait_for_frames(written.append)
+    outbox.put_nowait(b"a")
+    assert not written
+    assert list(outbox.frames) == [b"a"]
+
+
 async def test_a_cancelled_wait_for_frames_lets_the_next_one_wait() -> None:
     outbox = Outbox(PEER, 4)
     with trio.move_on_after(0.01):

@@ -43,6 +43,33 @@ async def test_per_link_order_and_sender_identity(harness: Harness) -> None:
     assert {e.sender for e in got} == {a.local_address}
 
 
+async def test_lone_messages_and_bursts_keep_order_and_all_count_as_sent(
+    harness: Harness,
+) -> None:
+    # A lone message on an idle TCP link is written by the sending task itself, a burst by the
+    # link's task in batches: the two ways must interleave in order and both be counted.
+    a = await harness.start("node-a")
+    b = await harness.start("node-b")
+    to = b.local_address.address
+    sent = 0
+    for round_ in range(20):
+        a.send_nowait(to, Seq(sent))  # lone: the peer answers before the next round
+        sent += 1
+        [lone] = await receive_n(b, 1)
+        assert lone.message == Seq(sent - 1)
+        for _ in range(round_ * 10):  # a burst behind it, in one go
+            a.send_nowait(to, Seq(sent))
+            sent += 1
+        a.send_nowait(to, Seq(sent, b"end"))
+        sent += 1
+        got = await receive_n(b, round_ * 10 + 1)
+        assert [e.message.n for e in got] == list(range(sent - len(got), sent))
+    peer = a.statistics().peer(to)
+    assert peer is not None
+    assert (peer.frames_sent, peer.frames_lost_in_flight, peer.queued_frames) == (sent, 0, 0)
+    assert b.statistics().messages_received == sent
+
+
 async def test_order_holds_per_link_with_many_peers_both_ways(harness: Harness) -> None:
     nodes = [await harness.start(f"node-{i}") for i in range(3)]
     for round_ in range(200):
