@@ -287,15 +287,17 @@ class TcpTransport(Transport):
         """
         max_batch = self._settings.max_batch_bytes
         unflushed = 0  # frames written directly whose bytes are not all in the kernel yet
+        failed = False
 
         def write_directly(frame: bytes) -> None:
-            nonlocal unflushed
+            nonlocal unflushed, failed
             try:
                 link.write_nowait(frame)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 outbox.frames_lost_in_flight += 1
                 logger.debug("%s: write to %s failed: %r", self._local, outbox.address, exc)
-                return  # this task, woken next, finds the link broken
+                failed = True  # this task, woken next, gives the link up
+                return
             if link.pending:
                 unflushed += 1
             else:
@@ -324,6 +326,9 @@ class TcpTransport(Transport):
             if outbox.closed:
                 return
             await outbox.wait_for_frames(write_directly)
+            if failed:
+                outbox.frames_lost_in_flight += unflushed
+                return
 
     async def _watch_link(self, link: TlsLink, scope: trio.CancelScope) -> None:
         """Nothing is ever sent back on an outbound link: any read result means it ended."""

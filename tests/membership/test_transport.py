@@ -16,6 +16,7 @@ import trio.testing
 
 from membership import Address, ConfigurationError, Envelope, TransportSettings, UniqueAddress
 from membership._address import MAX_UID
+from membership._tlslink import TlsLink
 from membership._transport import Outbox
 
 from .conftest import CertSet, Harness, Seq, TcpHarness
@@ -250,3 +251,36 @@ async def test_a_tcp_link_dials_a_peer_through_its_dial_via_address(certs: CertS
 def test_dial_via_takes_only_pairs_of_an_address_and_where_to_dial_it(dial_via: object) -> None:
     with pytest.raises(ConfigurationError, match=r"TransportSettings.dial_via = .* is invalid"):
         TransportSettings(dial_via=dial_via)  # type: ignore[arg-type]
+
+
+async def test_a_lone_frame_that_meets_a_broken_link_is_lost_and_the_link_redialled(
+    certs: CertSet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The socket fails just as a lone frame is written in the sending task: that frame is
+    # counted lost in flight (at most once, as a frame in a batch would be), the link task
+    # gives the link up, and the next frames go over a new one.
+    settings = TransportSettings(reconnect_backoff_min=0.01, reconnect_backoff_max=0.01)
+    async with trio.open_nursery() as nursery:
+        harness = TcpHarness(nursery, certs)
+        a = await harness.start("node-a", settings=settings)
+        b = await harness.start("node-b", settings=settings)
+        to = b.local_address.address
+        a.send_nowait(to, Seq(1))
+        assert (await receive_n(b, 1))[0].message == Seq(1)
+        await trio.testing.wait_all_tasks_blocked()  # the link task waits: the link is idle
+
+        def fail(self: TlsLink, data: bytes) -> None:
+            raise trio.BrokenResourceError("injected") from ConnectionResetError()
+
+        with monkeypatch.context() as patch:
+            patch.setattr(TlsLink, "write_nowait", fail)
+            a.send_nowait(to, Seq(2))  # written (and lost) in this task: no exception here
+        peer = a.statistics().peer(to)
+        assert peer is not None
+        assert (peer.frames_lost_in_flight, peer.queued_frames) == (1, 0)
+        a.send_nowait(to, Seq(3))
+        assert (await receive_n(b, 1))[0].message == Seq(3)
+        peer = a.statistics().peer(to)
+        assert peer is not None
+        assert (peer.connects, peer.frames_sent, peer.frames_lost_in_flight) == (2, 2, 1)
+        nursery.cancel_scope.cancel()
