@@ -57,13 +57,12 @@ async def test_lone_messages_and_bursts_keep_order_and_all_count_as_sent(
         sent += 1
         [lone] = await receive_n(b, 1)
         assert lone.message == Seq(sent - 1)
-        for _ in range(round_ * 10):  # a burst behind it, in one go
-            a.send_nowait(to, Seq(sent))
-            sent += 1
-        a.send_nowait(to, Seq(sent, b"end"))
-        sent += 1
-        got = await receive_n(b, round_ * 10 + 1)
-        assert [e.message.n for e in got] == list(range(sent - len(got), sent))
+        burst = [Seq(n) for n in range(sent, sent + round_ * 10)] + [Seq(sent + round_ * 10)]
+        for seq in burst:  # a burst behind it, in one go
+            a.send_nowait(to, seq)
+        sent += len(burst)
+        got = await receive_n(b, len(burst))
+        assert [e.message for e in got] == burst
     peer = a.statistics().peer(to)
     assert peer is not None
     assert (peer.frames_sent, peer.frames_lost_in_flight, peer.queued_frames) == (sent, 0, 0)
