@@ -87,6 +87,8 @@ class Tally:
         self.target = 0
         self.mark_at = 0.0
         self.target_at = 0.0
+        self.mark_cpu = 0.0
+        self.target_cpu = 0.0
         self.done: trio.Event | None = None
 
     def reset(self, *, mark: int, target: int) -> trio.Event:
@@ -95,6 +97,7 @@ class Tally:
         self.mark = mark
         self.target = target
         self.mark_at = self.target_at = 0.0
+        self.mark_cpu = self.target_cpu = 0.0
         self.done = trio.Event()
         return self.done
 
@@ -103,8 +106,10 @@ class Tally:
         handled = self.handled = self.handled + 1
         if handled == self.mark:
             self.mark_at = time.perf_counter()
+            self.mark_cpu = time.process_time()
         if handled == self.target:
             self.target_at = time.perf_counter()
+            self.target_cpu = time.process_time()
             assert self.done is not None
             self.done.set()
 
@@ -352,7 +357,12 @@ async def cmd_count_wait(state: State, limit: float, profile: str | None) -> dic
     state.profile_stop(profile)
     if not done.is_set():
         raise WorkerError(f"{TALLY.handled} of {TALLY.target} messages handled in {limit:g} s")
-    return {"mark_at": TALLY.mark_at, "target_at": TALLY.target_at, "handled": TALLY.handled}
+    return {
+        "mark_at": TALLY.mark_at,
+        "target_at": TALLY.target_at,
+        "cpu_s": TALLY.target_cpu - TALLY.mark_cpu,
+        "handled": TALLY.handled,
+    }
 
 
 async def cmd_tell(
@@ -365,12 +375,12 @@ async def cmd_tell(
     message = Add(1)
     n = len(refs)
     state.profile_start(profile)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     for i in range(count):
         await refs[i % n].tell(message)
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     state.profile_stop(profile)
-    return {"elapsed_s": elapsed}
+    return {"elapsed_s": elapsed, "cpu_s": cpu}
 
 
 async def cmd_ask_seq(state: State, count: int, warmup: int, profile: str | None) -> dict[str, Any]:

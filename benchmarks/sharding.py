@@ -491,6 +491,8 @@ def sharding_steps(
         "formed_s": formed,
         "tell_per_s": tell_per_s,
         "tell_sender_s": sent["elapsed_s"],
+        "tell_receiver_cpu_us": counted["cpu_s"] / plan.tell_count * 1e6,
+        "tell_sender_cpu_us": sent["cpu_s"] / total * 1e6,
         "ask_seq": seq,
         "ask_concurrent": conc,
         "first": first,
@@ -522,7 +524,9 @@ def measure_remote(
         progress_line(
             progress,
             f"(b) run {run + 1}/{plan.remote_repeats}: tell {sharding['tell_per_s']:,.0f}/s vs "
-            f"one-way {oneway['msgs_per_s']:,.0f}/s; ask {sharding['ask_seq']['per_s']:,.0f}/s "
+            f"one-way {oneway['msgs_per_s']:,.0f}/s (CPU per tell: receiver "
+            f"{sharding['tell_receiver_cpu_us']:.1f} us, sender "
+            f"{sharding['tell_sender_cpu_us']:.1f} us); ask {sharding['ask_seq']['per_s']:,.0f}/s "
             f"(p50 {sharding['ask_seq']['p50_us']:,.0f} us) vs ping-pong "
             f"{pingpong['per_s']:,.0f}/s (p50 {pingpong['p50_us']:,.0f} us); "
             f"{CONCURRENT_ASKERS} askers {sharding['ask_concurrent']['per_s']:,.0f}/s; "
@@ -578,6 +582,8 @@ def summarize_remote(runs: list[dict[str, Any]], frame: int, oneway_size: int) -
             {
                 "tell_per_s": r["tell_per_s"],
                 "tell_sender_s": r["tell_sender_s"],
+                "tell_receiver_cpu_us": r["tell_receiver_cpu_us"],
+                "tell_sender_cpu_us": r["tell_sender_cpu_us"],
                 "oneway_per_s": r["oneway"]["msgs_per_s"],
                 "ask_seq": r["ask_seq"],
                 "ask_concurrent": r["ask_concurrent"],

@@ -8,9 +8,20 @@ registered enums travel as msgpack extension types, so they come back as what wa
 its own turns tuples into lists). There is no pickle anywhere: a peer can only make us build
 classes that were registered on purpose, through their validating constructors. (A class whose
 attrs ``__init__`` only stores its fields, with no validator, converter or hook, is built by
-storing them, which makes the same object in half the time: see :func:`_init_only_stores`. One
-whose only validators are ``instance_of`` checks, optional or not, is built the same way once
-the same ``isinstance`` checks pass, and by its constructor otherwise: see :func:`_type_checks`.)
+storing them, which makes the same object in half the time: see :func:`_init_only_stores` and
+:func:`_storing_twin`. One whose only validators are ``instance_of`` checks, optional or not, is
+built the same way once the same ``isinstance`` checks pass, and by its constructor otherwise:
+see :func:`_type_checks`.)
+
+A registered object in a field of the message itself travels flat instead: kind ``OBJECT_FLAT``
+carries ``[wire_name, *fields, mask]``, each such field as its own ``[wire_name, *fields]`` list,
+and bit ``i`` of ``mask`` set for the field at position ``i`` of the body. An extension's body is
+a second msgpack document, packed and read by a msgpack call of its own through Python hooks;
+the fields of a flat body are packed and read with the message. For the commonest message of
+all, a shard region's ``EntityDelivery`` with the entity's message in a field, that makes
+encoding a third cheaper and decoding a tenth. Deeper objects, and enums, stay extensions. A
+node older than this format refuses the kind (a broken link): every node of a cluster must speak
+it.
 
 The header is fixed-size binary rather than msgpack so that a bad header (which means the link is
 broken: close it) is told apart cheaply from a bad body (one message nobody here understands: drop
@@ -47,6 +58,7 @@ from ._framing import HEADER as _FRAME_PREFIX
 WIRE_VERSION: Final = 1
 KIND_PLAIN: Final = 1
 KIND_OBJECT: Final = 2
+KIND_OBJECT_FLAT: Final = 3
 
 HEADER = struct.Struct(">BBQ")
 HEADER_SIZE: Final = HEADER.size
@@ -58,6 +70,8 @@ _unpackb = msgpack.unpackb
 
 _VERSION_PLAIN: Final = WIRE_VERSION << 8 | KIND_PLAIN
 _VERSION_OBJECT: Final = WIRE_VERSION << 8 | KIND_OBJECT
+_VERSION_FLAT: Final = WIRE_VERSION << 8 | KIND_OBJECT_FLAT
+_VERSION_KINDS: Final = frozenset({_VERSION_PLAIN, _VERSION_OBJECT, _VERSION_FLAT})
 
 EXT_OBJECT: Final = 1
 EXT_TUPLE: Final = 2
@@ -69,7 +83,8 @@ MAX_NESTING: Final = 32
 """How deep tuples, sets and registered objects may nest in a received message. msgpack keeps its
 parser state (about 40 KB) on the C stack and each of these levels parses its extension body with
 a fresh parser, so without a limit a frame of a couple of kilobytes nesting a few hundred tuples
-overflows the stack and kills the process."""
+overflows the stack and kills the process. An object sent flat (see ``KIND_OBJECT_FLAT``) is no
+extension: it is parsed with its message, and does not count."""
 
 T = TypeVar("T", bound=type)
 
@@ -80,7 +95,10 @@ class _ClassSpec:
     name: str
     aliases: tuple[str, ...]
     as_list: Callable[[Any], list[Any]]
-    """Gives ``[name, *fields]`` of an instance: the body to send."""
+    """Gives ``[name, *fields]`` of an instance: its body when nested in another value."""
+    as_body: Callable[[Any], tuple[int, list[Any]]]
+    """Gives the frame kind and the body of an instance sent as a message (see
+    :func:`_body_maker`)."""
     build: Callable[[list[Any]], object]
     """Builds the object from a received ``[name, *fields]``."""
 
@@ -99,7 +117,12 @@ class _EnumSpec:
 _by_class: dict[type, _ClassSpec | _EnumSpec] = {}
 _by_name: dict[str, _ClassSpec | _EnumSpec] = {}
 _as_list_by_class: dict[type, Callable[[Any], list[Any]]] = {}
-"""``_ClassSpec.as_list`` of each registered attrs class: one lookup on the send path."""
+"""``_ClassSpec.as_list`` of each registered attrs class: one lookup per nested object."""
+_as_body_by_class: dict[type, Callable[[Any], tuple[int, list[Any]]]] = {}
+"""``_ClassSpec.as_body`` of each registered attrs class: one lookup per message sent."""
+
+_SCALARS: Final = frozenset({str, int, float, bool, bytes, type(None)})
+"""Types a field whose validator checks for them only cannot hold a registered object."""
 
 
 def _lister(name: str, names: tuple[str, ...]) -> Callable[[Any], list[Any]]:
@@ -110,6 +133,70 @@ def _lister(name: str, names: tuple[str, ...]) -> Callable[[Any], list[Any]]:
         return as_list
     getters = tuple(operator.attrgetter(n) for n in names)
     return lambda obj: [name, *(get(obj) for get in getters)]
+
+
+def _body_maker(
+    name: str, fields: Sequence[attrs.Attribute[Any]]
+) -> Callable[[Any], tuple[int, list[Any]]]:
+    """A function giving ``(kind, body)`` of an instance sent as a message.
+
+    ``(KIND_OBJECT, [name, *fields])`` when no field holds a registered attrs object;
+    otherwise ``(KIND_OBJECT_FLAT, [name, *fields, mask])`` with each such field as its own
+    ``[wire_name, *fields]`` list and bit ``i`` of ``mask`` set for position ``i`` of the body.
+    Only fields whose validator allows no more than plain scalars are not looked at: a
+    registered object there (built around its validators) travels as an extension, as any
+    deeper one does.
+    """
+    names = tuple(f.name for f in fields)
+    maybe = tuple(i for i, f in enumerate(fields, start=1) if _may_hold_object(f))
+    namespace: dict[str, Any] = {
+        "name": name,
+        "lister": _as_list_by_class.get,
+        "plain": KIND_OBJECT,
+        "flat": KIND_OBJECT_FLAT,
+    }
+    if all(n.isidentifier() and not keyword.iskeyword(n) for n in names):
+        # Generated, like _lister: each field read once, each object field tested in place.
+        values = [f"a{i}" for i in range(1, len(names) + 1)]
+        lines = [
+            "def as_body(o):",
+            *(f"    {v} = o.{n}" for v, n in zip(values, names, strict=True)),
+        ]
+        lines.append("    mask = 0")
+        for i in maybe:
+            value = values[i - 1]
+            lines += [
+                f"    as_list = lister(type({value}))",
+                "    if as_list is not None:",
+                f"        {value} = as_list({value})",
+                f"        mask |= {1 << i}",
+            ]
+        body = ", ".join(["name", *values])
+        lines += [
+            "    if mask:",
+            f"        return flat, [{body}, mask]",
+            f"    return plain, [{body}]",
+        ]
+        exec("\n".join(lines), namespace)
+        as_body: Callable[[Any], tuple[int, list[Any]]] = namespace["as_body"]
+        return as_body
+    getters = tuple(operator.attrgetter(n) for n in names)
+    lister = _as_list_by_class.get
+
+    def as_body_by_name(obj: Any) -> tuple[int, list[Any]]:
+        body = [name, *(get(obj) for get in getters)]
+        mask = 0
+        for i in maybe:
+            as_list = lister(type(body[i]))
+            if as_list is not None:
+                body[i] = as_list(body[i])
+                mask |= 1 << i
+        if mask:
+            body.append(mask)
+            return KIND_OBJECT_FLAT, body
+        return KIND_OBJECT, body
+
+    return as_body_by_name
 
 
 def _init_only_stores(cls: type, fields: Sequence[attrs.Attribute[Any]]) -> bool:
@@ -137,6 +224,16 @@ class _Frozen:
 _PLAIN_SETATTR: Final[tuple[object, ...]] = (object.__setattr__, _Frozen.__setattr__)
 """A class's ``__setattr__`` when its constructor stores into the slots directly: none of its
 own, or that of a frozen attrs class (whose ``__init__`` goes around it)."""
+
+
+def _may_hold_object(field: attrs.Attribute[Any]) -> bool:
+    validator: Any = field.validator
+    if type(validator) is _OPTIONAL:
+        validator = validator.validator
+    if type(validator) is not _INSTANCE_OF:
+        return True
+    kinds = validator.type if isinstance(validator.type, tuple) else (validator.type,)
+    return not all(kind in _SCALARS for kind in kinds)
 
 
 def _type_checks(
@@ -185,39 +282,89 @@ def _builder(
     The common case, every field present, runs generated code (keyword arguments spelled out
     once: three times cheaper than ``cls(**dict(zip()))``; or, when the constructor only stores
     its arguments, maybe after ``instance_of`` checks, the same checks and the stores
-    themselves). Any other count goes to :func:`_build_partial`.
+    themselves, through a :func:`_storing_twin` when the class has one). Any other count goes
+    to :func:`_build_partial`.
     """
     # The source names fields by position only; the classes and descriptors are in namespace.
     namespace: dict[str, Any] = {
         "cls": cls,
         "new": object.__new__,
-        "count": len(fields) + 1,
         "partial": functools.partial(_build_partial, cls, aliases),
     }
     assert all(alias.isidentifier() for alias in aliases)  # attrs checks them
-    arguments = ", ".join(f"{alias}=v[{i}]" for i, alias in enumerate(aliases, start=1))
+    # The fields are unpacked into locals a1, a2, ... at once: cheaper than indexing each.
+    names = [f"a{i}" for i in range(1, len(fields) + 1)]
+    arguments = ", ".join(f"{alias}={name}" for alias, name in zip(aliases, names, strict=True))
     checks = _type_checks(cls, fields)
     if checks is not None:
         tests = []
         for i, check in enumerate(checks):
             if check is not None:
                 namespace[f"t{i}"], optional = check
-                test = f"isinstance(v[{i + 1}], t{i})"
-                tests.append(f"(v[{i + 1}] is None or {test})" if optional else test)
+                test = f"isinstance({names[i]}, t{i})"
+                tests.append(f"({names[i]} is None or {test})" if optional else test)
         lines = []
         if tests:
             # A value a validator would refuse: the constructor raises its own error for it.
             lines += [f"    if not ({' and '.join(tests)}):", f"        return cls({arguments})"]
-        lines.append("    o = new(cls)")
-        for i, f in enumerate(fields):
-            namespace[f"set{i}"] = getattr(cls, f.name).__set__
-            lines.append(f"    set{i}(o, v[{i + 1}])")
+        twin = _storing_twin(cls, fields)
+        if twin is not None:
+            namespace["twin"] = twin
+            lines.append("    o = twin()")
+            lines += [f"    o.{f.name} = {names[i]}" for i, f in enumerate(fields)]
+            lines.append("    o.__class__ = cls")
+        else:
+            lines.append("    o = new(cls)")
+            for i, f in enumerate(fields):
+                namespace[f"set{i}"] = getattr(cls, f.name).__set__
+                lines.append(f"    set{i}(o, {names[i]})")
     else:
         lines = [f"    o = cls({arguments})"]
-    source = "\n".join(["def build(v):", "    if len(v) != count:", "        return partial(v)"])
-    exec("\n".join([source, *lines, "    return o"]), namespace)
+    source = [
+        "def build(v):",
+        "    try:",
+        f"        {', '.join(['_', *names])}, = v",
+        "    except ValueError:  # not every field: an older (or newer) peer's",
+        "        return partial(v)",
+    ]
+    exec("\n".join([*source, *lines, "    return o"]), namespace)
     build: Callable[[list[Any]], object] = namespace["build"]
     return build
+
+
+def _storing_twin(cls: type, fields: Sequence[attrs.Attribute[Any]]) -> type | None:
+    """A subclass of ``cls`` that adds nothing but plain attribute stores, or None.
+
+    A frozen class's slots are written through their descriptors' ``__set__``, a call that
+    costs as much as building the object. An instance of this twin takes plain stores
+    instead (``object.__setattr__``, specialized by the interpreter) and then becomes a ``cls``
+    by ``__class__`` assignment, which Python allows between classes of the same layout: the
+    cheaper way to the same object, even for one field. Only for a class with the
+    plain metaclass and no ``__init_subclass__``, ``__del__`` or odd field name (so that making
+    the twin runs nothing of the class's own), and only if the assignment works here.
+    """
+    if (
+        not fields
+        or type(cls) is not type
+        or any("__init_subclass__" in vars(c) or "__del__" in vars(c) for c in cls.__mro__[:-1])
+        or not all(f.name.isidentifier() and not keyword.iskeyword(f.name) for f in fields)
+    ):
+        return None
+    namespace = {
+        "__slots__": (),
+        "__init__": object.__init__,  # twin() makes an empty one: cheaper than object.__new__
+        "__setattr__": object.__setattr__,
+        "__delattr__": object.__delattr__,
+        "__module__": __name__,
+        "__qualname__": f"_storing_twin.<{cls.__qualname__}>",
+    }
+    twin = type(f"{cls.__name__}Twin", (cls,), namespace)
+    probe: Any = object.__new__(twin)
+    try:
+        probe.__class__ = cls
+    except TypeError:
+        return None
+    return twin
 
 
 def _build_partial(cls: type, aliases: tuple[str, ...], value: list[Any]) -> object:
@@ -252,6 +399,7 @@ def _register(cls: T, name: str | None) -> T:
             wire_name,
             aliases,
             _lister(wire_name, tuple(f.name for f in fields)),
+            _body_maker(wire_name, fields),
             _builder(cls, fields, aliases),
         )
     else:
@@ -274,6 +422,7 @@ def _register(cls: T, name: str | None) -> T:
         # The same class defined again (a module reloaded): the newest definition wins.
         del _by_class[taken.cls]
         _as_list_by_class.pop(taken.cls, None)
+        _as_body_by_class.pop(taken.cls, None)
     old = _by_class.get(cls)
     if old is not None and old.name != wire_name:
         del _by_name[old.name]
@@ -281,6 +430,7 @@ def _register(cls: T, name: str | None) -> T:
     _by_name[wire_name] = spec
     if isinstance(spec, _ClassSpec):
         _as_list_by_class[cls] = spec.as_list
+        _as_body_by_class[cls] = spec.as_body
     return cls
 
 
@@ -436,11 +586,11 @@ class FrameEncoder:
             SerializationError: as :func:`encode`.
             MessageTooLarge: the frame would exceed ``max_frame_size``.
         """
-        as_list = _as_list_by_class.get(type(message))
+        as_body = _as_body_by_class.get(type(message))
         try:
-            if as_list is not None:
-                body = self._packer.pack(as_list(message))
-                kind = KIND_OBJECT
+            if as_body is not None:
+                kind, fields = as_body(message)
+                body = self._packer.pack(fields)
             else:
                 body = self._packer.pack(message)
                 kind = KIND_PLAIN
@@ -458,7 +608,8 @@ def _encode_body(message: object) -> tuple[int, bytes]:
     spec = _by_class.get(type(message))
     try:
         if spec is not None and isinstance(spec, _ClassSpec):
-            return KIND_OBJECT, _local.packer.pack(spec.as_list(message))
+            kind, fields = spec.as_body(message)
+            return kind, _local.packer.pack(fields)
         return KIND_PLAIN, _local.packer.pack(message)
     except (SerializationError, TypeError, ValueError, OverflowError) as exc:
         # A fresh Packer: a failed pack leaves the shared one with a half-written buffer.
@@ -500,7 +651,7 @@ def decode_header(payload: bytes) -> tuple[int, int]:
     """
     if len(payload) >= HEADER_SIZE:
         version, kind, to_uid = HEADER.unpack_from(payload)
-        if version == WIRE_VERSION and kind in (KIND_PLAIN, KIND_OBJECT):
+        if version == WIRE_VERSION and kind in (KIND_PLAIN, KIND_OBJECT, KIND_OBJECT_FLAT):
             return kind, to_uid
     raise _header_error(payload)
 
@@ -537,20 +688,33 @@ def decode_parts(payload: bytes) -> tuple[int, object]:
         version_kind, to_uid = _unpack_version_kind(payload)
     except struct.error:
         raise _header_error(payload) from None
-    if version_kind != _VERSION_OBJECT and version_kind != _VERSION_PLAIN:
+    if version_kind not in _VERSION_KINDS:
         raise _header_error(payload)
     try:
         value = _unpackb(
             payload[HEADER_SIZE:], raw=False, strict_map_key=False, ext_hook=_top_ext_hook
         )
-        if version_kind == _VERSION_OBJECT:
-            # Building the object inlined (as in ext_hook): once per message.
-            if not isinstance(value, list) or not value or not isinstance(value[0], str):
-                raise _not_an_object()
-            spec = _by_name.get(value[0])
-            if spec is None:
-                raise _unknown_type(value[0])
-            value = spec.build(value)
+        if version_kind == _VERSION_PLAIN:
+            return to_uid, value
+        if type(value) is not list or not value:
+            raise _not_an_object()
+        if version_kind == _VERSION_FLAT:
+            # The objects sent flat, built in place (as in ext_hook): once per message.
+            mask = value.pop()
+            positions = _SMALL_MASKS.get(mask) if type(mask) is int else None
+            for i in positions or _flat_positions(mask):
+                inner = value[i]
+                if type(inner) is not list:
+                    raise _not_an_object()
+                spec = _by_name.get(inner[0])
+                if spec is None:
+                    raise _unknown_type(inner[0])
+                value[i] = spec.build(inner)
+        # Building the object inlined (as in ext_hook): once per message.
+        spec = _by_name.get(value[0])
+        if spec is None:
+            raise _unknown_type(value[0])
+        value = spec.build(value)
     except MessageDecodeError:
         raise
     except Exception as exc:
@@ -559,6 +723,23 @@ def decode_parts(payload: bytes) -> tuple[int, object]:
         # same thing here. Constructors of registered classes may raise anything on bad fields.
         raise MessageDecodeError(f"undecodable message body: {type(exc).__name__}: {exc}") from None
     return to_uid, value
+
+
+def _flat_positions(mask: object) -> tuple[int, ...]:
+    """The body positions whose field was sent flat, from the mask ending a flat body.
+
+    Bit ``i`` marks position ``i``: a field, never the wire name at 0. A position past the end
+    of the body fails when it is read.
+    """
+    if type(mask) is not int or mask <= 0 or mask & 1:
+        raise MessageDecodeError(f"flat object body ends with {mask!r}, not a field mask")
+    return tuple(i for i in range(1, mask.bit_length()) if mask >> i & 1)
+
+
+_SMALL_MASKS: Final[dict[int, tuple[int, ...]]] = {}
+"""What :func:`_flat_positions` gives for the masks of bodies with up to 7 fields: looked up
+first, once per message."""
+_SMALL_MASKS.update((mask, _flat_positions(mask)) for mask in range(2, 256, 2))
 
 
 def _not_an_object() -> MessageDecodeError:

@@ -65,6 +65,14 @@ _ACTIVE = EntityState.ACTIVE
 _STOPPING = EntityState.STOPPING
 _RESTARTING = EntityState.RESTARTING
 _GONE = EntityState.GONE
+SPARE_MAILBOXES = 256
+"""Empty mailboxes a region keeps for reuse. An idle entity keeps no deque (it would cost more
+than the entity), so every message to an idle entity needs one: taking a spare costs a tenth of
+making a new one."""
+
+_deque = collections.deque
+_CONTROL = frozenset({Stop, Wake})
+"""Mailbox entries that are not messages for the entity."""
 
 
 class Scheduler:
@@ -82,6 +90,8 @@ class Scheduler:
         self._idle: list[trio.lowlevel.Task] = []
         self._workers = 0
         self._progress = 0
+        self.spare_mailboxes: list[collections.deque[Mail]] = []
+        """Empty mailboxes to reuse (see SPARE_MAILBOXES)."""
         self._watching = False
         self.peak_workers = 0
 
@@ -123,6 +133,7 @@ class Scheduler:
 
     async def _worker(self) -> None:
         ready = self._ready
+        spare = self.spare_mailboxes
         task = trio.lowlevel.current_task()
 
         def abort(_: object) -> trio.lowlevel.Abort:
@@ -138,7 +149,41 @@ class Scheduler:
                     cell = ready.popleft()
                     self._progress += 1
                     cell._scope = scope
-                    await cell._shard._run(cell)
+                    shard = cell._shard
+                    instance = cell._instance
+                    mailbox = cell._mailbox
+                    # Shard._run's common case spelled out here, one coroutine less per turn: a
+                    # running entity with one message waiting, in a shard with no lease to check.
+                    if (
+                        instance is None
+                        or mailbox is None
+                        or len(mailbox) != 1
+                        or shard.lease_token is not None
+                        or type(mailbox[0][0]) in _CONTROL
+                    ):
+                        await shard._run(cell)
+                        continue
+                    message, reply = mailbox.popleft()
+                    try:
+                        result = await instance.receive(message, cell)
+                    except Exception as exc:
+                        shard._crashed(cell, exc, reply)
+                    else:
+                        if reply is not None:
+                            reply.ok(result)
+                    finally:
+                        cell._scope = None
+                        cell._scheduled = False
+                    if cell._state is _GONE:
+                        continue
+                    cell._last_active = shard._now()
+                    if not mailbox:  # still the cell's: only a stop (now GONE) takes it
+                        if len(spare) < SPARE_MAILBOXES:
+                            spare.append(mailbox)
+                        cell._mailbox = None  # an idle entity keeps no deque
+                    elif cell._state is not _RESTARTING:  # more came while it ran
+                        cell._scheduled = True
+                        self.schedule(cell)
             if ready:
                 continue
             if self._workers > MIN_WORKERS:
@@ -165,6 +210,10 @@ class Shard:
         self._pending: list[tuple[EntityId, object, Reply | None]] | None = None
         self._loading: trio.CancelScope | None = None
         self._watching = trio.CancelScope()
+        # The region's, read on every delivery: one attribute lookup each instead of two.
+        self._scheduler = region._scheduler
+        self._lru = region._lru
+        self._spare_mailboxes = region._scheduler.spare_mailboxes
         # What trio.current_time() reads, without its two calls and run-context lookup: it is
         # read after every run of an entity.
         self._now: Callable[[], float] = trio.lowlevel.current_clock().current_time
@@ -333,15 +382,16 @@ class Shard:
                 cell._held = []
             cell._held.append((message, reply))
             return
-        elif self.region._lru is not None:
-            self.region._lru.move_to_end(cell)
+        elif self._lru is not None:
+            self._lru.move_to_end(cell)
         mailbox = cell._mailbox
         if mailbox is None:
-            mailbox = cell._mailbox = collections.deque()
+            spare = self._spare_mailboxes
+            mailbox = cell._mailbox = spare.pop() if spare else _deque()
         mailbox.append((message, reply))
         if not cell._scheduled and cell._state is _ACTIVE:
             cell._scheduled = True
-            self.region._scheduler.schedule(cell)
+            self._scheduler.schedule(cell)
 
     def _new_cell(self, entity_id: EntityId, *, remembered: bool = False) -> EntityContext:
         cell = EntityContext(entity_id, self, trio.current_time())
@@ -406,6 +456,9 @@ class Shard:
                 cell._scheduled = True
                 region._scheduler.schedule(cell)
         else:
+            spare = self._spare_mailboxes
+            if mailbox is not None and cell._mailbox is mailbox and len(spare) < SPARE_MAILBOXES:
+                spare.append(mailbox)
             cell._mailbox = None  # an idle entity keeps no deque
 
     def _crashed(self, cell: EntityContext, exc: Exception, reply: Reply | None) -> None:

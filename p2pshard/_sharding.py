@@ -459,7 +459,7 @@ class Sharding:
 
     def handle(self, envelope: Envelope) -> bool:
         """Take a sharding message from the transport; False if it is not one."""
-        message, sender = envelope.message, envelope.sender
+        sender, message = envelope
         if type(message) is EntityDelivery:
             # Nearly every message: _on_delivery's common case spelled out here for speed.
             region = self._regions.get(message.type_name)

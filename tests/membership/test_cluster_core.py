@@ -597,15 +597,23 @@ def test_acks_carry_the_oldest_and_size_and_seeding_nodes_still_nack() -> None:
 
 
 def test_an_init_join_ack_from_an_older_peer_gets_the_defaults() -> None:
-    from membership._wire import HEADER_SIZE, decode, encode
+    from membership._wire import (
+        HEADER,
+        KIND_OBJECT,
+        WIRE_VERSION,
+        _default,
+        decode,
+        encode,
+        wire_name,
+    )
 
     sender = UniqueAddress(address(1), "n1", 1)
     new = InitJoinAck(sender=sender, oldest=sender, size=4)
     assert decode(encode(new)).message == new
-    payload = encode(new)
-    body = msgpack.unpackb(payload[HEADER_SIZE:], ext_hook=msgpack.ExtType)
-    old = msgpack.packb(body[:2], use_bin_type=True)  # [name, sender]: what older peers send
-    assert decode(payload[:HEADER_SIZE] + old).message == InitJoinAck(sender=sender)
+    # [name, sender], the sender nested as an extension: what older peers send.
+    old = msgpack.packb([wire_name(InitJoinAck), sender], default=_default, use_bin_type=True)
+    header = HEADER.pack(WIRE_VERSION, KIND_OBJECT, 0)
+    assert decode(header + old).message == InitJoinAck(sender=sender)
     with pytest.raises(TypeError, match="size"):
         InitJoinAck(sender=sender, size=-1)
 

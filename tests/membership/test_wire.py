@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import attrs
 import msgpack
@@ -30,6 +30,7 @@ from membership._wire import (
     HEADER,
     HEADER_SIZE,
     KIND_OBJECT,
+    KIND_OBJECT_FLAT,
     KIND_PLAIN,
     MAX_NESTING,
     WIRE_VERSION,
@@ -38,6 +39,7 @@ from membership._wire import (
     _EnumSpec,
     _init_only_stores,
     _pack_nested,
+    _storing_twin,
     _type_checks,
     decode,
     decode_header,
@@ -159,6 +161,10 @@ def frame(body: bytes, *, kind: int = KIND_PLAIN, version: int = WIRE_VERSION) -
 
 def object_frame(*fields: object) -> bytes:
     return frame(msgpack.packb(list(fields)), kind=KIND_OBJECT)
+
+
+def flat_frame(*fields: object) -> bytes:
+    return frame(msgpack.packb(list(fields)), kind=KIND_OBJECT_FLAT)
 
 
 def nested_tuples(depth: int) -> bytes:
@@ -376,10 +382,10 @@ def test_a_message_over_max_size_is_refused() -> None:
         (frame(b"")[: HEADER_SIZE - 1], "9 bytes is shorter than the header"),
         (frame(b"\xc0", version=2), "wire version 2 is not supported"),
         (frame(b"\xc0", version=0), "wire version 0 is not supported"),
-        (frame(b"\xc0", kind=3), "unknown frame kind 3"),
+        (frame(b"\xc0", kind=4), "unknown frame kind 4"),
         (frame(b"\xc0", kind=0), "unknown frame kind 0"),
     ],
-    ids=["empty", "short", "version-2", "version-0", "kind-3", "kind-0"],
+    ids=["empty", "short", "version-2", "version-0", "kind-4", "kind-0"],
 )
 def test_a_bad_header_is_a_frame_decode_error(payload: bytes, error: str) -> None:
     with pytest.raises(FrameDecodeError, match=error):
@@ -448,6 +454,78 @@ def test_tuples_nested_beyond_the_limit_are_refused_not_a_crash() -> None:
     for depth in (MAX_NESTING + 1, 1_000):
         with pytest.raises(MessageDecodeError, match=f"nested more than {MAX_NESTING} deep"):
             decode(frame(nested_tuples(depth)))
+
+
+# --- objects in a message's fields travel flat ---------------------------------------------------
+
+
+def test_a_registered_object_in_a_field_travels_flat() -> None:
+    payload = encode(Holder(Point(1, 2)), to_uid=5)
+    assert payload == HEADER.pack(WIRE_VERSION, KIND_OBJECT_FLAT, 5) + msgpack.packb(
+        ["tests.wire.Holder", ["tests.wire.Point", 1, 2], 0b10]
+    )
+    assert decode(payload) == (5, Holder(Point(1, 2)))
+    typed_ = Typed(name="n", where=Point(3, 4), anything=Holder(None))
+    assert decode(encode(typed_)).message == typed_
+    assert msgpack.unpackb(encode(typed_)[HEADER_SIZE:])[-1] == 0b101000  # where, anything
+
+
+def test_a_message_without_an_object_field_and_deeper_objects_keep_their_format() -> None:
+    for value in (Holder([Point(1, 2)]), Holder(Color.RED), Holder((Point(1, 2),)), Point(1, 2)):
+        kind, _ = decode_header(encode(value))
+        assert kind == KIND_OBJECT, value
+        assert round_trip(value) == value
+    body = msgpack.unpackb(encode(Holder(Holder(Point(1, 2))))[HEADER_SIZE:])
+    assert body[1][1] == msgpack.ExtType(1, _pack_nested(["tests.wire.Point", 1, 2]))
+
+
+def test_an_object_sent_flat_is_no_extension_level() -> None:
+    # It is parsed with its message, not by a parser of its own: what it holds may nest as deep
+    # as a message's own fields.
+    value: object = None
+    for _ in range(MAX_NESTING):
+        value = (value,)
+    assert round_trip(Holder(Holder(value))) == Holder(Holder(value))
+    with pytest.raises(SerializationError, match=f"nested more than {MAX_NESTING} deep"):
+        encode(Holder(Holder((value,))))
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [0, 1, 0b11, -2, True, 2.0, "2", None, [2], 1 << 9, 1 << 63],
+    ids=repr,
+)
+def test_a_flat_body_with_a_bad_mask_is_a_message_decode_error(mask: object) -> None:
+    with pytest.raises(MessageDecodeError):
+        decode(flat_frame("tests.wire.Holder", ["tests.wire.Point", 1, 2], mask))
+    assert decode(flat_frame("tests.wire.Holder", ["tests.wire.Point", 1, 2], 2)).message == (
+        Holder(Point(1, 2))
+    )
+
+
+@pytest.mark.parametrize(
+    ("inner", "error"),
+    [
+        (["tests.wire.Martian", 1], r"unknown message type 'tests\.wire\.Martian'"),
+        ("tests.wire.Point", r"not \[wire_name, \*fields\]"),
+        ([], "IndexError"),
+        (["tests.wire.Point", 1], "missing 1 required positional argument"),
+        (["tests.wire.Positive", 0], "ValueError"),
+    ],
+    ids=["unknown", "not-a-list", "empty", "too-few", "refused"],
+)
+def test_a_bad_object_sent_flat_is_a_message_decode_error(inner: object, error: str) -> None:
+    with pytest.raises(MessageDecodeError, match=error):
+        decode(flat_frame("tests.wire.Holder", inner, 2))
+
+
+def test_a_flat_body_that_is_not_a_name_and_fields_is_refused() -> None:
+    bodies: list[object] = [{"a": 1}, [], 7]
+    for body in bodies:
+        with pytest.raises(MessageDecodeError, match=r"not \[wire_name, \*fields\]"):
+            decode(frame(msgpack.packb(body), kind=KIND_OBJECT_FLAT))
+    with pytest.raises(MessageDecodeError, match="unknown message type"):
+        decode(flat_frame("tests.wire.Martian", ["tests.wire.Point", 1, 2], 2))
 
 
 # --- properties ----------------------------------------------------------------------------------
@@ -651,6 +729,41 @@ def test_a_constructor_that_only_checks_types_is_bypassed_with_the_same_checks()
     assert odd.name == 1  # type: ignore[comparison-overlap]
 
 
+@message(name="tests.wire.Subclassed")
+@attrs.frozen
+class Subclassed:
+    n: int
+    subclasses: ClassVar[list[type]] = []
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        Subclassed.subclasses.append(cls)
+
+
+@message(name="tests.wire.Finalized")
+@attrs.frozen
+class Finalized:
+    n: int
+
+    def __del__(self) -> None:
+        pass
+
+
+def test_a_decoded_object_is_built_through_a_storing_twin_only_where_that_runs_no_code() -> None:
+    twin = _storing_twin(Typed, attrs.fields(Typed))
+    assert twin is not None
+    assert issubclass(twin, Typed)
+    for cls in (Subclassed, Finalized, DefaultName):  # a hook, a finalizer, no field
+        assert _storing_twin(cls, attrs.fields(cls)) is None, cls
+    assert Subclassed.subclasses == []
+    for value in (Typed(name="t", where=Point(1, 2)), Subclassed(3), Finalized(4), Point(5, 6)):
+        back = round_trip(value)
+        assert back == value
+        assert type(back) is type(value)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        cast(Point, round_trip(Point(1, 2))).x = 3  # type: ignore[misc]
+
+
 def test_classes_that_check_or_convert_their_fields_are_still_built_by_their_constructor() -> None:
     assert decode(object_frame("tests.wire.Converted", "5")).message == Converted(5)
     for name, bad in [
@@ -712,7 +825,18 @@ def reference_decode(payload: bytes) -> tuple[int, object]:
             strict_map_key=False,
             ext_hook=lambda c, d: ext_hook(1, c, d),
         )
-        if kind == KIND_OBJECT:
+        if kind == KIND_OBJECT_FLAT:
+            if not isinstance(value, list) or not value:
+                raise MessageDecodeError("object body is not [wire_name, *fields]")
+            *value, mask = value
+            if type(mask) is not int or mask <= 0 or mask & 1:
+                raise MessageDecodeError("not a field mask")
+            for i in range(1, mask.bit_length()):
+                if mask >> i & 1:
+                    if not isinstance(value[i], list):
+                        raise MessageDecodeError("a flat field is not [wire_name, *fields]")
+                    value[i] = build(value[i])
+        if kind in (KIND_OBJECT, KIND_OBJECT_FLAT):
             value = build(value)
     except MessageDecodeError:
         raise
@@ -765,10 +889,33 @@ def test_fast_decode_accepts_and_refuses_exactly_what_the_constructors_do(
 
 
 @fuzz
+@given(
+    outer=registered_names,
+    inner=registered_names,
+    fields=st.lists(values, max_size=3),
+    inner_fields=st.lists(values, max_size=3),
+    at=st.integers(min_value=0, max_value=3),
+    mask=st.integers(min_value=-4, max_value=1 << 6),
+)
+def test_fast_decode_of_flat_bodies_accepts_and_refuses_what_the_constructors_do(
+    outer: str, inner: str, fields: list[object], inner_fields: list[object], at: int, mask: int
+) -> None:
+    # The object sent flat at ``at`` (its bit in ``mask``, or any other mask a peer may send).
+    body = [outer, *fields]
+    body.insert(min(at, len(fields)) + 1, [inner, *inner_fields])
+    payload = frame(_pack_nested([*body, mask]), kind=KIND_OBJECT_FLAT)
+    assert outcome(decode_parts, payload) == outcome(reference_decode, payload)
+    payload = frame(_pack_nested([*body, 1 << min(at + 1, len(body) - 1)]), kind=KIND_OBJECT_FLAT)
+    assert outcome(decode_parts, payload) == outcome(reference_decode, payload)
+
+
+@fuzz
 @given(data=st.binary(max_size=60))
 def test_fast_decode_refuses_arbitrary_bytes_as_the_reference_does(data: bytes) -> None:
-    for payload in (data, frame(data), frame(data, kind=KIND_OBJECT)):
+    for kind in (KIND_PLAIN, KIND_OBJECT, KIND_OBJECT_FLAT):
+        payload = frame(data, kind=kind)
         assert outcome(decode_parts, payload) == outcome(reference_decode, payload)
+    assert outcome(decode_parts, data) == outcome(reference_decode, data)
 
 
 def test_fast_decode_reports_what_was_wrong() -> None:

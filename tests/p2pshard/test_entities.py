@@ -31,6 +31,7 @@ from p2pshard import (
     message,
 )
 from p2pshard._entity import EntityState
+from p2pshard._shard import SPARE_MAILBOXES
 
 from .sharding_sim import SimCluster, sim_cluster
 
@@ -270,6 +271,29 @@ async def test_an_entity_handles_one_message_at_a_time_in_send_order(
         assert probe.max_running["e"] == 1
         times = [e.at for e in probe.of("e", "work")][:5]
         assert all(b - a >= 1.0 for a, b in itertools.pairwise(times)), times
+
+
+async def test_idle_entities_keep_no_mailbox_and_a_bounded_number_wait_for_reuse(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    probe = Probe()
+    async with sim_cluster(14, worker_setup(probe)) as sim:
+        await up(sim, [1])
+        region = sim.regions[1]
+        ids = [f"e{i}" for i in range(SPARE_MAILBOXES + 50)]
+        for seq in (1, 2):  # the second round takes the mailboxes the first one left
+            for eid in ids:
+                await region.entity_ref(eid).tell(Work(seq=seq))
+            events = len(ids) * (seq + 1)  # a start and a work each, then another work each
+            await eventually(lambda: len(probe.events) == events)  # noqa: B023 - awaited at once
+        for eid in ids:
+            assert probe.trace(eid) == [(1, "start", None), (1, "work", 1), (1, "work", 2)]
+        cells = [cell for shard in region._shards.values() for cell in shard.entities.values()]
+        assert len(cells) == len(ids)
+        assert all(cell._mailbox is None for cell in cells)
+        spare = region._scheduler.spare_mailboxes
+        assert 0 < len(spare) <= SPARE_MAILBOXES
+        assert not any(spare)
 
 
 async def test_concurrent_asks_are_answered_one_at_a_time_in_order(
