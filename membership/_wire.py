@@ -122,6 +122,10 @@ _as_body_by_class: dict[type, Callable[[Any], tuple[int, list[Any]]]] = {}
 """``_ClassSpec.as_body`` of each registered attrs class: one lookup per message sent."""
 
 _SCALARS: Final = frozenset({str, int, float, bool, bytes, type(None)})
+_SCALAR_ANNOTATIONS: Final = frozenset(
+    {"str", "int", "float", "bool", "bytes", "None", *(f"{t} | None" for t in ("str", "int"))}
+)
+"""The same types as annotations under ``from __future__ import annotations`` (strings)."""
 """Types a field whose validator checks for them only cannot hold a registered object."""
 
 
@@ -227,11 +231,18 @@ own, or that of a frozen attrs class (whose ``__init__`` goes around it)."""
 
 
 def _may_hold_object(field: attrs.Attribute[Any]) -> bool:
+    """Whether to look for a registered object in ``field`` when sending its message.
+
+    Not for a field that a validator or its annotation says holds a plain scalar: the look
+    costs a twentieth of sending a small message. An annotation is not checked at run time, so
+    an object there anyway still travels, as an extension (as any deeper object does).
+    """
     validator: Any = field.validator
     if type(validator) is _OPTIONAL:
         validator = validator.validator
     if type(validator) is not _INSTANCE_OF:
-        return True
+        annotation: object = field.type  # a type, or its text under postponed annotations
+        return annotation not in _SCALARS and annotation not in _SCALAR_ANNOTATIONS
     kinds = validator.type if isinstance(validator.type, tuple) else (validator.type,)
     return not all(kind in _SCALARS for kind in kinds)
 

@@ -97,6 +97,16 @@ class Holder:
     value: Any
 
 
+@message(name="tests.wire.Scalars")
+@attrs.frozen
+class Scalars:
+    """Fields annotated as plain scalars: not looked at for objects when sent."""
+
+    n: int
+    text: str | None = None
+    anything: object = None
+
+
 @message(name="tests.wire.Private")
 @attrs.frozen
 class Private:
@@ -468,6 +478,15 @@ def test_a_registered_object_in_a_field_travels_flat() -> None:
     typed_ = Typed(name="n", where=Point(3, 4), anything=Holder(None))
     assert decode(encode(typed_)).message == typed_
     assert msgpack.unpackb(encode(typed_)[HEADER_SIZE:])[-1] == 0b101000  # where, anything
+
+
+def test_an_object_in_a_field_annotated_as_a_scalar_still_travels_as_an_extension() -> None:
+    assert decode_header(encode(Scalars(1, "a", Point(1, 2))))[0] == KIND_OBJECT_FLAT
+    # Annotations are not enforced: an object where the class says int goes nested instead.
+    odd = Scalars(Point(1, 2), Point(3, 4))  # type: ignore[arg-type]
+    kind, _ = decode_header(encode(odd))
+    assert kind == KIND_OBJECT
+    assert round_trip(odd) == odd
 
 
 def test_a_message_without_an_object_field_and_deeper_objects_keep_their_format() -> None:
