@@ -286,11 +286,11 @@ class TcpTransport(Transport):
         in a burst queue up and go out in batches of up to ``max_batch_bytes``.
         """
         max_batch = self._settings.max_batch_bytes
-        unflushed = 0  # frames written directly whose bytes are not all in the kernel yet
+        unflushed = unflushed_bytes = 0  # written directly, not all in the kernel yet
         failed = False
 
         def write_directly(frame: bytes) -> None:
-            nonlocal unflushed, failed
+            nonlocal unflushed, unflushed_bytes, failed
             try:
                 link.write_nowait(frame)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -300,6 +300,7 @@ class TcpTransport(Transport):
                 return
             if link.pending:
                 unflushed += 1
+                unflushed_bytes += len(frame)
             else:
                 outbox.frames_sent += 1
                 outbox.bytes_sent += len(frame)
@@ -310,7 +311,8 @@ class TcpTransport(Transport):
                 if link.pending:
                     await link.flush()
                 outbox.frames_sent += unflushed
-                unflushed = 0
+                outbox.bytes_sent += unflushed_bytes
+                unflushed = unflushed_bytes = 0
                 if outbox.frames:
                     batch = outbox.take(max_batch)
                     link.write_nowait(batch[0] if len(batch) == 1 else b"".join(batch))
