@@ -133,7 +133,6 @@ class Scheduler:
 
     async def _worker(self) -> None:
         ready = self._ready
-        spare = self.spare_mailboxes
         task = trio.lowlevel.current_task()
 
         def abort(_: object) -> trio.lowlevel.Abort:
@@ -174,16 +173,7 @@ class Scheduler:
                     finally:
                         cell._scope = None
                         cell._scheduled = False
-                    if cell._state is _GONE:
-                        continue
-                    cell._last_active = shard._now()
-                    if not mailbox:  # still the cell's: only a stop (now GONE) takes it
-                        if len(spare) < SPARE_MAILBOXES:
-                            spare.append(mailbox)
-                        cell._mailbox = None  # an idle entity keeps no deque
-                    elif cell._state is not _RESTARTING:  # more came while it ran
-                        cell._scheduled = True
-                        self.schedule(cell)
+                    shard._turn_ended(cell, mailbox)
             if ready:
                 continue
             if self._workers > MIN_WORKERS:
@@ -407,7 +397,6 @@ class Shard:
 
     async def _run(self, cell: EntityContext) -> None:
         mailbox = cell._mailbox
-        region = self.region
         try:
             handled = 0
             lease = self.lease if self.lease_token is not None else None
@@ -448,13 +437,17 @@ class Shard:
         finally:
             cell._scope = None
             cell._scheduled = False
+        self._turn_ended(cell, mailbox)
+
+    def _turn_ended(self, cell: EntityContext, mailbox: collections.deque[Mail] | None) -> None:
+        """After an entity's turn: note when, then queue it again if more came, or let it idle."""
         if cell._state is _GONE:
             return
         cell._last_active = self._now()
         if mailbox:
             if cell._state is not _RESTARTING:
                 cell._scheduled = True
-                region._scheduler.schedule(cell)
+                self._scheduler.schedule(cell)
         else:
             spare = self._spare_mailboxes
             if mailbox is not None and cell._mailbox is mailbox and len(spare) < SPARE_MAILBOXES:
