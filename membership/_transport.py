@@ -403,6 +403,18 @@ class Transport(abc.ABC):
         else:
             await self._outbox(address).put(frame)
 
+    def backlog(self, to: Address | UniqueAddress) -> int:
+        """Frames queued for ``to`` that its link has not taken yet (0 when there is no link).
+
+        A sender of many small messages can gather them into fewer while this is above zero:
+        the link is busy then, and what is sent next waits in the queue anyway.
+        """
+        if to is self._recent_to:
+            outbox = self._recent[2]
+        else:
+            outbox = self._outboxes.get(self._route(to)[0])
+        return 0 if outbox is None else len(outbox.frames)
+
     async def forget(self, address: Address, *, flush_timeout: float) -> None:
         """Stop linking to ``address`` once what is queued for it is written.
 

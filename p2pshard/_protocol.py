@@ -10,6 +10,8 @@ maybe the coordinator for each entity type it started. Directions, as in Akka::
                coordinator ──HandOff──▶ owner (stops the shard's entities) ──ShardStopped──▶
     shutdown:  region ──GracefulShutdownReq──▶ coordinator (hands all its shards off)
                region ──RegionStopped──▶ coordinator
+    entities:  region ──EntityDelivery (or a batch: EntityDeliveries)──▶ region
+               region ──EntityReply (the answer to an ask)──▶ the asking node
 """
 
 from __future__ import annotations
@@ -223,6 +225,27 @@ def unchecked_delivery(
     _set_request_id(delivery, request_id)
     _set_origin(delivery, origin)
     return delivery
+
+
+ENTRY_FIELDS = 5
+"""Values per message in :attr:`EntityDeliveries.entries`."""
+
+
+@message(name="p2pshard.sharding.EntityDeliveries")
+@attrs.frozen(kw_only=True)
+class EntityDeliveries:
+    """Messages for entities of one type, between regions, in the order they were sent.
+
+    A region sends these in place of single :class:`EntityDelivery` messages while the link to
+    that node is busy: what it sends then waits in the queue anyway, and one frame of many is
+    cheaper to send and to receive than many frames. ``entries`` is flat, :data:`ENTRY_FIELDS`
+    values per message: shard id, entity id, the message as a frame payload of its own
+    (``_wire.encode``), request id (0 for a tell), and the asking node, or None when it is the
+    sender. The receiver checks each entry on its own: a bad one is dropped, not the others.
+    """
+
+    type_name: str = _name()
+    entries: list[object] = attrs.field(validator=_of(list))
 
 
 @message(name="p2pshard.sharding.EntityReply")

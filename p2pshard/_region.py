@@ -6,13 +6,17 @@ core's table of homes:
 
 * to a shard running here: straight into the entity's mailbox (``Shard.deliver``);
 * to a shard hosted elsewhere: one ``EntityDelivery`` to that node, never via the coordinator;
+  or, while the link to that node is busy, gathered with others into one ``EntityDeliveries``
+  (a batch the region sends when the sending task yields, or when it is full);
 * otherwise into the core's buffer, until the coordinator names a home.
 
 Messages a region receives from other regions take the same way (a region that no longer hosts
 a shard passes the message on), and an ask's answer goes straight back to the asking node. The
 shell also keeps the order a sender sees: a buffer released to another node is sent before any
-newer message for that shard, and a hand-off acknowledgement relayed through the owner waits
-until the sends to that shard that were waiting for room in the send queue are out.
+newer message for that shard; once messages are gathered for a node, every later one for it is
+gathered behind them until they are out; and a hand-off acknowledgement relayed through the
+owner waits until the sends to that shard that were waiting for room in the send queue, and the
+messages gathered for the owner, are out.
 """
 
 from __future__ import annotations
@@ -28,10 +32,12 @@ import trio
 
 from membership import (
     ConfigurationError,
+    ProtocolError,
     SendQueueFull,
     SerializationError,
     TransportClosed,
     UniqueAddress,
+    _wire,
 )
 
 from ._allocation import EntityId, ShardId
@@ -39,7 +45,14 @@ from ._entity import EntityContext, EntityRef, EntityState, Reply
 from ._errors import AskTimeout, BufferOverflow, RegionStopped, RemoteEntityError, ShardingError
 from ._extractor import MessageExtractor
 from ._lease import ShardLease, ShardLeaseFactory
-from ._protocol import BeginHandOffAck, EntityDelivery, EntityReply, unchecked_delivery
+from ._protocol import (
+    ENTRY_FIELDS,
+    BeginHandOffAck,
+    EntityDeliveries,
+    EntityDelivery,
+    EntityReply,
+    unchecked_delivery,
+)
 from ._region_core import (
     Drop,
     Flush,
@@ -68,6 +81,15 @@ SHARD_CACHE_SIZE = 100_000
 
 YIELD_EVERY = 32
 """Local tells between two yields to the scheduler (a tell is always a cancel point)."""
+
+BATCH_MESSAGES = 128
+"""Messages a region gathers into one ``EntityDeliveries`` at most (see ``ShardRegion._gather``)."""
+
+BATCH_BYTES = 32 * 1024
+"""Bytes (an upper estimate) a region gathers into one ``EntityDeliveries`` at most."""
+
+_ENTRY_OVERHEAD = 32
+"""Bytes an entry of ``EntityDeliveries`` takes besides its ids and payload, at most."""
 
 _LOCAL_ERRORS: dict[str, type[ShardingError]] = {
     "p2pshard.BufferOverflow": BufferOverflow,
@@ -125,6 +147,54 @@ class RemoteReply:
         )
 
 
+class _Outgoing:
+    """Messages for one node gathered while its link is busy, not yet given to the transport."""
+
+    __slots__ = ("entries", "lock", "replies", "size")
+
+    def __init__(self) -> None:
+        self.entries: list[Any] = []
+        """Flat, ``ENTRY_FIELDS`` values per message, as in ``EntityDeliveries.entries``."""
+        self.replies: list[Reply | None] = []
+        """One per message: the asks to fail if their batch is lost."""
+        self.size = 0
+        """An upper estimate of the entries' encoded size, in bytes."""
+        self.lock = trio.Lock()
+        """Held while a batch is on its way: batches to one node leave in the order made."""
+
+    def take(self, budget: int) -> tuple[list[Any], list[Reply | None]]:
+        """Remove and return the oldest messages that fit in ``budget`` bytes (one at least)."""
+        entries, replies = self.entries, self.replies
+        if self.size <= budget:
+            self.entries, self.replies, self.size = [], [], 0
+            return entries, replies
+        count = size = 0
+        for i in range(0, len(entries), ENTRY_FIELDS):
+            one = _entry_size(entries[i], entries[i + 1], entries[i + 2])
+            if count and size + one > budget:
+                break
+            count += 1
+            size += one
+        cut = count * ENTRY_FIELDS
+        self.entries, self.replies = entries[cut:], replies[count:]
+        self.size -= size
+        return entries[:cut], replies[:count]
+
+    def give_back(self, entries: list[Any], replies: list[Reply | None]) -> None:
+        """Put back what :meth:`take` gave, ahead of what was gathered since."""
+        self.entries[:0] = entries
+        self.replies[:0] = replies
+        self.size += sum(
+            _entry_size(entries[i], entries[i + 1], entries[i + 2])
+            for i in range(0, len(entries), ENTRY_FIELDS)
+        )
+
+
+def _entry_size(shard_id: str, entity_id: str, payload: bytes) -> int:
+    # An upper bound: a character is at most 4 bytes of UTF-8.
+    return len(payload) + 4 * (len(shard_id) + len(entity_id)) + _ENTRY_OVERHEAD
+
+
 @attrs.frozen
 class RegionStatistics:
     """Counters of one region (see :meth:`ShardRegion.statistics`)."""
@@ -141,6 +211,8 @@ class RegionStatistics:
     shard_home_requests: int
     delivered_local: int
     sent_remote: int
+    batches_sent: int
+    """``EntityDeliveries`` sent: messages gathered while the link to their node was busy."""
     received_remote: int
     workers: int
     lost_at_forced_stop: int
@@ -228,8 +300,20 @@ class ShardRegion:
         self._entities = 0
         self._delivered_local = 0
         self._sent_remote = 0
+        self._batches_sent = 0
         self._received_remote = 0
         self._stopped_event = trio.Event()
+        self._outgoing: dict[UniqueAddress, _Outgoing] = {}
+        self._gathered = trio.Event()
+        """Set when a node gets its first gathered message: the batcher task sends them."""
+        self._batch_bytes = min(
+            BATCH_BYTES,
+            self._transport.settings.max_frame_size - 4 * len(type_name) - 4 * _ENTRY_OVERHEAD,
+        )
+        """The batch size, in estimated bytes: a message that alone is larger is sent alone."""
+        self._recent_home: UniqueAddress | None = None
+        self._recent_outgoing: _Outgoing | None = None
+        """The last node gathered for and what :attr:`_outgoing` holds for it."""
 
     # -- public API -------------------------------------------------------------------------
 
@@ -304,6 +388,7 @@ class ShardRegion:
             shard_home_requests=core.home_requests,
             delivered_local=self._delivered_local,
             sent_remote=self._sent_remote,
+            batches_sent=self._batches_sent,
             received_remote=self._received_remote,
             workers=self._scheduler.workers,
             lost_at_forced_stop=sum(s.lost for s in self._shards.values()),
@@ -386,6 +471,18 @@ class ShardRegion:
                 self._unyielded = 0
                 await trio.lowlevel.cancel_shielded_checkpoint()
             return
+        # The one-entry cache of _outgoing spelled out: an address hashes in Python.
+        outgoing = self._recent_outgoing if home is self._recent_home else self._outgoing.get(home)
+        if outgoing is not None or self._transport.backlog(home):
+            # The link is busy: gathered with others into one EntityDeliveries.
+            payload = _wire.encode(message)  # fails here, as a send would: nothing is gathered
+            size = _entry_size(shard_id, entity_id, payload)
+            if size <= self._batch_bytes:
+                outgoing = self._gather(home, outgoing, shard_id, entity_id, payload, size, reply)
+                if len(outgoing.replies) >= BATCH_MESSAGES or outgoing.size >= self._batch_bytes:
+                    await self._send_gathered(home)
+                return
+            await self._send_gathered_all(home)  # too large to gather: alone, behind them
         delivery = (
             unchecked_delivery(self.type_name, shard_id, entity_id, message, 0, None)
             if reply is None  # a tell: _delivery spelled out
@@ -406,6 +503,98 @@ class ShardRegion:
                 )
                 return
         self._sent_remote += 1
+
+    def _gather(
+        self,
+        home: UniqueAddress,
+        outgoing: _Outgoing | None,
+        shard_id: ShardId,
+        entity_id: EntityId,
+        payload: bytes,
+        size: int,
+        reply: Reply | None,
+    ) -> _Outgoing:
+        """Add a message (encoded, ``size`` from :func:`_entry_size`) to those for ``home``.
+
+        ``outgoing`` is what :attr:`_outgoing` holds for ``home``, if anything. The batcher task
+        sends the messages when the task gathering them yields; a task that gathers a whole
+        batch sends it itself. Every later message for ``home`` is gathered behind them until
+        they are out, so that none overtakes them.
+        """
+        if outgoing is None:
+            outgoing = self._outgoing[home] = _Outgoing()
+            self._recent_home, self._recent_outgoing = home, outgoing
+        if not outgoing.replies:
+            self._gathered.set()
+        if reply is None:
+            outgoing.entries += (shard_id, entity_id, payload, 0, None)
+        else:
+            origin = reply.origin if isinstance(reply, RemoteReply) else None
+            outgoing.entries += (shard_id, entity_id, payload, reply.request_id, origin)
+        outgoing.replies.append(reply)
+        outgoing.size += size
+        return outgoing
+
+    async def _batcher(self) -> None:
+        """Send what :meth:`_gather` gathers, as soon as the tasks gathering it yield."""
+        while True:
+            await self._gathered.wait()
+            self._gathered = trio.Event()
+            for home in list(self._outgoing):
+                await self._send_gathered(home)
+
+    async def _send_gathered_all(self, home: UniqueAddress) -> None:
+        """Send everything gathered for ``home``: afterwards a message to it may go alone."""
+        while home in self._outgoing:
+            await self._send_gathered(home)
+
+    async def _send_gathered(self, home: UniqueAddress) -> None:
+        """Send the messages gathered for ``home``, in batches, after any batch on its way."""
+        outgoing = self._outgoing.get(home)
+        if outgoing is None:
+            return
+        async with outgoing.lock:
+            while outgoing.replies:
+                entries, replies = outgoing.take(self._batch_bytes)
+                try:
+                    await self._send_batch(home, entries, replies)
+                except BaseException:
+                    # Cancelled while waiting for room: the messages (maybe other tasks') are
+                    # not lost with this task; the batcher sends them.
+                    outgoing.give_back(entries, replies)
+                    self._gathered.set()
+                    raise
+            if not outgoing.lock.statistics().tasks_waiting:
+                del self._outgoing[home]  # nothing left, and nobody else is about to send
+                if self._recent_outgoing is outgoing:
+                    self._recent_home = self._recent_outgoing = None
+        self._unblocked.set()  # a hand-off acknowledgement may wait for this (see _relay)
+        self._unblocked = trio.Event()
+
+    async def _send_batch(
+        self, home: UniqueAddress, entries: list[Any], replies: list[Reply | None]
+    ) -> None:
+        batch = EntityDeliveries(type_name=self.type_name, entries=entries)
+        try:
+            try:
+                self._transport.send_nowait(home, batch)
+            except SendQueueFull:
+                with trio.move_on_after(self.settings.retry_interval):
+                    await self._transport.send(home, batch)
+                    self._sent_remote += len(replies)
+                    self._batches_sent += 1
+                    return
+                self._core.dropped += len(replies)
+                self._lost(
+                    replies,
+                    f"the send queue to {home} stayed full for {self.settings.retry_interval:g} s",
+                )
+                return
+        except (TransportClosed, SerializationError) as exc:
+            self._lost(replies, f"sending to {home} failed: {exc}")
+            return
+        self._sent_remote += len(replies)
+        self._batches_sent += 1
 
     async def _send_waiting(self, home: UniqueAddress, delivery: EntityDelivery) -> bool:
         """Send, waiting for room in the queue, but not forever: False if it stayed full.
@@ -476,6 +665,16 @@ class ShardRegion:
         if home is None:
             self._place_here(shard_id, entity_id, message, reply)
             return
+        outgoing = self._outgoing.get(home)
+        if outgoing is not None:  # behind the messages gathered for it
+            try:
+                payload = _wire.encode(message)
+            except SerializationError as exc:
+                self._dropped([(entity_id, message, reply)], f"passing it on failed: {exc}")
+                return
+            size = _entry_size(shard_id, entity_id, payload)
+            self._gather(home, outgoing, shard_id, entity_id, payload, size, reply)
+            return
         try:
             self._transport.send_nowait(home, self._delivery(shard_id, entity_id, message, reply))
             self._sent_remote += 1
@@ -485,22 +684,87 @@ class ShardRegion:
     # -- from the transport -----------------------------------------------------------------
 
     def _on_delivery(self, sender: UniqueAddress, delivery: EntityDelivery) -> None:
+        self._received(
+            sender,
+            ShardId(delivery.shard),
+            EntityId(delivery.entity_id),
+            delivery.message,
+            delivery.request_id,
+            delivery.origin,
+        )
+
+    def _on_deliveries(self, sender: UniqueAddress, batch: EntityDeliveries) -> None:
+        entries = batch.entries
+        if len(entries) % ENTRY_FIELDS:
+            logger.warning(
+                "region %s: dropped a batch from %s: %d values are not whole entries of %d",
+                self.type_name,
+                sender,
+                len(entries),
+                ENTRY_FIELDS,
+            )
+            return
+        decode = _wire.decode_parts
+        received: Any = self._received  # takes the str ids as ShardId and EntityId
+        values = iter(entries)
+        for shard_id, entity_id, payload, request_id, origin in zip(
+            values, values, values, values, values, strict=True
+        ):
+            if (
+                type(shard_id) is not str
+                or type(entity_id) is not str
+                or type(payload) is not bytes
+                or type(request_id) is not int
+                or (origin is not None and type(origin) is not UniqueAddress)
+            ):
+                logger.warning(
+                    "region %s: dropped a message from %s: entry %r does not hold "
+                    "(shard id, entity id, payload, request id, origin)",
+                    self.type_name,
+                    sender,
+                    [shard_id, entity_id, payload, request_id, origin],
+                )
+                continue
+            try:
+                message = decode(payload)[1]
+            except ProtocolError as exc:
+                logger.warning(
+                    "region %s: dropped a message for %s from %s: %s",
+                    self.type_name,
+                    entity_id,
+                    sender,
+                    exc,
+                )
+                if request_id:
+                    RemoteReply(self._sharding, origin or sender, request_id).fail(
+                        "p2pshard.ShardingError", f"the message did not decode: {exc}"
+                    )
+                continue
+            received(sender, shard_id, entity_id, message, request_id, origin)
+
+    def _received(
+        self,
+        sender: UniqueAddress,
+        shard_id: ShardId,
+        entity_id: EntityId,
+        message: object,
+        request_id: int,
+        origin: UniqueAddress | None,
+    ) -> None:
         self._received_remote += 1
         reply: Reply | None = None
-        if delivery.request_id:
-            reply = RemoteReply(self._sharding, delivery.origin or sender, delivery.request_id)
+        if request_id:
+            reply = RemoteReply(self._sharding, origin or sender, request_id)
         if self._core.refused is not None or self._core.stopped:
             if reply is not None:
                 reply.fail("p2pshard.RegionStopped", f"the region on {self._self_node} stopped")
             return
         # What _route_nowait does first, spelled out here for speed: the shard runs here.
-        shard = self._running.get(delivery.shard)  # type: ignore[call-overload]
+        shard = self._running.get(shard_id)
         if shard is not None:
-            shard.deliver(delivery.entity_id, delivery.message, reply)
+            shard.deliver(entity_id, message, reply)
             return
-        self._route_nowait(
-            ShardId(delivery.shard), EntityId(delivery.entity_id), delivery.message, reply
-        )
+        self._route_nowait(shard_id, entity_id, message, reply)
 
     def _on_control(self, sender: UniqueAddress, message: object) -> None:
         self._apply(self._core.receive(sender, message, trio.current_time()))
@@ -540,16 +804,22 @@ class ShardRegion:
 
     def _relay(self, owner: UniqueAddress, ack: BeginHandOffAck) -> None:
         shard_id = ShardId(ack.shard)
-        if self._blocked.get(shard_id) or shard_id in self._flushing:
+        if self._sends_pending(shard_id, owner):
             self._nursery.start_soon(self._relay_when_sent, owner, ack)
             return
         self._send_control(owner, ack)
 
     async def _relay_when_sent(self, owner: UniqueAddress, ack: BeginHandOffAck) -> None:
         shard_id = ShardId(ack.shard)
-        while self._blocked.get(shard_id) or shard_id in self._flushing:
+        while self._sends_pending(shard_id, owner):
             await self._unblocked.wait()
         self._send_control(owner, ack)
+
+    def _sends_pending(self, shard_id: ShardId, owner: UniqueAddress) -> bool:
+        """Whether messages for ``shard_id``, or gathered for ``owner``, are not yet sent."""
+        return bool(
+            self._blocked.get(shard_id) or shard_id in self._flushing or owner in self._outgoing
+        )
 
     def _send_control(self, to: UniqueAddress, message: object) -> None:
         try:
@@ -640,13 +910,15 @@ class ShardRegion:
             self._unblocked = trio.Event()
 
     def _dropped(self, deliveries: list[Delivery], reason: str) -> None:
-        if not deliveries:
+        self._lost([reply for _, _, reply in deliveries], reason)
+
+    def _lost(self, replies: list[Reply | None], reason: str) -> None:
+        """Say that messages were dropped, one per item of ``replies``, and fail their asks."""
+        if not replies:
             return
-        logger.warning(
-            "region %s: %d message(s) dropped: %s", self.type_name, len(deliveries), reason
-        )
+        logger.warning("region %s: %d message(s) dropped: %s", self.type_name, len(replies), reason)
         overflow = "buffer is full" in reason
-        for _, _, reply in deliveries:
+        for reply in replies:
             if reply is not None:
                 reply.fail(
                     "p2pshard.BufferOverflow" if overflow else "p2pshard.ShardingError", reason
@@ -707,6 +979,7 @@ class ShardRegion:
                 self._sharding.close()
 
             nursery.start_soon(follow_cluster)
+            nursery.start_soon(self._batcher)
             while True:
                 deadline = min(self._core.next_deadline(), self._next_idle_scan, self._next_restart)
                 deadline = min([deadline, *self._stop_deadlines.values()])

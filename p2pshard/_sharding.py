@@ -55,8 +55,10 @@ from ._extractor import MessageExtractor
 from ._lease import Leases, ShardLease, ShardLeaseFactory
 from ._protocol import (
     COORDINATOR_COMMANDS,
+    ENTRY_FIELDS,
     BeginHandOff,
     BeginHandOffAck,
+    EntityDeliveries,
     EntityDelivery,
     EntityReply,
     GetRegionStats,
@@ -473,6 +475,12 @@ class Sharding:
                 self._on_delivery(sender, message)
             case EntityReply():
                 self._complete(message)
+            case EntityDeliveries():
+                region = self._regions.get(message.type_name)
+                if region is not None:
+                    region._on_deliveries(sender, message)
+                else:
+                    self._no_region_for_batch(sender, message)
             case (
                 RegisterAck()
                 | RegisterRefused()
@@ -507,15 +515,27 @@ class Sharding:
         if region is not None:
             region._on_delivery(sender, delivery)
         elif delivery.request_id:
-            self._reply(
-                delivery.origin or sender,
-                EntityReply(
-                    request_id=delivery.request_id,
-                    error_type="p2pshard.ShardingError",
-                    error_text=f"entity type {delivery.type_name!r} is not started on "
-                    f"{self._transport.local_address}",
-                ),
-            )
+            self._not_started(delivery.type_name, delivery.origin or sender, delivery.request_id)
+
+    def _no_region_for_batch(self, sender: UniqueAddress, batch: EntityDeliveries) -> None:
+        entries = batch.entries
+        for i in range(3, len(entries) - 1, ENTRY_FIELDS):  # each entry's request id and origin
+            request_id, origin = entries[i], entries[i + 1]
+            if type(request_id) is int and request_id:
+                to = origin if type(origin) is UniqueAddress else sender
+                self._not_started(batch.type_name, to, request_id)
+
+    def _not_started(self, type_name: str, origin: UniqueAddress, request_id: int) -> None:
+        """Fail an ask for an entity type this node has not started."""
+        self._reply(
+            origin,
+            EntityReply(
+                request_id=request_id,
+                error_type="p2pshard.ShardingError",
+                error_text=f"entity type {type_name!r} is not started on "
+                f"{self._transport.local_address}",
+            ),
+        )
 
     # -- the coordinator --------------------------------------------------------------------
 

@@ -69,6 +69,21 @@ async def test_lone_messages_and_bursts_keep_order_and_all_count_as_sent(
     assert b.statistics().messages_received == sent
 
 
+async def test_backlog_counts_what_waits_for_the_link(harness: Harness) -> None:
+    a = await harness.start("node-a")
+    b = await harness.start("node-b")
+    to = b.local_address
+    assert a.backlog(to) == a.backlog(to.address) == 0  # no link yet
+    for i in range(50):  # a burst without yielding: the link's task has not run
+        a.send_nowait(to.address, Seq(i))
+    # At most the first went out at once, written by this task while the link was idle.
+    assert a.backlog(to) == a.backlog(to.address) >= 49
+    assert [e.message for e in await receive_n(b, 50)] == [Seq(i) for i in range(50)]
+    assert a.backlog(to) == 0
+    with pytest.raises(TypeError, match="Address or UniqueAddress"):
+        a.backlog("node-b")  # type: ignore[arg-type]
+
+
 async def test_order_holds_per_link_with_many_peers_both_ways(harness: Harness) -> None:
     nodes = [await harness.start(f"node-{i}") for i in range(3)]
     for round_ in range(200):
