@@ -18,7 +18,7 @@ import math
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import attrs
 import trio
@@ -121,6 +121,27 @@ class _Waiter:
     done: trio.Event = attrs.Factory(trio.Event)
     value: object = None
     error: ReplicationError | None = None
+
+
+class PendingUpdate(Generic[T]):
+    """An update begun by :meth:`Replicator.start_update`; await :meth:`result` for its outcome."""
+
+    __slots__ = ("_op", "_replicator", "_waiter")
+
+    def __init__(self, replicator: Replicator, op: int, waiter: _Waiter) -> None:
+        self._replicator = replicator
+        self._op = op
+        self._waiter = waiter
+
+    async def result(self) -> T:
+        """What ``modify`` returned, once enough replicas confirmed (as :meth:`Replicator.update`).
+
+        Call it once. Cancelled, it stops waiting; the write itself stays and spreads by gossip.
+
+        Raises:
+            UpdateTimeout, StoreFailure, DataDeleted, ReplicationError: as ``update``.
+        """
+        return await self._replicator._finish(self._op, self._waiter)  # type: ignore[return-value]
 
 
 @attrs.define(eq=False)
@@ -258,6 +279,24 @@ class Replicator:
             ReplicationError: the replicator stopped (its node left or stopped).
             ValueError: an invalid key. TypeError: not a write consistency, or an async modify.
         """
+        return await self.start_update(key, modify, consistency).result()
+
+    def start_update(
+        self,
+        key: str,
+        modify: Callable[[Doc[Any]], T],
+        consistency: WriteConsistency | None = None,
+    ) -> PendingUpdate[T]:
+        """Begin :meth:`update` without waiting; ``result()`` of what it returns waits.
+
+        The edit is made, and the change is on its way to the other replicas, when this
+        returns. For a caller that must not wait before the change leaves, such as one that would
+        otherwise start a task for each update (a scheduler pass before anything is sent).
+
+        Raises:
+            ValueError, TypeError, ReplicationError: as :meth:`update`, at once; so does what
+                ``modify`` raises. The rest of :meth:`update`'s errors come from ``result()``.
+        """
         consistency = check_write(WriteLocal() if consistency is None else consistency)
         check_key(key)
         self._check_running()
@@ -266,7 +305,7 @@ class Replicator:
         except BaseException:
             self._drain()  # what modify changed before raising still replicates
             raise
-        return await self._wait(op)  # type: ignore[return-value]
+        return PendingUpdate(self, op, self._start(op))
 
     async def delete(self, key: str, consistency: WriteConsistency | None = None) -> None:
         """Delete ``key`` on every replica, for good: it cannot be reused.
@@ -425,11 +464,18 @@ class Replicator:
             raise ReplicationError("the replicator has stopped (its node left or stopped)")
 
     async def _wait(self, op: int) -> object:
+        return await self._finish(op, self._start(op))
+
+    def _start(self, op: int) -> _Waiter:
+        """Register a waiter for ``op`` and carry out the core's effects (sends included)."""
         waiter = _Waiter()
         self._waiters[op] = waiter
         self._drain()
         if not waiter.done.is_set():
             self._wakeup.set()  # its deadline may come before the timer's
+        return waiter
+
+    async def _finish(self, op: int, waiter: _Waiter) -> object:
         try:
             await waiter.done.wait()
         finally:

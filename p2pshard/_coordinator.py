@@ -500,9 +500,11 @@ class ShardCoordinatorCore:
                 effects.append(self._ack(region))
             case ShardHomeAllocated(shard=shard, region=region):
                 self._unstarted[shard] = now + self.settings.shard_start_timeout
-                effects.append(self._send(region, HostShard(type_name=self.type_name, shard=shard)))
+                # The asker's answer first: HostShard to a region on this node is handled in
+                # the sending call, and the answer would wait for it.
                 if pending.reply_to is not None and pending.reply_to != region:
                     effects.append(self._send(pending.reply_to, self._home(shard, region)))
+                effects.append(self._send(region, HostShard(type_name=self.type_name, shard=shard)))
             case ShardHomeDeallocated(shard=shard):
                 self._unstarted.pop(shard, None)
                 if shard in self._workers:

@@ -23,12 +23,20 @@ import contextlib
 import itertools
 import logging
 import random
+from collections.abc import Awaitable
 from typing import Any, Protocol
 
 import attrs
 import trio
 
-from crdt import GetFailure, ReadMajorityPlus, Replicator, WriteMajorityPlus
+from crdt import (
+    GetFailure,
+    PendingUpdate,
+    ReadMajorityPlus,
+    ReplicationError,
+    Replicator,
+    WriteMajorityPlus,
+)
 from membership import (
     ClusterError,
     ConfigurationError,
@@ -593,16 +601,27 @@ class Sharding:
                                 exc,
                             )
                     elif isinstance(effect, UpdateState):
-                        nursery.start_soon(write_event, effect.event)
+                        nursery.start_soon(write_event, effect.event, start_write(effect.event))
                 if core.next_deadline() < sleeping_until:
                     wakeup.set()  # something is due sooner than the timer sleeps
 
-            async def write_event(event: DomainEvent) -> None:
-                await until_done(
-                    lambda: replicator.update(key, lambda doc: apply_event(doc, event), write),
-                    f"coordinator {type_name}: writing {event}",
-                    logger,
-                )
+            def start_write(event: DomainEvent) -> PendingUpdate[None] | None:
+                # Begun here, not in write_event's task: the change leaves without waiting for
+                # a scheduler pass (a first message to a new shard waits for this write).
+                try:
+                    return replicator.start_update(key, lambda doc: apply_event(doc, event), write)
+                except ReplicationError:
+                    return None  # write_event tries again, as after any failed write
+
+            async def write_event(event: DomainEvent, started: PendingUpdate[None] | None) -> None:
+                def attempt() -> Awaitable[None]:
+                    nonlocal started
+                    if started is not None:
+                        first, started = started, None
+                        return first.result()
+                    return replicator.update(key, lambda doc: apply_event(doc, event), write)
+
+                await until_done(attempt, f"coordinator {type_name}: writing {event}", logger)
                 apply(core.state_updated(event, True, trio.current_time()))
 
             async def load() -> None:

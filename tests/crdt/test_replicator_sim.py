@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+from typing import Any
 
 import attrs
 import pytest
@@ -43,6 +44,36 @@ async def test_majority_write_is_seen_by_a_majority_read_elsewhere(
         await c.nodes[1].replicator.update("k", setter("a", "x"), WriteMajority(timeout=2))
         doc = await c.nodes[3].replicator.get("k", ReadMajority(timeout=2))
         assert content(doc) == {"a": "x"}
+
+
+async def test_start_update_sends_before_it_returns_and_result_gives_the_outcome(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with cluster(seed=11) as c:
+        for i in (1, 2, 3):
+            await c.start(i)
+        await c.all_up(1, 2, 3)
+        node = c.nodes[1]
+
+        def frames_out() -> int:
+            return sum(p.frames_sent + p.queued_frames for p in node.statistics().peers)
+
+        def set_a(doc: Any) -> str:
+            setter("a", "x")(doc)
+            return "set"
+
+        before = frames_out()
+        pending = node.replicator.start_update("k", set_a, WriteMajority(timeout=2))
+        assert frames_out() >= before + 2  # the writes to both others left (no await between)
+        assert content(node.replicator._core.snapshot("k")) == {"a": "x"}
+        assert await pending.result() == "set"  # once a majority confirmed
+        assert content(await c.nodes[3].replicator.get("k", ReadMajority(timeout=2))) == {"a": "x"}
+        c.net.isolate(Address(HOST, 1))
+        late = node.replicator.start_update("k", setter("a", "y"), WriteMajority(timeout=1))
+        with pytest.raises(UpdateTimeout):
+            await late.result()
+        with pytest.raises(ValueError, match="key"):
+            node.replicator.start_update("", setter("a", "z"))
 
 
 async def test_local_write_spreads_to_every_replica(
