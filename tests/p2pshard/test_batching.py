@@ -7,8 +7,9 @@ batch costs that entry only.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 import trio
@@ -47,6 +48,14 @@ async def entity_on(sim: SimCluster, node: int, *, asker: int) -> str:
     raise AssertionError(f"no entity among 200 runs on n{node}")
 
 
+@contextlib.asynccontextmanager
+async def cluster_with_entity_on_n2(seed: int) -> AsyncIterator[tuple[SimCluster, str]]:
+    """Two nodes, and an entity whose incarnation runs on n2: n1's messages to it are remote."""
+    async with sim_cluster(seed) as sim:
+        await two_nodes(sim)
+        yield sim, await entity_on(sim, 2, asker=1)
+
+
 def record_replies(sim: SimCluster, node: int) -> list[tuple[UniqueAddress, EntityReply]]:
     """The answers to asks that node ``node`` sends from now on (they still go out)."""
     sharding = sim.nodes[node].sharding
@@ -68,9 +77,7 @@ def batches_sent(region: ShardRegion) -> int:
 async def test_a_burst_goes_in_batches_in_order_and_a_lone_ask_goes_alone(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with sim_cluster(1) as sim:
-        await two_nodes(sim)
-        target = await entity_on(sim, 2, asker=1)
+    async with cluster_with_entity_on_n2(1) as (sim, target):
         region = sim.regions[1]
         before, sent_before = batches_sent(region), region.statistics().sent_remote
         burst = 3 * BATCH_MESSAGES + 7
@@ -93,9 +100,7 @@ async def test_a_burst_goes_in_batches_in_order_and_a_lone_ask_goes_alone(
 async def test_a_message_too_large_to_gather_goes_alone_after_those_before_it(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with sim_cluster(2) as sim:
-        await two_nodes(sim)
-        target = await entity_on(sim, 2, asker=1)
+    async with cluster_with_entity_on_n2(2) as (sim, target):
         big = "b" * (BATCH_BYTES + 100)  # as a sender name: the entity records it
         sent: list[tuple[str, int]] = []
         for seq in range(1, 301):
@@ -110,9 +115,7 @@ async def test_a_message_too_large_to_gather_goes_alone_after_those_before_it(
 async def test_an_unserializable_message_in_a_burst_fails_at_tell_and_the_rest_arrive(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with sim_cluster(3) as sim:
-        await two_nodes(sim)
-        target = await entity_on(sim, 2, asker=1)
+    async with cluster_with_entity_on_n2(3) as (sim, target):
         ref = sim.regions[1].entity_ref(target)
         seq = 0
         for n in range(200):
@@ -129,9 +132,7 @@ async def test_an_unserializable_message_in_a_burst_fails_at_tell_and_the_rest_a
 async def test_a_received_batch_loses_only_its_bad_entries(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with sim_cluster(4) as sim:
-        await two_nodes(sim)
-        target = await entity_on(sim, 2, asker=1)
+    async with cluster_with_entity_on_n2(4) as (sim, target):
         replies = record_replies(sim, 2)
         node1 = sim.nodes[1].address
         shard = stable_shard(target, 10)  # standard_setup's 10 shards
@@ -209,9 +210,7 @@ async def test_asks_in_a_batch_for_a_type_not_started_there_are_answered(
 async def test_gathered_asks_fail_at_once_when_their_batch_cannot_be_sent(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with sim_cluster(6) as sim:
-        await two_nodes(sim)
-        target = await entity_on(sim, 2, asker=1)
+    async with cluster_with_entity_on_n2(6) as (sim, target):
         region = sim.regions[1]
         transport = sim.nodes[1]._transport
         send_nowait = transport.send_nowait
@@ -238,9 +237,7 @@ async def test_gathered_asks_fail_at_once_when_their_batch_cannot_be_sent(
 async def test_a_message_passed_on_goes_behind_those_gathered_for_the_same_node(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with sim_cluster(7) as sim:
-        await two_nodes(sim)
-        target = await entity_on(sim, 2, asker=1)
+    async with cluster_with_entity_on_n2(7) as (sim, target):
         region = sim.regions[1]
         for seq in range(1, 50):  # gathered: the link is busy
             await region.entity_ref(target).tell(Add(sender="n1", seq=seq))
@@ -258,9 +255,7 @@ async def test_a_relayed_hand_off_acknowledgement_waits_for_the_gathered_message
 ) -> None:
     # The acknowledgement must reach the owner behind every message sent to it before, or the
     # owner could hand the shard off while some of them are still on their way.
-    async with sim_cluster(8) as sim:
-        await two_nodes(sim)
-        target = await entity_on(sim, 2, asker=1)
+    async with cluster_with_entity_on_n2(8) as (sim, target):
         owner = sim.nodes[2]
         arrived: list[str] = []
         handle = owner.sharding.handle
@@ -307,9 +302,7 @@ def refuse_batches(sim: SimCluster, node: int) -> Callable[[], None]:
 async def test_a_batch_that_finds_no_room_is_dropped_after_retry_interval_and_says_so(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with sim_cluster(10) as sim:
-        await two_nodes(sim)
-        target = await entity_on(sim, 2, asker=1)
+    async with cluster_with_entity_on_n2(10) as (sim, target):
         region = sim.regions[1]
         refuse_batches(sim, 1)
         for seq in range(1, 20):  # the link is busy with these: most are gathered
@@ -328,9 +321,7 @@ async def test_a_batch_that_finds_no_room_is_dropped_after_retry_interval_and_sa
 async def test_a_task_cancelled_while_its_batch_waits_for_room_loses_nothing(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with sim_cluster(9) as sim:
-        await two_nodes(sim)
-        target = await entity_on(sim, 2, asker=1)
+    async with cluster_with_entity_on_n2(9) as (sim, target):
         region = sim.regions[1]
         undo = refuse_batches(sim, 1)
         seq = 0
