@@ -10,7 +10,8 @@ what arrives; one that does not run it answers "not here" with the message, and 
 it and tries again once the cluster view settles. Messages inside a stopping instance's inbox are
 lost, as in Akka: delivery is at most once; ask() fails by timeout.
 
-The function gets a :class:`SingletonContext` to read its messages from. It is cancelled on
+The function gets a :class:`SingletonContext` to read its messages from (or to have them handed
+to a function of its own, ``serve``). It is cancelled on
 hand-over (``finally`` blocks run), restarted after a second if it crashes, and stops for good
 when the node leaves the cluster.
 """
@@ -21,6 +22,7 @@ import collections
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
+from typing import NoReturn
 
 import attrs
 import trio
@@ -118,11 +120,13 @@ class SingletonContext:
         node: UniqueAddress,
         inbox: trio.MemoryReceiveChannel[SingletonRequest],
         held: Callable[[], bool] | None = None,
+        set_handler: Callable[[Callable[[SingletonRequest], None] | None], None] | None = None,
     ) -> None:
         self.name = name
         self.node = node
         self._inbox = inbox
         self._held = held
+        self._set_handler = set_handler
 
     async def receive(self) -> SingletonRequest:
         """The next message.
@@ -135,6 +139,48 @@ class SingletonContext:
         if self._held is not None and not self._held():
             await trio.sleep_forever()  # the manager stops this instance as soon as it runs
         return request
+
+    async def serve(self, handler: Callable[[SingletonRequest], None]) -> NoReturn:
+        """Give every message to ``handler`` as it arrives, in the task that received it.
+
+        Instead of :meth:`receive`, for an instance whose work per message never waits: each
+        message then skips a pass through the scheduler. Messages that came before go to
+        ``handler`` first, in order. ``handler`` must not block. It never returns: what
+        ``handler`` raises is raised here (the instance then ends, as if it had raised), and
+        under a lease whose deadline passed messages are not handed out any more.
+        """
+        if self._set_handler is None:
+            raise RuntimeError("this context cannot hand messages to a handler")
+        set_handler = self._set_handler
+        failed = trio.Event()
+        errors: list[Exception] = []
+
+        def take(request: SingletonRequest) -> None:
+            if failed.is_set():
+                return
+            if self._held is not None and not self._held():
+                failed.set()  # the manager stops this instance as soon as it runs
+                return
+            try:
+                handler(request)
+            except Exception as exc:
+                errors.append(exc)
+                failed.set()
+
+        while not failed.is_set():
+            try:
+                take(self._inbox.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+        set_handler(take)
+        try:
+            await failed.wait()
+            if errors:
+                raise errors[0]
+            await trio.sleep_forever()
+        finally:
+            set_handler(None)
+        raise AssertionError("unreachable")  # pragma: no cover - sleep_forever never returns
 
     def __aiter__(self) -> SingletonContext:
         return self
@@ -175,6 +221,8 @@ class _Manager:
         )
         self.buffer_size = buffer_size
         self.inbox_send: trio.MemorySendChannel[SingletonRequest] | None = None
+        self.handler: Callable[[SingletonRequest], None] | None = None
+        """What the running instance handles messages with, if it asked (``serve``)."""
         self.instance_scope: trio.CancelScope | None = None
         self.instance_done = trio.Event()
         self.instance_done.set()
@@ -279,7 +327,7 @@ class _Manager:
                 self._deliver(sender, envelope)
             try:
                 held = None if self.lease is None else self.lease.check
-                await self.fn(SingletonContext(self.name, me, receive, held))
+                await self.fn(SingletonContext(self.name, me, receive, held, self._set_handler))
                 logger.info("%s: singleton %r returned", me, self.name)
                 await trio.sleep_forever()
             except Exception:
@@ -287,7 +335,11 @@ class _Manager:
                 await trio.sleep(RESTART_BACKOFF)
             finally:
                 self.inbox_send = None
+                self.handler = None
                 send.close()
+
+    def _set_handler(self, handler: Callable[[SingletonRequest], None] | None) -> None:
+        self.handler = handler
 
     def receive(self, sender: UniqueAddress, envelope: SingletonEnvelope) -> None:
         if self.inbox_send is not None and self.core.running:
@@ -311,8 +363,12 @@ class _Manager:
             def reply(value: object) -> None:
                 self.s._send(sender, SingletonReply(request_id=rid, payload=value))
 
+        request = SingletonRequest(envelope.payload, sender, reply)
+        if self.handler is not None:
+            self.handler(request)  # see SingletonContext.serve
+            return
         try:
-            self.inbox_send.send_nowait(SingletonRequest(envelope.payload, sender, reply))
+            self.inbox_send.send_nowait(request)
         except trio.WouldBlock:
             self.s._send(
                 sender,

@@ -49,7 +49,7 @@ from membership import (
     _wire,
 )
 from membership._cluster import Cluster
-from membership._singleton import SingletonContext, Singletons
+from membership._singleton import SingletonContext, SingletonRequest, Singletons
 
 from ._allocation import (
     ClusterView,
@@ -662,7 +662,8 @@ class Sharding:
             nursery.start_soon(load)
             nursery.start_soon(timer)
             logger.info("%s: coordinator of %r started", self._transport.local_address, type_name)
-            async for request in ctx:
+
+            def receive(request: SingletonRequest) -> None:
                 message = request.message
                 if not isinstance(message, COORDINATOR_COMMANDS) or message.type_name != type_name:
                     logger.warning(
@@ -671,5 +672,9 @@ class Sharding:
                         type(message).__name__,
                         request.sender,
                     )
-                    continue
+                    return
                 apply(core.receive(request.sender, message, trio.current_time()))
+
+            # Each command is handled as it arrives, with no pass through this task: a first
+            # message to a new shard waits for its GetShardHome to be handled.
+            await ctx.serve(receive)

@@ -6,6 +6,7 @@ instance at any moment) and that one runs again within a bound after each disrup
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -15,7 +16,7 @@ import trio
 import trio.testing
 
 from membership._sbr import SplitBrainResolverSettings
-from membership._singleton import SingletonContext, SingletonUnavailable
+from membership._singleton import SingletonContext, SingletonRequest, SingletonUnavailable
 from p2pshard import LeaseSettings, MemoryLeaseBackend, Node, testing
 
 BOUND = 60.0  # seconds until a singleton runs again after a disruption (mock clock)
@@ -95,6 +96,50 @@ async def test_singleton_runs_on_the_oldest_and_proxies_reach_it(
             proxy = h.nodes[i].singletons.proxy("counter")
             assert await proxy.ask(f"hello from n{i}", timeout=10) == ("n1", f"hello from n{i}")
         assert len(h.runs) == 1
+
+
+async def test_a_serving_singleton_takes_each_message_as_it_arrives_in_order(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with harness(21) as h:
+        for i in (1, 2):
+            await h.start(i)
+        await all_up(h, [1, 2])
+        gate = trio.Event()
+        seen: list[object] = []
+        in_own_task: list[bool] = []
+
+        async def served(ctx: SingletonContext) -> None:
+            await gate.wait()  # until then, messages wait in the instance's inbox
+            instance = trio.lowlevel.current_task()
+
+            def handle(request: SingletonRequest) -> None:
+                if request.message == "boom":
+                    raise RuntimeError("boom")
+                seen.append(request.message)
+                in_own_task.append(trio.lowlevel.current_task() is instance)
+                request.reply(len(seen))
+
+            await ctx.serve(handle)
+
+        for i in (1, 2):
+            await h.nodes[i].singletons.start("served", served)
+        proxy = h.nodes[2].singletons.proxy("served")
+        for n in range(5):
+            proxy.tell_nowait(n)
+        await trio.sleep(2)
+        assert seen == []
+        gate.set()
+        assert await proxy.ask("last", timeout=10) == 6
+        assert seen == [0, 1, 2, 3, 4, "last"]
+        # Those that waited were handled when it began serving; later ones as they arrived.
+        assert in_own_task == [True] * 5 + [False]
+        with caplog.at_level(logging.ERROR, logger="membership.singleton"):
+            proxy.tell_nowait("boom")  # raised in the handler: the instance ends, and restarts
+            await trio.sleep(3)  # the restart's back-off is a second
+            assert await proxy.ask("again", timeout=10) == 7
+        assert "singleton 'served' crashed; restarting" in caplog.text
+        assert seen[-1] == "again"
 
 
 async def test_hand_over_when_the_oldest_leaves(autojump_clock: trio.testing.MockClock) -> None:
