@@ -82,13 +82,6 @@ SHARD_CACHE_SIZE = 100_000
 YIELD_EVERY = 32
 """Local tells between two yields to the scheduler (a tell is always a cancel point)."""
 
-GATHER_AFTER = 32
-"""Frames queued for a node before a region gathers its further messages there into batches.
-
-A few asks in flight at once (a handful of frames) still go one by one: a batch waits for the
-batcher task, one more scheduler pass than a frame. A burst of tells fills the queue past this
-at once."""
-
 BATCH_MESSAGES = 128
 """Messages a region gathers into one ``EntityDeliveries`` at most (see ``ShardRegion._gather``)."""
 
@@ -480,8 +473,11 @@ class ShardRegion:
             return
         # The one-entry cache of _outgoing spelled out: an address hashes in Python.
         outgoing = self._recent_outgoing if home is self._recent_home else self._outgoing.get(home)
-        if outgoing is not None or self._transport.backlog(home) >= GATHER_AFTER:
-            # The link is busy: gathered with others into one EntityDeliveries.
+        if outgoing is not None or (reply is None and self._transport.backlog(home)):
+            # A tell while the link is busy (or a message behind gathered ones): gathered with
+            # others into one EntityDeliveries. An ask does not start a batch: a batch waits
+            # for the batcher task, one scheduler pass more than a queued frame, and asks in
+            # flight at once would each pay it.
             payload = _wire.encode(message)  # fails here, as a send would: nothing is gathered
             size = _entry_size(shard_id, entity_id, payload)
             if size <= self._batch_bytes:
