@@ -354,7 +354,11 @@ class Lease:
                 # rate changed meanwhile wakes this early or late, and the loop reads it again.
                 await trio.sleep_until(clock.trio_time(min(renew_at, held.grant.deadline)))
                 sent = clock.now()
-                if sent >= held.grant.deadline:
+                # Both readings: a skewed clock's conversion rounds, and after sleeping until
+                # the trio time of the deadline it may still read a hair below it. Then every
+                # renewal below would be cancelled at once, in a loop that never sleeps.
+                deadline_at = clock.trio_time(held.grant.deadline)
+                if sent >= held.grant.deadline or trio.current_time() >= deadline_at:
                     break
                 renewed: bool | None = None
                 give_up = min(sent + settings.operation_timeout, held.grant.deadline)

@@ -74,8 +74,9 @@ def test_every_invariant_holds_over_two_thousand_more_seeds() -> None:
 def test_without_leases_the_checker_finds_two_live_incarnations() -> None:
     # Found by running seeds 0..19 with leases off: a node that is partitioned or paused keeps
     # its entities until it downs itself, while the other side has already moved its shards.
+    # Which seeds show it moves with timing (2026-11-22: 13 and 15), so all twenty run.
     settings = ChaosSettings(use_lease=False)
-    caught = [r for r in run_seeds(range(8), settings, jobs=JOBS) if not r.ok]
+    caught = [r for r in run_seeds(range(20), settings, jobs=JOBS) if not r.ok]
     print([(r.seed, [str(v) for v in r.violations[:2]]) for r in caught])
     assert caught
     invariants = {v.invariant for r in caught for v in r.violations}

@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.testing
 
-from p2pshard import Lease, LeaseSettings, MemoryLeaseBackend
+from p2pshard import Lease, LeaseSettings, LeaseUnavailable, MemoryLeaseBackend
 from p2pshard.testing import SkewedClock
 
 SETTINGS = LeaseSettings(ttl=4.0, renew_interval=1.0, operation_timeout=1.0, safety_margin=0.5)
@@ -52,3 +52,46 @@ async def test_a_skewed_clock_moves_on_from_where_it_was_at_its_new_rate(
     assert clock.now() == pytest.approx(at + 3.0)  # the 2 s it lost stay lost
     with pytest.raises(ValueError, match="a clock rate must be positive, not 0"):
         clock.set_rate(0)
+
+
+class _ReadsAHairBelow:
+    """A lease clock that, at the trio time of a reading, reads a hair below it.
+
+    Floating point can make a skewed clock's conversion do this.
+    """
+
+    def now(self) -> float:
+        return trio.current_time() - 1e-9
+
+    def trio_time(self, reading: float) -> float:
+        return reading
+
+
+class _Unavailable(MemoryLeaseBackend):
+    """Renewals fail as unknown (the backend cannot be reached), then are refused after 1,000."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.renewals = 0
+
+    async def renew(self, name: str, owner: str, token: int, ttl: float) -> bool:
+        self.renewals += 1
+        if self.renewals >= 1000:
+            return False
+        raise LeaseUnavailable("the backend cannot be reached")
+
+
+async def test_a_holder_whose_clock_reads_below_its_deadline_there_still_lets_go(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    backend = _Unavailable()
+    async with trio.open_nursery() as nursery:
+        lease = Lease(backend, "job", "me", SETTINGS, nursery=nursery, clock=_ReadsAHairBelow())
+        start = trio.current_time()
+        assert await lease.acquire() is not None
+        await lease.wait_lost()
+        # Lost when the deadline passed (ttl less the margin), after a renewal every quarter of
+        # renew_interval or so, not by the 1,000th renewal of a loop stuck at the deadline.
+        assert trio.current_time() - start == pytest.approx(3.5, abs=0.02)
+        assert backend.renewals < 50
+        nursery.cancel_scope.cancel()
