@@ -180,7 +180,6 @@ class SingletonContext:
             await trio.sleep_forever()
         finally:
             set_handler(None)
-        raise AssertionError("unreachable")  # pragma: no cover - sleep_forever never returns
 
     def __aiter__(self) -> SingletonContext:
         return self

@@ -471,8 +471,7 @@ class ShardRegion:
                 self._unyielded = 0
                 await trio.lowlevel.cancel_shielded_checkpoint()
             return
-        # The one-entry cache of _outgoing spelled out: an address hashes in Python.
-        outgoing = self._recent_outgoing if home is self._recent_home else self._outgoing.get(home)
+        outgoing = self._gathered_for(home)
         if outgoing is not None or (reply is None and self._transport.backlog(home)):
             # A tell while the link is busy (or a message behind gathered ones): gathered with
             # others into one EntityDeliveries. An ask does not start a batch: a batch waits
@@ -506,6 +505,16 @@ class ShardRegion:
                 )
                 return
         self._sent_remote += 1
+
+    def _gathered_for(self, home: UniqueAddress) -> _Outgoing | None:
+        """What :attr:`_outgoing` holds for ``home``: once per remote send.
+
+        An address hashes in Python, so the dict is not asked when nothing is gathered, nor
+        for the last node gathered for.
+        """
+        if home is self._recent_home:
+            return self._recent_outgoing
+        return self._outgoing.get(home) if self._outgoing else None
 
     def _gather(
         self,
@@ -668,7 +677,7 @@ class ShardRegion:
         if home is None:
             self._place_here(shard_id, entity_id, message, reply)
             return
-        outgoing = self._outgoing.get(home)
+        outgoing = self._gathered_for(home)
         if outgoing is not None:  # behind the messages gathered for it
             try:
                 payload = _wire.encode(message)
@@ -687,10 +696,12 @@ class ShardRegion:
     # -- from the transport -----------------------------------------------------------------
 
     def _on_delivery(self, sender: UniqueAddress, delivery: EntityDelivery) -> None:
+        # The ids are plain str, which ShardId and EntityId are at run time: no NewType calls
+        # on the receive path.
         self._received(
             sender,
-            ShardId(delivery.shard),
-            EntityId(delivery.entity_id),
+            delivery.shard,  # type: ignore[arg-type]
+            delivery.entity_id,  # type: ignore[arg-type]
             delivery.message,
             delivery.request_id,
             delivery.origin,
