@@ -20,7 +20,8 @@ node keeps asking the seeds until one that is a member answers, then sends Join 
 Welcome, retrying after ``retry_unsuccessful_join_after``. A member that receives Join adds the
 node as Joining, unless that incarnation was removed (tombstone: it may never return) or another
 incarnation of the same host:port is still a member: then the old one is marked terminated and
-Down, and the new one gets in on a later retry, after the leader removed the old one.
+Down, and the new one is let in as soon as the old one is removed (Akka leaves it to the joiner's
+next retry, ``retry_unsuccessful_join_after`` later), if that comes before the joiner's retry.
 
 Gossip: every ``gossip_interval`` the node picks a random reachable member, preferring one that
 has not seen the current version (with Akka's probability), and sends the full gossip if that
@@ -405,6 +406,11 @@ class ClusterCore:
     )
     """Per foreign oldest member: (their size, our size, our oldest), the probe round it was last
     seen in and in how many rounds in a row."""
+    _deferred_joins: dict[Address, tuple[UniqueAddress, frozenset[str], float]] = attrs.field(
+        factory=dict
+    )
+    """Joins of new incarnations waiting for the old one to be removed: the joiner, its roles,
+    and when it stops waiting for our Welcome (it asks again then)."""
 
     # ---- public state ----
 
@@ -524,6 +530,7 @@ class ClusterCore:
             if now >= self._next_leader_actions:
                 self._next_leader_actions = now + self.settings.leader_actions_interval
                 effects += self._leader_actions(now)
+                effects += self._admit_deferred_joins(now)
             if now >= self._next_gossip and self.phase is Phase.MEMBER:
                 effects += self._gossip_round()
                 interval = self.settings.gossip_interval
@@ -727,7 +734,13 @@ class ClusterCore:
         old = [m for m in gossip.members if m.node.address == node.address]
         if old:
             # A node restarted quickly may leave several old incarnations: down every one of
-            # them (not only the first), then the joiner's retries get in once they are removed.
+            # them (not only the first); the joiner gets in once they are removed
+            # (_admit_deferred_joins), or with its next retry.
+            self._deferred_joins[node.address] = (
+                node,
+                roles,
+                now + self.settings.retry_unsuccessful_join_after,
+            )
             effects = []
             for m in old:
                 logger.info(
@@ -791,7 +804,20 @@ class ClusterCore:
         effects: list[Effect] = [Publish(e) for e in diff(local, winner, self.self_node)]
         if talkback:
             effects.append(self._full_gossip_to(sender))
-        return effects + self._check_self()
+        return effects + self._check_self() + self._admit_deferred_joins(now)
+
+    def _admit_deferred_joins(self, now: float) -> list[Effect]:
+        """Let in the new incarnations whose old ones are gone from the gossip now."""
+        if not self._deferred_joins or self.phase is not Phase.MEMBER:
+            return []
+        effects: list[Effect] = []
+        for address, (node, roles, until) in list(self._deferred_joins.items()):
+            if now >= until or self.gossip.member(node) is not None:
+                del self._deferred_joins[address]  # it asks again by itself, or it got in
+            elif not any(m.node.address == address for m in self.gossip.members):
+                del self._deferred_joins[address]
+                effects += self._on_join(node, roles, now)
+        return effects
 
     def _on_gossip_status(
         self, sender: UniqueAddress, version: VectorClock, digest: bytes

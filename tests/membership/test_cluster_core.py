@@ -212,6 +212,42 @@ def test_restarted_incarnation_joins_only_after_the_old_one_is_removed() -> None
         assert w.statuses(i)["n3"] is S.UP
 
 
+def test_restarted_incarnation_gets_in_as_soon_as_the_old_one_is_removed() -> None:
+    # Akka lets the new incarnation in on its next Join, retry_unsuccessful_join_after (10 s)
+    # later; the member that took the first Join remembers it and answers once it can.
+    w = World(seed=5)
+    for i in range(1, 4):
+        w.add(i)
+    w.run(20)
+    started = w.now
+    w.add(3, uid=2)
+    w.run(8)  # less than the joiner's retry
+    joins = [m for t, s, _, m in w.sent if t >= started and s == address(3) and isinstance(m, Join)]
+    assert len(joins) == 1
+    for i in (1, 2, 3):
+        assert w.statuses(i) == {"n1": S.UP, "n2": S.UP, "n3": S.UP}
+        assert w.cores[address(i)].gossip.member(UniqueAddress(address(3), "n3", 2)) is not None
+
+
+def test_a_remembered_join_is_dropped_once_its_joiner_stopped_waiting() -> None:
+    # The joiner waits retry_unsuccessful_join_after for Welcome, then asks again (perhaps as
+    # yet another incarnation): a Join older than that must not let in a node that is gone.
+    w = World(seed=6)
+    for i in range(1, 4):
+        w.add(i)
+    w.run(20)
+    w.partition([1], [2])  # n2 misses the gossip: no convergence, the old n3 stays
+    w.add(3, uid=2)
+    w.run(1)
+    assert w.cores[address(1)]._deferred_joins  # its Join came and waits
+    del w.cores[address(3)]  # the new incarnation dies before it gets in
+    w.run(12)
+    w.cut.clear()
+    w.run(10)
+    assert "n3" not in w.statuses(1)  # the old one removed, the stale Join not taken
+    assert not w.cores[address(1)]._deferred_joins
+
+
 def test_leader_does_not_move_members_up_without_convergence() -> None:
     w = World(seed=6)
     w.add(1, weakly_up_after=None)
