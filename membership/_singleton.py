@@ -395,10 +395,37 @@ class SingletonProxy:
         self._buffer_size = buffer_size
         self._wakeup = trio.Event()
         self._back_off = False
+        self._idle = False
+        """The proxy's task waits for messages: one may go at once instead (see _enqueue)."""
         self.statistics_sent = 0
         self.statistics_returned = 0
 
+    def _target(self) -> UniqueAddress | None:
+        """Where the singleton runs now, as far as this node knows; None if nowhere yet."""
+        target = self._s.cluster.oldest(self.role)
+        if target is None or (
+            target.node == self._s.cluster.self_address and self.name not in self._s._managers
+        ):
+            return None  # nobody eligible, or this node is the oldest and does not run it
+        return target.node
+
+    def _send(self, target: UniqueAddress, payload: object, request_id: int) -> None:
+        self.statistics_sent += 1
+        self._s._send(
+            target, SingletonEnvelope(name=self.name, payload=payload, request_id=request_id)
+        )
+
     def _enqueue(self, payload: object, request_id: int, *, front: bool = False) -> None:
+        if self._idle and not front and not self._buffer and not self._back_off:
+            # Nothing waits before it and no pause is on: send now, in the caller's task,
+            # rather than after a pass through the proxy's task (a new shard's first message
+            # waits for its GetShardHome to go). Not to an instance on this node: it would
+            # handle the message inside this call (a serving singleton does), and the caller,
+            # in the middle of its own work, would find itself called back.
+            target = self._target()
+            if target is not None and target != self._s.cluster.self_address:
+                self._send(target, payload, request_id)
+                return
         if len(self._buffer) >= self._buffer_size:
             raise SingletonUnavailable(
                 f"proxy of singleton {self.name!r} buffers {self._buffer_size} messages already: "
@@ -461,17 +488,18 @@ class SingletonProxy:
         self._enqueue(payload, request_id, front=True)
 
     async def _run(self) -> None:
-        cluster = self._s.cluster
         while True:
-            await self._wakeup.wait()
+            self._idle = True
+            try:
+                await self._wakeup.wait()
+            finally:
+                self._idle = False
             if self._back_off:  # messages came back: let the cluster view move on first
                 self._back_off = False
                 await trio.sleep(0.1)
             self._wakeup = trio.Event()
-            target = cluster.oldest(self.role)
-            if target is None or (
-                target.node == cluster.self_address and self.name not in self._s._managers
-            ):
+            target = self._target()
+            if target is None:
                 # Nobody eligible yet, or this node is the oldest and does not run it (so
                 # nobody does): wait for the cluster to change.
                 await trio.sleep(0.2)
@@ -482,10 +510,7 @@ class SingletonProxy:
             batch = list(self._buffer)
             self._buffer.clear()
             for payload, rid in batch:
-                self.statistics_sent += 1
-                self._s._send(
-                    target.node, SingletonEnvelope(name=self.name, payload=payload, request_id=rid)
-                )
+                self._send(target, payload, rid)
 
 
 @attrs.define

@@ -142,6 +142,42 @@ async def test_a_serving_singleton_takes_each_message_as_it_arrives_in_order(
         assert seen[-1] == "again"
 
 
+async def test_an_idle_proxy_sends_at_once_and_keeps_order_behind_a_returned_message(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with harness(2) as h:
+        for i in (1, 2):
+            await h.start(i)
+        await all_up(h, [1, 2])
+        await h.wait_running()
+        proxy = h.nodes[2].singletons.proxy("counter")
+        assert await proxy.ask("warm-up", timeout=10) == ("n1", "warm-up")
+        await trio.testing.wait_all_tasks_blocked()
+        sent = proxy.statistics_sent
+        proxy.tell_nowait("now")  # the proxy's task waits: sent in this task, at once
+        assert proxy.statistics_sent == sent + 1
+        proxy.tell_nowait("next")  # its task has not run since: it goes at once too
+        assert proxy.statistics_sent == sent + 2
+        # A message that came back (the singleton was not where the proxy sent it) is sent
+        # again after a pause, and whatever is told meanwhile queues behind it.
+        proxy._returned("returned", 0)
+        proxy.tell_nowait("after")
+        assert proxy.statistics_sent == sent + 2
+        assert [payload for payload, _ in proxy._buffer] == ["returned", "after"]
+        await trio.sleep(1)  # the pause is 0.1 s
+        assert not proxy._buffer
+        assert proxy.statistics_sent == sent + 4
+        # To the instance on its own node, a proxy always goes through its task: the instance
+        # would otherwise handle the message inside the caller's call.
+        local = h.nodes[1].singletons.proxy("counter")
+        assert await local.ask("warm-up", timeout=10) == ("n1", "warm-up")
+        await trio.testing.wait_all_tasks_blocked()
+        local.tell_nowait("queued")
+        assert [payload for payload, _ in local._buffer] == ["queued"]
+        await trio.testing.wait_all_tasks_blocked()
+        assert not local._buffer
+
+
 async def test_hand_over_when_the_oldest_leaves(autojump_clock: trio.testing.MockClock) -> None:
     async with harness(2) as h:
         for i in (1, 2, 3):
