@@ -898,8 +898,22 @@ class ShardRegion:
         if queue is not None:
             queue.extend(deliveries)
             return
-        self._flushing[shard_id] = collections.deque(deliveries)
-        self._nursery.start_soon(self._send_flushed, shard_id, home)
+        # What fits in the send queue goes now, without a pass through a task: a first message
+        # to a new shard waits in the buffer for exactly this. The rest, in order, goes from
+        # _send_flushed, which waits for room.
+        for sent, (entity_id, message, reply) in enumerate(deliveries):
+            try:
+                self._transport.send_nowait(
+                    home, self._delivery(shard_id, entity_id, message, reply)
+                )
+            except SendQueueFull:
+                self._flushing[shard_id] = collections.deque(deliveries[sent:])
+                self._nursery.start_soon(self._send_flushed, shard_id, home)
+                return
+            except (TransportClosed, SerializationError) as exc:
+                self._dropped([(entity_id, message, reply)], str(exc))
+                continue
+            self._sent_remote += 1
 
     async def _send_flushed(self, shard_id: ShardId, home: UniqueAddress) -> None:
         queue = self._flushing[shard_id]

@@ -24,13 +24,13 @@ from membership import (
     UniqueAddress,
     _wire,
 )
-from p2pshard import ShardingError, ShardRegion
+from p2pshard import HashExtractor, Node, ShardingError, ShardRegion
 from p2pshard._allocation import EntityId
 from p2pshard._extractor import stable_shard
-from p2pshard._protocol import BeginHandOffAck, EntityDeliveries, EntityReply
+from p2pshard._protocol import BeginHandOffAck, EntityDeliveries, EntityDelivery, EntityReply
 from p2pshard._region import BATCH_BYTES, BATCH_MESSAGES
 
-from .sharding_sim import Add, Read, SimCluster, addr, sim_cluster
+from .sharding_sim import Add, Read, SimCluster, addr, counter_factory, sim_cluster
 
 
 async def two_nodes(sim: SimCluster) -> None:
@@ -339,3 +339,39 @@ async def test_a_task_cancelled_while_its_batch_waits_for_room_loses_nothing(
         undo()  # room again, for the batcher
         assert await region.entity_ref(target).ask(Read(), timeout=30) == ("n2", seq)
         sim.journal.check_per_sender_order(target, {"n1": seq})
+
+
+async def test_buffered_messages_flush_at_once_and_the_rest_waits_for_room_in_order(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Messages for a shard with no home yet wait in the buffer; when the home comes, what fits
+    # in the send queue goes at once, and the rest from a task that waits for room.
+    async def setup(i: int, node: Node, sim: SimCluster) -> None:
+        if i == 2:
+            sim.regions[i] = await node.sharding.start_proxy("Counter", extractor=HashExtractor(10))
+        else:
+            sim.regions[i] = await node.sharding.start(
+                "Counter", counter_factory(sim.journal, f"n{i}"), extractor=HashExtractor(10)
+            )
+
+    async with sim_cluster(11, setup) as sim:
+        await two_nodes(sim)
+        transport = sim.nodes[2]._transport
+        send_nowait = transport.send_nowait
+        calls = 0
+
+        def full_at_the_tenth(to: object, message: object) -> None:
+            nonlocal calls
+            if isinstance(message, EntityDelivery) and message.entity_id == "e-1":
+                calls += 1
+                if calls == 10:
+                    raise SendQueueFull("send queue is full")
+            send_nowait(to, message)  # type: ignore[arg-type]
+
+        transport.send_nowait = full_at_the_tenth  # type: ignore[method-assign]
+        ref = sim.regions[2].entity_ref("e-1")
+        for seq in range(1, 31):  # the shard has no home yet: all wait in the buffer
+            await ref.tell(Add(sender="n2", seq=seq))
+        assert await ref.ask(Read(), timeout=30) == ("n1", 30)
+        assert calls == 10  # the tenth found the queue "full": the rest went from the task
+        sim.journal.check_per_sender_order("e-1", {"n2": 30})
