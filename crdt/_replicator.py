@@ -121,6 +121,7 @@ class _Waiter:
     done: trio.Event = attrs.Factory(trio.Event)
     value: object = None
     error: ReplicationError | None = None
+    on_success: Callable[[], None] | None = None
 
 
 class PendingUpdate(Generic[T]):
@@ -142,6 +143,27 @@ class PendingUpdate(Generic[T]):
             UpdateTimeout, StoreFailure, DataDeleted, ReplicationError: as ``update``.
         """
         return await self._replicator._finish(self._op, self._waiter)  # type: ignore[return-value]
+
+    @property
+    def done(self) -> bool:
+        """Whether the outcome is known (``result()`` would not wait)."""
+        return self._waiter.done.is_set()
+
+    def on_success(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` as soon as enough replicas confirmed, in the task that learns it.
+
+        For a caller that acts on the confirmation and must not wait for its own task to run
+        first (a scheduler pass): the callback runs inside the replicator's handling of the last
+        acknowledgement, after the rest of that handling. Not called if the update fails, is
+        abandoned (``result()`` cancelled) or has already succeeded (check :attr:`done` first);
+        ``result()`` still gives the outcome. It must not raise; an exception is logged.
+
+        Raises:
+            ValueError: a callback is already set.
+        """
+        if self._waiter.on_success is not None:
+            raise ValueError("this update already has an on_success callback")
+        self._waiter.on_success = callback
 
 
 @attrs.define(eq=False)
@@ -495,6 +517,7 @@ class Replicator:
 
     def _drain(self) -> None:
         effects = self._core.effects
+        confirmed: list[Callable[[], None]] = []
         while effects:
             batch = effects[:]
             effects.clear()
@@ -507,6 +530,8 @@ class Replicator:
                         if waiter is not None:
                             waiter.value, waiter.error = value, error
                             waiter.done.set()
+                            if error is None and waiter.on_success is not None:
+                                confirmed.append(waiter.on_success)
                     case Persist(ticket=ticket, entries=entries):
                         for i, (key, data) in enumerate(entries):
                             last = i == len(entries) - 1
@@ -515,6 +540,12 @@ class Replicator:
                             )
                     case Compact(key=key, snapshot=snapshot):
                         self._store_send.send_nowait((None, Snapshot(key, snapshot)))
+        # Last: a callback may begin another update, whose effects then follow these.
+        for callback in confirmed:
+            try:
+                callback()
+            except Exception:
+                logger.exception("an on_success callback of an update failed")
 
     def _send(self, to: UniqueAddress, message: object) -> None:
         try:

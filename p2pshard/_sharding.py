@@ -614,15 +614,33 @@ class Sharding:
                     return None  # write_event tries again, as after any failed write
 
             async def write_event(event: DomainEvent, started: PendingUpdate[None] | None) -> None:
+                confirmed = False
+                failure: Exception | None = None
+
+                def on_confirmed() -> None:
+                    # Called by the replicator in the task that took the last acknowledgement:
+                    # the answers (a new shard's ShardHome) leave without waiting for this task.
+                    nonlocal confirmed, failure
+                    confirmed = True
+                    try:
+                        apply(core.state_updated(event, True, trio.current_time()))
+                    except Exception as exc:  # raised here instead, ending the coordinator
+                        failure = exc
+
                 def attempt() -> Awaitable[None]:
                     nonlocal started
                     if started is not None:
                         first, started = started, None
+                        if not first.done:  # only while awaited: a cancelled wait drops it
+                            first.on_success(on_confirmed)
                         return first.result()
                     return replicator.update(key, lambda doc: apply_event(doc, event), write)
 
                 await until_done(attempt, f"coordinator {type_name}: writing {event}", logger)
-                apply(core.state_updated(event, True, trio.current_time()))
+                if failure is not None:
+                    raise failure
+                if not confirmed:
+                    apply(core.state_updated(event, True, trio.current_time()))
 
             async def load() -> None:
                 doc = await until_done(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -17,6 +19,7 @@ from crdt import (
     DataDeleted,
     Deleted,
     GetFailure,
+    PendingUpdate,
     ReadConsistency,
     ReadLocal,
     ReadMajority,
@@ -74,6 +77,64 @@ async def test_start_update_sends_before_it_returns_and_result_gives_the_outcome
             await late.result()
         with pytest.raises(ValueError, match="key"):
             node.replicator.start_update("", setter("a", "z"))
+
+
+async def test_on_success_runs_in_the_task_that_takes_the_confirmation(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with cluster(seed=12) as c:
+        for i in (1, 2, 3):
+            await c.start(i)
+        await c.all_up(1, 2, 3)
+        replicator = c.nodes[1].replicator
+        calls: list[tuple[str, bool]] = []
+        waiter_task: list[trio.lowlevel.Task] = []
+
+        def note(name: str, pending: PendingUpdate[None]) -> Callable[[], None]:
+            def called() -> None:
+                # Before the waiting task has run again: it learns the outcome afterwards.
+                calls.append((name, trio.lowlevel.current_task() in waiter_task))
+                assert pending.done
+
+            return called
+
+        async def wait_for(pending: PendingUpdate[None]) -> None:
+            waiter_task.append(trio.lowlevel.current_task())
+            await pending.result()
+            assert calls[-1][0] == "confirmed"
+
+        confirmed = replicator.start_update("k", setter("a", "x"), WriteMajority(timeout=2))
+        confirmed.on_success(note("confirmed", confirmed))
+        with pytest.raises(ValueError, match="already has an on_success"):
+            confirmed.on_success(note("twice", confirmed))
+        assert not confirmed.done
+        await wait_for(confirmed)
+        assert calls == [("confirmed", False)]
+
+        # A callback that raises is logged; the update's outcome is not affected.
+        def broken() -> None:
+            raise RuntimeError("broken callback")
+
+        raising = replicator.start_update("k", setter("a", "y"), WriteMajority(timeout=2))
+        raising.on_success(broken)
+        with caplog.at_level(logging.ERROR, logger="crdt.replicator"):
+            await raising.result()
+        assert "an on_success callback of an update failed" in caplog.text
+        assert "broken callback" in caplog.text
+
+        # Never called for a write that fails, nor for one whose waiter gave up.
+        c.net.isolate(Address(HOST, 1))
+        failed = replicator.start_update("k", setter("a", "z"), WriteMajority(timeout=1))
+        failed.on_success(note("failed", failed))
+        with pytest.raises(UpdateTimeout):
+            await failed.result()
+        c.net.heal()
+        abandoned = replicator.start_update("k", setter("b", "1"), WriteMajority(timeout=2))
+        abandoned.on_success(note("abandoned", abandoned))
+        with trio.move_on_after(0):
+            await abandoned.result()
+        await trio.sleep(3)
+        assert calls == [("confirmed", False)]
 
 
 async def test_local_write_spreads_to_every_replica(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import attrs
 import pytest
@@ -222,6 +223,47 @@ async def test_one_get_shard_home_per_new_shard_per_region_and_none_afterwards(
             assert stats.shard_home_requests == shards, (i, stats)
             assert stats.known_homes == shards
         assert sum(r.statistics().shards for r in sim.regions.values()) == shards
+
+
+async def test_each_step_of_a_new_shards_first_message_goes_from_the_task_that_got_the_last(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """GetShardHome leaves from the asking task, the coordinator's answer from the task that took
+    the write's last acknowledgement, the buffered message from the task that took ShardHome: a
+    first message waits for no other task to be scheduled on the way."""
+    shards = 10
+    async with sim_cluster(6, standard_setup(shards)) as sim:
+        for i in (1, 2):  # n1 is the oldest: the coordinator runs there
+            await sim.start(i)
+        await sim.all_up([1, 2])
+        sent: list[tuple[int, str, str]] = []
+        for i in (1, 2):
+            transport = sim.nodes[i].transport
+            original = transport.send_nowait
+
+            def recording(to: object, message: object, i: int = i, send: Any = original) -> None:
+                task = trio.lowlevel.current_task().name
+                sent.append((i, type(message).__name__, task))
+                send(to, message)
+
+            transport.send_nowait = recording  # type: ignore[method-assign]
+        asker = trio.lowlevel.current_task().name
+        homes = set()
+        for entity_id in entity_per_shard(shards).values():
+            sent.clear()
+            answer = await sim.regions[2].entity_ref(entity_id).ask(Read(), timeout=30)
+            assert isinstance(answer, tuple)
+            homes.add(answer[0])
+            steps = [(i, kind, task) for i, kind, task in sent if kind != "Heartbeat"]
+            get_home = next(s for s in steps if s[:2] == (2, "SingletonEnvelope"))
+            assert get_home[2] == asker, steps
+            # ShardHome, or HostShard when the asker's region is the new home.
+            answered = next(s for s in steps if s[0] == 1 and s[1] in ("ShardHome", "HostShard"))
+            assert "write_event" not in answered[2], steps
+            if answer[0] == "n1":
+                delivery = next(s for s in steps if s[:2] == (2, "EntityDelivery"))
+                assert "_send_flushed" not in delivery[2], steps
+        assert homes == {"n1", "n2"}
 
 
 async def test_graceful_leave_of_the_oldest_hands_off_its_shards_and_the_coordinator(
