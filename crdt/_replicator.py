@@ -234,6 +234,8 @@ class Replicator:
         self._waiters: dict[int, _Waiter] = {}
         self._subscribers: dict[str, list[_Subscriber]] = {}
         self._wakeup = trio.Event()
+        self._sleeping_until = -math.inf
+        """When the timer task wakes by itself (it recomputes that after every wake-up)."""
         store_send, self._store_receive = trio.open_memory_channel[
             tuple[int | None, StoreOperation]
         ](math.inf)
@@ -420,7 +422,8 @@ class Replicator:
             nursery.start_soon(self._notify_loop)
             task_status.started()
             while True:
-                with trio.move_on_at(self._core.next_deadline()):
+                self._sleeping_until = self._core.next_deadline()
+                with trio.move_on_at(self._sleeping_until):
                     await self._wakeup.wait()
                 self._wakeup = trio.Event()
                 self._core.tick(trio.current_time())
@@ -493,8 +496,8 @@ class Replicator:
         waiter = _Waiter()
         self._waiters[op] = waiter
         self._drain()
-        if not waiter.done.is_set():
-            self._wakeup.set()  # its deadline may come before the timer's
+        if self._core.next_deadline() < self._sleeping_until:
+            self._wakeup.set()  # something (its deadline, a delta) is due before the timer
         return waiter
 
     async def _finish(self, op: int, waiter: _Waiter) -> object:

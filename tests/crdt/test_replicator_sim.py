@@ -137,6 +137,33 @@ async def test_on_success_runs_in_the_task_that_takes_the_confirmation(
         assert calls == [("confirmed", False)]
 
 
+async def test_a_write_times_out_on_time_and_a_local_write_spreads_on_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The replicator's timer sleeps until its next gossip round (2 s): a write whose timeout is
+    # sooner, or a local write whose delta is due sooner, must wake it.
+    async with cluster(seed=13) as c:
+        for i in (1, 2, 3):
+            await c.start(i)
+        await c.all_up(1, 2, 3)
+        replicator = c.nodes[1].replicator
+        core = replicator._core
+        await trio.sleep_until(core._next_gossip + 0.01)  # just after a round: the next is far
+        c.net.isolate(Address(HOST, 1))
+        started = trio.current_time()
+        with pytest.raises(UpdateTimeout):
+            await replicator.update("k", setter("a", "x"), WriteMajority(timeout=0.3))
+        assert trio.current_time() - started == pytest.approx(0.3, abs=0.01)
+        c.net.heal()
+        await trio.sleep_until(core._next_gossip + 0.01)
+        await replicator.update("k", setter("a", "y"), WriteLocal())
+        started = trio.current_time()
+        with trio.fail_after(5):
+            while content(c.nodes[2].replicator._core.snapshot("k")) != {"a": "y"}:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        assert trio.current_time() - started <= core.settings.delta_interval + 0.03
+
+
 async def test_local_write_spreads_to_every_replica(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
