@@ -237,13 +237,15 @@ def apply_event(doc: Doc[Any], event: DomainEvent) -> None:
 
     The caller checks the event against the state first (:meth:`CoordinatorState.updated`).
     """
-    regions, proxies, shards, unallocated = _maps(doc)
+    # Only the maps the event touches: each lookup is a call into pycrdt, and a new shard's
+    # first message waits for this write.
     match event:
         case ShardRegionRegistered(region=region):
-            regions[encode_region(region)] = True
+            doc.get("regions", type=Map)[encode_region(region)] = True
         case ShardRegionProxyRegistered(proxy=proxy):
-            proxies[encode_region(proxy)] = True
+            doc.get("proxies", type=Map)[encode_region(proxy)] = True
         case ShardRegionTerminated(region=region):
+            regions, _, shards, unallocated = _maps(doc)
             key = encode_region(region)
             if key in regions:
                 del regions[key]
@@ -253,14 +255,17 @@ def apply_event(doc: Doc[Any], event: DomainEvent) -> None:
                 del shards[shard]
                 unallocated[shard] = True
         case ShardRegionProxyTerminated(proxy=proxy):
+            proxies = doc.get("proxies", type=Map)
             key = encode_region(proxy)
             if key in proxies:
                 del proxies[key]
         case ShardHomeAllocated(shard=shard, region=region):
-            shards[shard] = encode_region(region)
+            doc.get("shards", type=Map)[shard] = encode_region(region)
+            unallocated = doc.get("unallocated", type=Map)
             if shard in unallocated:
                 del unallocated[shard]
         case ShardHomeDeallocated(shard=shard):
+            shards = doc.get("shards", type=Map)
             if shard in shards:
                 del shards[shard]
-            unallocated[shard] = True
+            doc.get("unallocated", type=Map)[shard] = True
