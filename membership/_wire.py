@@ -122,11 +122,11 @@ _as_body_by_class: dict[type, Callable[[Any], tuple[int, list[Any]]]] = {}
 """``_ClassSpec.as_body`` of each registered attrs class: one lookup per message sent."""
 
 _SCALARS: Final = frozenset({str, int, float, bool, bytes, type(None)})
+"""Types a field whose validator checks for them only cannot hold a registered object."""
 _SCALAR_ANNOTATIONS: Final = frozenset(
     {"str", "int", "float", "bool", "bytes", "None", *(f"{t} | None" for t in ("str", "int"))}
 )
 """The same types as annotations under ``from __future__ import annotations`` (strings)."""
-"""Types a field whose validator checks for them only cannot hold a registered object."""
 
 
 def _lister(name: str, names: tuple[str, ...]) -> Callable[[Any], list[Any]]:

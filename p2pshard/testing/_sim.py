@@ -258,6 +258,12 @@ class SimCluster:
         """
         self.lease_clocks.setdefault(i, SkewedClock()).set_rate(rate)
 
+    async def start_up(self, nodes: list[int], *, bound: float = BOUND) -> None:
+        """Start each of ``nodes`` in turn, then wait until they all see one another Up."""
+        for i in nodes:
+            await self.start(i)
+        await self.all_up(nodes, bound=bound)
+
     async def all_up(self, nodes: list[int], *, bound: float = BOUND) -> None:
         """Wait until each of ``nodes`` sees exactly ``nodes`` as members, all Up."""
         want = {node_name(i): MemberStatus.UP for i in nodes}

@@ -95,6 +95,12 @@ class Cluster:
         self.scopes[i].cancel()
         await self.stopped[i].wait()
 
+    async def start_up(self, *numbers: int) -> None:
+        """Start each of ``numbers`` in turn, then wait until they all see one another Up."""
+        for i in numbers:
+            await self.start(i)
+        await self.all_up(*numbers)
+
     async def all_up(self, *numbers: int) -> None:
         def up() -> bool:
             for i in numbers:

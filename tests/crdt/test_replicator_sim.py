@@ -41,9 +41,7 @@ async def test_majority_write_is_seen_by_a_majority_read_elsewhere(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with cluster(seed=1) as c:
-        for i in (1, 2, 3):
-            await c.start(i)
-        await c.all_up(1, 2, 3)
+        await c.start_up(1, 2, 3)
         await c.nodes[1].replicator.update("k", setter("a", "x"), WriteMajority(timeout=2))
         doc = await c.nodes[3].replicator.get("k", ReadMajority(timeout=2))
         assert content(doc) == {"a": "x"}
@@ -53,9 +51,7 @@ async def test_start_update_sends_before_it_returns_and_result_gives_the_outcome
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with cluster(seed=11) as c:
-        for i in (1, 2, 3):
-            await c.start(i)
-        await c.all_up(1, 2, 3)
+        await c.start_up(1, 2, 3)
         node = c.nodes[1]
 
         def frames_out() -> int:
@@ -83,9 +79,7 @@ async def test_on_success_runs_in_the_task_that_takes_the_confirmation(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with cluster(seed=12) as c:
-        for i in (1, 2, 3):
-            await c.start(i)
-        await c.all_up(1, 2, 3)
+        await c.start_up(1, 2, 3)
         replicator = c.nodes[1].replicator
         calls: list[tuple[str, bool]] = []
         waiter_task: list[trio.lowlevel.Task] = []
@@ -143,9 +137,7 @@ async def test_a_write_times_out_on_time_and_a_local_write_spreads_on_time(
     # The replicator's timer sleeps until its next gossip round (2 s): a write whose timeout is
     # sooner, or a local write whose delta is due sooner, must wake it.
     async with cluster(seed=13) as c:
-        for i in (1, 2, 3):
-            await c.start(i)
-        await c.all_up(1, 2, 3)
+        await c.start_up(1, 2, 3)
         replicator = c.nodes[1].replicator
         core = replicator._core
         await trio.sleep_until(core._next_gossip + 0.01)  # just after a round: the next is far
@@ -168,9 +160,7 @@ async def test_local_write_spreads_to_every_replica(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with cluster(seed=2) as c:
-        for i in (1, 2, 3):
-            await c.start(i)
-        await c.all_up(1, 2, 3)
+        await c.start_up(1, 2, 3)
         await c.nodes[2].replicator.update("k", setter("a", "y"), WriteLocal())
 
         def seen(i: int) -> bool:
@@ -303,9 +293,7 @@ async def test_replicas_end_identical_after_one_node_restarts_100_times_under_wr
     client_ids: set[int] = set()
     restarts = int(os.environ.get("RESTARTS", "100"))
     async with cluster(seed) as c:
-        for i in (1, 2, 3):
-            await c.start(i)
-        await c.all_up(1, 2, 3)
+        await c.start_up(1, 2, 3)
         client_ids.update(c.nodes[i].replicator.client_id for i in (1, 2, 3))
         done = trio.Event()
         written = 0
@@ -373,9 +361,7 @@ async def test_write_majority_without_a_majority_times_out_then_arrives_after_he
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with cluster(seed=5) as c:
-        for i in range(1, 6):
-            await c.start(i)
-        await c.all_up(*range(1, 6))
+        await c.start_up(*range(1, 6))
         c.net.partition([Address(HOST, 1), Address(HOST, 2)], [Address(HOST, i) for i in (3, 4, 5)])
         started = trio.current_time()
         with pytest.raises(UpdateTimeout, match="confirmed by 2 of the 3 replicas"):
@@ -405,9 +391,7 @@ async def test_replicas_converge_over_lossy_duplicating_reordering_links_after_h
     rng = random.Random(seed)
     bad = LinkConditions(drop=0.2, duplicate=0.1, reorder=0.3, delay_min=0.001, delay_max=0.05)
     async with cluster(seed) as c:
-        for i in (1, 2, 3):
-            await c.start(i)
-        await c.all_up(1, 2, 3)
+        await c.start_up(1, 2, 3)
         c.net.set_conditions(bad)
         for step in range(300):
             node = c.nodes[rng.randint(1, 3)].replicator
@@ -436,9 +420,7 @@ async def test_a_node_that_joins_catches_up_and_subscribers_see_changes(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with cluster(seed=8) as c:
-        for i in (1, 2):
-            await c.start(i)
-        await c.all_up(1, 2)
+        await c.start_up(1, 2)
         for k in range(300):
             await c.nodes[1].replicator.update(f"k{k}", setter("v", k))
         await c.nodes[1].replicator.delete("k0", WriteMajority())
@@ -488,9 +470,7 @@ def run_replicated_scenario(seed: int) -> tuple[str, dict[str, bytes | None]]:
         rng = random.Random(seed)
         bad = LinkConditions(drop=0.1, duplicate=0.1, reorder=0.2, delay_min=0.001, delay_max=0.02)
         async with cluster(seed) as c:
-            for i in (1, 2, 3):
-                await c.start(i)
-            await c.all_up(1, 2, 3)
+            await c.start_up(1, 2, 3)
             c.net.set_conditions(bad)
             for step in range(60):
                 node = c.nodes[rng.randint(1, 3)].replicator
@@ -520,9 +500,7 @@ async def test_a_replicator_for_a_role_keeps_its_keys_on_members_with_the_role(
     backend = ReplicatorSettings(name="backend", role="backend", gossip_interval=0.5)
     async with cluster(seed=9) as c:
         c.roles = {1: ("backend",), 2: ("backend",)}
-        for i in (1, 2, 3):
-            await c.start(i)
-        await c.all_up(1, 2, 3)
+        await c.start_up(1, 2, 3)
         first = await c.nodes[1].start_replicator(backend)
         second = await c.nodes[2].start_replicator(backend)
         with pytest.raises(ConfigurationError, match="role 'backend', which this node does not"):

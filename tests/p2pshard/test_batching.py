@@ -33,12 +33,6 @@ from p2pshard._region import BATCH_BYTES, BATCH_MESSAGES
 from .sharding_sim import Add, Read, SimCluster, addr, counter_factory, sim_cluster
 
 
-async def two_nodes(sim: SimCluster) -> None:
-    for i in (1, 2):
-        await sim.start(i)
-    await sim.all_up([1, 2])
-
-
 async def entity_on(sim: SimCluster, node: int, *, asker: int) -> str:
     """An entity id whose incarnation runs on ``node`` (asked from ``asker``)."""
     for k in range(200):
@@ -53,7 +47,7 @@ async def entity_on(sim: SimCluster, node: int, *, asker: int) -> str:
 async def cluster_with_entity_on_n2(seed: int) -> AsyncIterator[tuple[SimCluster, str]]:
     """Two nodes, and an entity whose incarnation runs on n2: n1's messages to it are remote."""
     async with sim_cluster(seed) as sim:
-        await two_nodes(sim)
+        await sim.start_up([1, 2])
         yield sim, await entity_on(sim, 2, asker=1)
 
 
@@ -179,7 +173,7 @@ async def test_asks_in_a_batch_for_a_type_not_started_there_are_answered(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with sim_cluster(5) as sim:
-        await two_nodes(sim)
+        await sim.start_up([1, 2])
         replies = record_replies(sim, 2)
         other = UniqueAddress(addr(3), "n3", 99)
         payload = _wire.encode(Read())
@@ -355,7 +349,7 @@ async def test_buffered_messages_flush_at_once_and_the_rest_waits_for_room_in_or
             )
 
     async with sim_cluster(11, setup) as sim:
-        await two_nodes(sim)
+        await sim.start_up([1, 2])
         transport = sim.nodes[2]._transport
         send_nowait = transport.send_nowait
         calls = 0

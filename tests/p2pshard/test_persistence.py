@@ -319,9 +319,7 @@ async def test_state_survives_hand_off_and_a_crash_and_remembered_rooms_come_bac
     journal, probe = MemoryJournal(), Probe()
     settings = ShardingSettings(remember_entities=True, entity_restart_backoff=1.0)
     async with sim_cluster(5, room_setup(journal, probe, settings=settings)) as sim:
-        for i in (1, 2, 3, 4):
-            await sim.start(i)
-        await sim.all_up([1, 2, 3, 4])
+        await sim.start_up([1, 2, 3, 4])
         ref = sim.regions[4].entity_ref("lobby")
         for user in ("ann", "bob"):
             await ref.ask(Join(user), timeout=30)
@@ -375,9 +373,7 @@ async def test_a_stale_lease_holder_is_fenced_off_and_no_acknowledged_event_is_l
     setup = room_setup(journal, probe, settings=settings)
     async with sim_cluster(6, setup, conditions=conditions) as sim:
         sim.lease_backend = leases
-        for i in (1, 2, 3):
-            await sim.start(i)
-        await sim.all_up([1, 2, 3])
+        await sim.start_up([1, 2, 3])
         for user in ("ann", "bob"):
             await sim.regions[3].entity_ref("lobby").ask(Join(user), timeout=30)
         first = await sim.regions[3].entity_ref("lobby").ask(Members(), timeout=30)

@@ -45,9 +45,7 @@ async def test_tell_and_ask_reach_one_entity_from_every_node(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with sim_cluster(1) as sim:
-        for i in (1, 2, 3):
-            await sim.start(i)
-        await sim.all_up([1, 2, 3])
+        await sim.start_up([1, 2, 3])
         for seq in range(1, 4):
             for i in (1, 2, 3):
                 await sim.regions[i].entity_ref("e-1").tell(Add(sender=f"n{i}", seq=seq))
@@ -123,9 +121,7 @@ async def joining_scenario(seed: int) -> None:
     settings = ShardingSettings(rebalance_interval=10.0)
     setup = standard_setup(shards, settings=settings, stop_message=StopNow())
     async with sim_cluster(seed, setup) as sim:
-        for i in (1, 2, 3):
-            await sim.start(i)
-        await sim.all_up([1, 2, 3])
+        await sim.start_up([1, 2, 3])
         ids = entity_per_shard(shards)
         for entity_id in ids.values():  # every shard gets a home
             await (
@@ -172,9 +168,7 @@ async def test_the_coordinator_crashing_moves_only_its_shards_and_known_homes_ke
 ) -> None:
     shards = 40
     async with sim_cluster(3, standard_setup(shards)) as sim:
-        for i in (1, 2, 3):
-            await sim.start(i)
-        await sim.all_up([1, 2, 3])
+        await sim.start_up([1, 2, 3])
         ids = entity_per_shard(shards)
         used = {s: e for s, e in ids.items() if int(s) % 2 == 0}  # odd shards stay unused
         for entity_id in used.values():
@@ -209,9 +203,7 @@ async def test_one_get_shard_home_per_new_shard_per_region_and_none_afterwards(
     later messages go straight to the home, from the owner and from every other region."""
     shards = 12
     async with sim_cluster(4, standard_setup(shards)) as sim:
-        for i in (1, 2, 3):
-            await sim.start(i)
-        await sim.all_up([1, 2, 3])
+        await sim.start_up([1, 2, 3])
         ids = entity_per_shard(shards)
         for rounds in range(5):
             for i in (1, 2, 3):
@@ -233,9 +225,7 @@ async def test_each_step_of_a_new_shards_first_message_goes_from_the_task_that_g
     first message waits for no other task to be scheduled on the way."""
     shards = 10
     async with sim_cluster(6, standard_setup(shards)) as sim:
-        for i in (1, 2):  # n1 is the oldest: the coordinator runs there
-            await sim.start(i)
-        await sim.all_up([1, 2])
+        await sim.start_up([1, 2])  # n1 is the oldest: the coordinator runs there
         sent: list[tuple[int, str, str]] = []
         for i in (1, 2):
             transport = sim.nodes[i].transport
@@ -272,9 +262,7 @@ async def test_graceful_leave_of_the_oldest_hands_off_its_shards_and_the_coordin
     shards = 30
     setup = standard_setup(shards, stop_message=StopNow())
     async with sim_cluster(5, setup) as sim:
-        for i in (1, 2, 3):
-            await sim.start(i)
-        await sim.all_up([1, 2, 3])
+        await sim.start_up([1, 2, 3])
         ids = entity_per_shard(shards)
         everything = sorted(ids.values())
         sent: Counts = {}
@@ -299,9 +287,7 @@ async def test_the_two_oldest_leaving_at_once(autojump_clock: trio.testing.MockC
     shards = 20
     setup = standard_setup(shards, stop_message=StopNow())
     async with sim_cluster(6, setup) as sim:
-        for i in (1, 2, 3, 4):
-            await sim.start(i)
-        await sim.all_up([1, 2, 3, 4])
+        await sim.start_up([1, 2, 3, 4])
         ids = entity_per_shard(shards)
         everything = sorted(ids.values())
         sent: Counts = {}
@@ -328,9 +314,7 @@ async def test_without_a_write_majority_known_routes_work_and_new_shards_wait(
     shards = 10
     async with sim_cluster(7, standard_setup(shards)) as sim:
         sim.stable_after = 1000.0  # nobody is downed: the partition stays a partition
-        for i in (1, 2, 3):
-            await sim.start(i)
-        await sim.all_up([1, 2, 3])
+        await sim.start_up([1, 2, 3])
         ids = entity_per_shard(shards)
         owners: dict[str, str] = {}
         for entity_id in [ids[s] for s in sorted(ids)[:6]]:
@@ -358,9 +342,7 @@ async def test_min_nr_of_members_holds_allocation_until_enough_regions_registere
 ) -> None:
     setup = standard_setup(10, settings=ShardingSettings(min_nr_of_members=3))
     async with sim_cluster(8, setup) as sim:
-        for i in (1, 2):
-            await sim.start(i)
-        await sim.all_up([1, 2])
+        await sim.start_up([1, 2])
         with pytest.raises(AskTimeout):
             await sim.regions[1].entity_ref("e-1").ask(Read(), timeout=30)
         assert sum(r.statistics().shards for r in sim.regions.values()) == 0
@@ -375,9 +357,7 @@ async def test_an_entity_that_ignores_its_stop_message_is_stopped_after_handoff_
     settings = ShardingSettings(handoff_timeout=20.0)
     setup = standard_setup(4, settings=settings, stop_message=Sleep(seconds=10_000))
     async with sim_cluster(9, setup) as sim:
-        for i in (1, 2):
-            await sim.start(i)
-        await sim.all_up([1, 2])
+        await sim.start_up([1, 2])
         ids = entity_per_shard(4)
         for entity_id in ids.values():
             await sim.regions[1].entity_ref(entity_id).ask(Read(), timeout=30)
@@ -399,9 +379,7 @@ async def test_remembered_entities_restart_without_a_message_after_their_node_cr
     settings = ShardingSettings(remember_entities=True)
     setup = standard_setup(shards, settings=settings, stop_message=StopNow())
     async with sim_cluster(10, setup) as sim:
-        for i in (1, 2, 3):
-            await sim.start(i)
-        await sim.all_up([1, 2, 3])
+        await sim.start_up([1, 2, 3])
         ids = entity_per_shard(shards)
         for entity_id in ids.values():
             await sim.regions[2].entity_ref(entity_id).ask(Read(), timeout=30)
@@ -617,9 +595,7 @@ def run_sharding_scenario(seed: int) -> tuple[str, list[tuple[str, str, float]]]
     async def scenario() -> tuple[str, list[tuple[str, str, float]]]:
         setup = standard_setup(20, settings=ShardingSettings(rebalance_interval=5.0))
         async with sim_cluster(seed, setup) as sim:
-            for i in (1, 2, 3):
-                await sim.start(i)
-            await sim.all_up([1, 2, 3])
+            await sim.start_up([1, 2, 3])
             ids = sorted(entity_per_shard(20).values())
             sent: Counts = {}
             async with trio.open_nursery() as senders:

@@ -83,13 +83,15 @@ async def all_up(h: Harness, nodes: list[int]) -> None:
     await h.all_up(nodes, bound=BOUND)
 
 
+async def start_up(h: Harness, nodes: list[int]) -> None:
+    await h.start_up(nodes, bound=BOUND)
+
+
 async def test_singleton_runs_on_the_oldest_and_proxies_reach_it(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with harness(1) as h:
-        for i in (1, 2, 3):
-            await h.start(i)
-        await all_up(h, [1, 2, 3])
+        await start_up(h, [1, 2, 3])
         running = await h.wait_running()
         assert running.node == "n1"
         for i in (1, 2, 3):
@@ -102,9 +104,7 @@ async def test_a_serving_singleton_takes_each_message_as_it_arrives_in_order(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with harness(21) as h:
-        for i in (1, 2):
-            await h.start(i)
-        await all_up(h, [1, 2])
+        await start_up(h, [1, 2])
         gate = trio.Event()
         seen: list[object] = []
         in_own_task: list[bool] = []
@@ -146,9 +146,7 @@ async def test_an_idle_proxy_sends_at_once_and_keeps_order_behind_a_returned_mes
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with harness(2) as h:
-        for i in (1, 2):
-            await h.start(i)
-        await all_up(h, [1, 2])
+        await start_up(h, [1, 2])
         await h.wait_running()
         proxy = h.nodes[2].singletons.proxy("counter")
         assert await proxy.ask("warm-up", timeout=10) == ("n1", "warm-up")
@@ -180,9 +178,7 @@ async def test_an_idle_proxy_sends_at_once_and_keeps_order_behind_a_returned_mes
 
 async def test_hand_over_when_the_oldest_leaves(autojump_clock: trio.testing.MockClock) -> None:
     async with harness(2) as h:
-        for i in (1, 2, 3):
-            await h.start(i)
-        await all_up(h, [1, 2, 3])
+        await start_up(h, [1, 2, 3])
         await h.wait_running()
         await h.graceful_leave(1)
         running = await h.wait_running(exclude=frozenset({"n1"}))
@@ -194,9 +190,7 @@ async def test_hand_over_when_the_oldest_leaves(autojump_clock: trio.testing.Moc
 
 async def test_take_over_when_the_oldest_crashes(autojump_clock: trio.testing.MockClock) -> None:
     async with harness(3) as h:
-        for i in (1, 2, 3):
-            await h.start(i)
-        await all_up(h, [1, 2, 3])
+        await start_up(h, [1, 2, 3])
         await h.wait_running()
         h.crash(1)
         running = await h.wait_running(exclude=frozenset({"n1"}))
@@ -211,9 +205,7 @@ async def test_three_oldest_of_six_crash_at_once(autojump_clock: trio.testing.Mo
     # lease-majority the side that is alive takes the lease and carries on.
     sbr = SplitBrainResolverSettings(active_strategy="lease-majority", stable_after=5.0)
     async with harness(4, sbr) as h:
-        for i in range(1, 7):
-            await h.start(i)
-        await all_up(h, list(range(1, 7)))
+        await start_up(h, list(range(1, 7)))
         await h.wait_running()
         for i in (1, 2, 3):
             h.crash(i)
@@ -226,9 +218,7 @@ async def test_quick_restart_on_the_same_host_and_port(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with harness(5) as h:
-        for i in (1, 2, 3):
-            await h.start(i)
-        await all_up(h, [1, 2, 3])
+        await start_up(h, [1, 2, 3])
         await h.wait_running()
         h.crash(1)
         await h.done[1].wait()
@@ -253,9 +243,7 @@ async def test_ask_for_a_singleton_started_nowhere_times_out(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async with harness(7) as h:
-        for i in (1, 2):
-            await h.start(i)
-        await all_up(h, [1, 2])
+        await start_up(h, [1, 2])
         proxy = h.nodes[2].singletons.proxy("never-started")
         with pytest.raises(SingletonUnavailable, match="did not answer within 3 s"):
             await proxy.ask("x", timeout=3)
@@ -305,9 +293,7 @@ async def test_lease_majority_a_two_two_split_leaves_the_side_that_got_the_lease
 ) -> None:
     sbr = SplitBrainResolverSettings(active_strategy="lease-majority", stable_after=5.0)
     async with harness(9, sbr) as h:
-        for i in (1, 2, 3, 4):
-            await h.start(i)
-        await all_up(h, [1, 2, 3, 4])
+        await start_up(h, [1, 2, 3, 4])
         h.net.partition([addr(1), addr(2)], [addr(3), addr(4)])
         with trio.fail_after(BOUND):
             while not (  # noqa: ASYNC110 - polls cluster state on the mock clock
