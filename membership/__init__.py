@@ -39,6 +39,8 @@ from ._events import MemberWeaklyUp as MemberWeaklyUp
 from ._events import ReachableMember as ReachableMember
 from ._events import UnreachableMember as UnreachableMember
 from ._failure_detector import FailureDetectorSettings as FailureDetectorSettings
+from ._identity import IdentityKind as IdentityKind
+from ._identity import PeerIdentity as PeerIdentity
 from ._lease import FencedGrant as FencedGrant
 from ._lease import HeldLease as HeldLease
 from ._member import Member as Member

@@ -20,19 +20,19 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ._address import check_name
 from ._errors import ConfigurationError
+from ._identity import IdentityKind, PeerIdentity, identity_uri
 
 CA_CERT = "ca.pem"
 CA_KEY = "ca-key.pem"
 NODE_CERT = "node.pem"
 NODE_KEY = "node-key.pem"
-URI_SCHEME = "p2pshard"
 _CA_COMMON_NAME = "p2pshard cluster CA"
 _CA_NAME_PREFIX = _CA_COMMON_NAME + " "  # CAs made before the cluster name moved to O
 
 
 def node_uri(cluster: str, node: str) -> str:
     """The SAN URI that identifies ``node`` of ``cluster``."""
-    return f"{URI_SCHEME}://{cluster}/{node}"
+    return identity_uri(cluster, PeerIdentity(IdentityKind.NODE, node))
 
 
 @attrs.frozen
@@ -178,7 +178,36 @@ def create_node_certificate(
         >>> ca, out = Path("certs/ca"), Path("certs/node-1")
         >>> create_node_certificate("node-1", ca, out)  # doctest: +SKIP
     """
-    check_name("node name", node)
+    return create_certificate(
+        PeerIdentity(IdentityKind.NODE, node),
+        ca_dir,
+        out_dir,
+        cluster=cluster,
+        days=days,
+        force=force,
+    )
+
+
+def create_certificate(
+    identity: PeerIdentity,
+    ca_dir: Path,
+    out_dir: Path,
+    *,
+    cluster: str | None = None,
+    days: int = 825,
+    force: bool = False,
+) -> NodeFiles:
+    """Make a key and certificate for ``identity`` (a node, client or admin), signed by the CA.
+
+    Writes ``node.pem``, ``node-key.pem`` (mode 0600) and a copy of ``ca.pem`` into ``out_dir``;
+    the certificate's SAN URI names the identity's kind and name (see ``membership._identity``).
+    The cluster name defaults to the one the CA was made for.
+
+    Example:
+        >>> ops = PeerIdentity(IdentityKind.CLIENT, "ops")
+        >>> create_certificate(ops, Path("certs/ca"), Path("certs/ops"))  # doctest: +SKIP
+    """
+    node = identity.name
     if days < 1:
         raise ConfigurationError(f"days = {days!r} is invalid: must be at least 1")
     ca_cert, ca_key, ca_cluster = load_cluster_ca(ca_dir)
@@ -209,7 +238,9 @@ def create_node_certificate(
         .not_valid_after(min(now + datetime.timedelta(days=days), ca_cert.not_valid_after_utc))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
-            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(node_uri(cluster, node))]),
+            x509.SubjectAlternativeName(
+                [x509.UniformResourceIdentifier(identity_uri(cluster, identity))]
+            ),
             critical=False,
         )
         .add_extension(

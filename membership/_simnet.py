@@ -67,6 +67,7 @@ from ._errors import (
     TransportError,
 )
 from ._framing import HEADER_SIZE, encode_frame
+from ._identity import IdentityKind, PeerIdentity
 from ._settings import TransportSettings, in_range
 from ._transport import Outbox, Transport
 from ._trioutil import single_error
@@ -369,9 +370,17 @@ class SimNetwork:
         return sorted(node.local_address for node in self._nodes.values())
 
     def transport(
-        self, address: Address, name: str, *, settings: TransportSettings | None = None
+        self,
+        address: Address,
+        name: str,
+        *,
+        settings: TransportSettings | None = None,
+        kind: IdentityKind = IdentityKind.NODE,
     ) -> contextlib.AbstractAsyncContextManager[SimTransport]:
         """Attach a node at ``address``: an async context manager that yields its transport.
+
+        Its links carry the identity ``kind`` named ``name`` (a node's unless told otherwise),
+        as a TLS link carries its certificate's.
 
         Entering draws a new incarnation uid from :attr:`random`; leaving closes the transport
         gracefully (queued frames to connected peers go out first, for a bounded time). After
@@ -393,12 +402,15 @@ class SimNetwork:
         check_name("node name", name)
         if settings is not None and not isinstance(settings, TransportSettings):
             raise TypeError(f"settings must be TransportSettings, not {type(settings).__name__}")
-        return self._attach(address, name, settings or self._settings)
+        if not isinstance(kind, IdentityKind):
+            raise TypeError(f"kind must be an IdentityKind, not {type(kind).__name__}")
+        return self._attach(address, PeerIdentity(kind, name), settings or self._settings)
 
     @contextlib.asynccontextmanager
     async def _attach(
-        self, address: Address, name: str, settings: TransportSettings
+        self, address: Address, identity: PeerIdentity, settings: TransportSettings
     ) -> AsyncIterator[SimTransport]:
+        name = identity.name
         current = self._nodes.get(address)
         if current is not None:
             raise TransportError(
@@ -406,7 +418,7 @@ class SimNetwork:
                 "there; crash it or leave its block first"
             )
         uid = self.random.getrandbits(63) or 1
-        node = SimTransport(self, UniqueAddress(address, name, uid), settings)
+        node = SimTransport(self, UniqueAddress(address, name, uid), settings, identity)
         self._nodes[address] = node
         self._counters.attaches += 1
         self._record("attach", node.local_address)
@@ -738,7 +750,7 @@ class _Link:
                     f"peer sent a frame of {len(payload)} bytes; max_frame_size is "
                     f"{target.settings.max_frame_size}"
                 )
-            await target._deliver_frames([payload], source)
+            await target._deliver_frames([payload], source, self.source.identity)
         except (FrameDecodeError, FrameTooLarge) as exc:
             # The receiver closes the link, as over TCP: what was in flight behind this frame is
             # lost and the link reconnects.
@@ -786,9 +798,13 @@ class SimTransport(Transport):
     """
 
     def __init__(
-        self, network: SimNetwork, local: UniqueAddress, settings: TransportSettings
+        self,
+        network: SimNetwork,
+        local: UniqueAddress,
+        settings: TransportSettings,
+        identity: PeerIdentity | None = None,
     ) -> None:
-        super().__init__(local, settings)
+        super().__init__(local, settings, identity)
         self._network = network
         self._links: dict[Address, _Link] = {}
         self._nursery: trio.Nursery | None = None

@@ -33,8 +33,9 @@ from . import _wire
 from ._address import Address, UniqueAddress
 from ._errors import HandshakeError, ProtocolError
 from ._framing import FrameDecoder, encode_frame
+from ._identity import IdentityKind, PeerIdentity
 from ._settings import TransportSettings
-from ._tls import TlsIdentity, peer_node_name
+from ._tls import TlsIdentity, peer_identity
 from ._tlslink import TlsLink
 from ._transport import Outbox, Transport
 from ._trioutil import single_error
@@ -103,8 +104,9 @@ class TcpTransport(Transport):
         cluster: str,
         contexts: tuple[ssl.SSLContext, ssl.SSLContext],
         nursery: trio.Nursery,
+        identity: PeerIdentity | None = None,
     ) -> None:
-        super().__init__(local, settings)
+        super().__init__(local, settings, identity)
         self._cluster = cluster
         self._server_context, self._client_context = contexts
         self._nursery = nursery
@@ -155,10 +157,10 @@ class TcpTransport(Transport):
         try:
             with trio.fail_after(self._settings.handshake_timeout):
                 await link.handshake()
-                name = peer_node_name(link.peer_certificate(), self.cluster)
+                identity = peer_identity(link.peer_certificate(), self.cluster)
                 first, *rest = await self._read_frame(link, decoder)
                 hello = _wire.decode(first).message
-                peer = check_hello(hello, cluster=self.cluster, certificate_name=name)
+                peer = check_hello(hello, cluster=self.cluster, certificate_name=identity.name)
                 link.write_nowait(encode_frame(_wire.encode(HelloAck(sender=self._local))))
                 await link.flush()
         except (
@@ -174,17 +176,17 @@ class TcpTransport(Transport):
             link.close(notify=False)
             return
         self._inbound_links += 1
-        logger.debug("%s: accepted a link from %s at %s", self._local, peer, where)
+        logger.debug("%s: accepted a link from %s (%s) at %s", self._local, peer, identity, where)
         try:
             if rest:
-                await self._deliver_frames(rest, peer)
+                await self._deliver_frames(rest, peer, identity)
             data: bytes | bytearray = (
                 b""  # first round: what the handshake read may hold a bad header already
             )
             while True:
                 frames, error = decoder.feed(data)
                 if frames:
-                    await self._deliver_frames(frames, peer)
+                    await self._deliver_frames(frames, peer, identity)
                     if len(data) < _SHORT_READ:
                         for _ in range(_YIELDS_AFTER_SHORT_READ):
                             await trio.lowlevel.checkpoint()
@@ -216,7 +218,9 @@ class TcpTransport(Transport):
         try:
             with trio.fail_after(self._settings.handshake_timeout):
                 await link.handshake()
-                name = peer_node_name(link.peer_certificate(), self.cluster)
+                # Any kind: a node dials members and seeds, and answers a client's request at
+                # the address its hello announced.
+                name = peer_identity(link.peer_certificate(), self.cluster).name
                 hello = Hello(cluster=self.cluster, sender=self._local)
                 link.write_nowait(encode_frame(_wire.encode(hello)))
                 await link.flush()
@@ -359,6 +363,7 @@ async def open_tcp_transport(
     canonical: Address | None = None,
     settings: TransportSettings | None = None,
     uid: int | None = None,
+    kind: IdentityKind = IdentityKind.NODE,
 ) -> AsyncIterator[TcpTransport]:
     """Listen on ``bind`` and yield a transport; leaving the block closes it.
 
@@ -370,6 +375,8 @@ async def open_tcp_transport(
             port may be 0 to mean "the bound port".
         settings: transport settings; defaults to ``TransportSettings()``.
         uid: this incarnation's uid; random by default (tests pin it).
+        kind: the identity kind of this transport's certificate (a node's by default; a
+            command-line client's certificate is a ``client`` or ``admin`` one).
 
     Example:
         >>> async def main() -> None:
@@ -396,7 +403,14 @@ async def open_tcp_transport(
     try:
         with single_error():
             async with trio.open_nursery() as nursery:
-                transport = TcpTransport(local, settings, identity.cluster, contexts, nursery)
+                transport = TcpTransport(
+                    local,
+                    settings,
+                    identity.cluster,
+                    contexts,
+                    nursery,
+                    PeerIdentity(kind, node_name),
+                )
                 await nursery.start(transport._serve, listeners)
                 logger.info("%s: listening on %s", local, Address(bind.host, port))
                 try:

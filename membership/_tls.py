@@ -16,8 +16,8 @@ from typing import Any
 import attrs
 
 from ._address import check_name
-from ._certs import URI_SCHEME
 from ._errors import ConfigurationError, HandshakeError
+from ._identity import URI_SCHEME, PeerIdentity, parse_identity_uri
 
 
 def _path(value: Path | str) -> Path:
@@ -81,11 +81,12 @@ class TlsIdentity:
         return self._context(ssl.Purpose.SERVER_AUTH)
 
 
-def peer_node_name(peer_certificate: dict[str, Any] | None, cluster: str) -> str:
-    """The node name in a verified peer certificate's SAN URI, if it names ``cluster``.
+def peer_identity(peer_certificate: dict[str, Any] | None, cluster: str) -> PeerIdentity:
+    """The identity a verified peer certificate's SAN URI names, if it names ``cluster``.
 
     Raises:
-        HandshakeError: no certificate, no ``p2pshard://`` URI, or one for another cluster.
+        HandshakeError: no certificate, no ``p2pshard://`` URI, a malformed one, or one for
+            another cluster.
     """
     if not peer_certificate:
         raise HandshakeError("peer presented no certificate")
@@ -96,11 +97,22 @@ def peer_node_name(peer_certificate: dict[str, Any] | None, cluster: str) -> str
             f"peer certificate has no {URI_SCHEME}:// SAN URI (URIs: {uris or 'none'})"
         )
     for uri in ours:
-        rest = uri[len(URI_SCHEME) + 3 :]
-        peer_cluster, sep, node = rest.partition("/")
-        if sep and peer_cluster == cluster:
-            try:
-                return check_name("node name", node)
-            except ConfigurationError as exc:
-                raise HandshakeError(f"peer certificate URI {uri!r}: {exc}") from None
+        peer_cluster, _, _ = uri[len(URI_SCHEME) + 3 :].partition("/")
+        if peer_cluster == cluster:
+            return parse_identity_uri(uri)[1]
     raise HandshakeError(f"peer certificate is for {', '.join(ours)}, not for cluster {cluster!r}")
+
+
+def peer_node_name(peer_certificate: dict[str, Any] | None, cluster: str) -> str:
+    """The node name in a verified peer certificate, which must be a ``node`` identity.
+
+    Raises:
+        HandshakeError: as :func:`peer_identity`, or the certificate is a client's or an
+            admin's, which no node ever dials.
+    """
+    identity = peer_identity(peer_certificate, cluster)
+    if not identity.is_node:
+        raise HandshakeError(
+            f"peer certificate is a {identity.kind.value} identity ({identity.name!r}), not a node"
+        )
+    return identity.name

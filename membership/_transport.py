@@ -44,6 +44,7 @@ from ._errors import (
     TruncatedFrame,
 )
 from ._framing import HEADER_SIZE as FRAME_PREFIX_SIZE
+from ._identity import IdentityKind, PeerIdentity
 from ._settings import TransportSettings
 
 logger = logging.getLogger("membership.transport")
@@ -56,7 +57,11 @@ _NOWHERE = object()
 
 
 class Envelope(NamedTuple):
-    """A received message and the node incarnation that sent it.
+    """A received message, the incarnation that sent it and the identity of its link.
+
+    ``identity`` is what the link's certificate says (kind and name), verified by the TLS
+    handshake; ``sender`` is what the link's hello announced, with the same name. Decide what a
+    message may do by them, never by what the message itself claims.
 
     A named tuple rather than an attrs class: one is made per received message, and this is the
     cheapest immutable value with named fields.
@@ -64,11 +69,12 @@ class Envelope(NamedTuple):
 
     sender: UniqueAddress
     message: object
+    identity: PeerIdentity
 
 
 _new_envelope = tuple.__new__
-"""``_new_envelope(Envelope, (sender, message))`` makes an Envelope in half the time of
-``Envelope(sender, message)``, which goes through a generated Python ``__new__``."""
+"""``_new_envelope(Envelope, (sender, message, identity))`` makes an Envelope in half the time
+of ``Envelope(sender, message, identity)``, which goes through a generated Python ``__new__``."""
 
 
 @attrs.frozen(kw_only=True)
@@ -290,8 +296,14 @@ class Transport(abc.ABC):
         ...         print(envelope.sender, envelope.message)
     """
 
-    def __init__(self, local: UniqueAddress, settings: TransportSettings) -> None:
+    def __init__(
+        self,
+        local: UniqueAddress,
+        settings: TransportSettings,
+        identity: PeerIdentity | None = None,
+    ) -> None:
         self._local = local
+        self._identity = identity or PeerIdentity(IdentityKind.NODE, local.name)
         self._settings = settings
         self._outboxes: dict[Address, Outbox] = {}
         # The destination last sent to (the very object), with its address, uid and outbox: an
@@ -312,6 +324,11 @@ class Transport(abc.ABC):
     def local_address(self) -> UniqueAddress:
         """This node's incarnation: canonical address, node name and uid."""
         return self._local
+
+    @property
+    def identity(self) -> PeerIdentity:
+        """The identity this transport's certificate names (a node's, for a cluster member)."""
+        return self._identity
 
     @property
     def settings(self) -> TransportSettings:
@@ -466,7 +483,7 @@ class Transport(abc.ABC):
         # A message to ourselves still goes through the codec, so the receiver never shares a
         # mutable object with the sender, exactly as for a remote peer.
         try:
-            envelope = self._decode(frame[FRAME_PREFIX_SIZE:], self._local)
+            envelope = self._decode(frame[FRAME_PREFIX_SIZE:], self._local, self._identity)
         except ProtocolError as exc:  # pragma: no cover - we just encoded it
             raise AssertionError(f"own frame did not decode: {exc}") from exc
         if envelope is not None and not self._hand_over(envelope):
@@ -490,7 +507,9 @@ class Transport(abc.ABC):
     def _start_link(self, outbox: Outbox) -> None:
         """Start whatever carries this outbox's frames to its peer."""
 
-    def _decode(self, payload: bytes, sender: UniqueAddress) -> Envelope | None:
+    def _decode(
+        self, payload: bytes, sender: UniqueAddress, identity: PeerIdentity
+    ) -> Envelope | None:
         """Decode one received frame payload; None if the message is to be dropped.
 
         Raises:
@@ -508,7 +527,7 @@ class Transport(abc.ABC):
             self._drop_for_another_incarnation(to_uid, sender)
             return None
         counters.messages_received += 1
-        return Envelope(sender, message)
+        return Envelope(sender, message, identity)
 
     def _drop_undecodable(self, exc: MessageDecodeError, sender: UniqueAddress) -> None:
         self._counters.messages_dropped_undecodable += 1
@@ -520,7 +539,9 @@ class Transport(abc.ABC):
             "%s: dropped a message from %s meant for incarnation %x", self._local, sender, to_uid
         )
 
-    async def _deliver_frames(self, payloads: list[bytes], sender: UniqueAddress) -> None:
+    async def _deliver_frames(
+        self, payloads: list[bytes], sender: UniqueAddress, identity: PeerIdentity
+    ) -> None:
         """Decode frames from one link and put them in the inbox (waiting for room).
 
         The receive path of every message, so :meth:`_decode` and :meth:`_hand_over` are
@@ -546,7 +567,7 @@ class Transport(abc.ABC):
                 self._drop_for_another_incarnation(to_uid, sender)
                 continue
             counters.messages_received += 1
-            envelope = _new_envelope(Envelope, (sender, message))
+            envelope = _new_envelope(Envelope, (sender, message, identity))
             handler = self._handler
             if handler is not None:
                 try:

@@ -469,7 +469,7 @@ class Sharding:
 
     def handle(self, envelope: Envelope) -> bool:
         """Take a sharding message from the transport; False if it is not one."""
-        sender, message = envelope
+        sender, message, _ = envelope
         if type(message) is EntityDelivery:
             # Nearly every message: _on_delivery's common case spelled out here for speed.
             region = self._regions.get(message.type_name)

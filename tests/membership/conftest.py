@@ -10,8 +10,16 @@ import attrs
 import pytest
 import trio
 
-from membership import Address, SimNetwork, Transport, TransportSettings, message
-from membership._certs import create_cluster_ca, create_node_certificate
+from membership import (
+    Address,
+    IdentityKind,
+    PeerIdentity,
+    SimNetwork,
+    Transport,
+    TransportSettings,
+    message,
+)
+from membership._certs import create_certificate, create_cluster_ca
 from membership._tcp import open_tcp_transport
 from membership._tls import TlsIdentity
 
@@ -34,11 +42,14 @@ class CertSet:
     root: Path
     cluster: str
 
-    def identity(self, node: str, *, cluster: str | None = None) -> TlsIdentity:
-        """Credentials for ``node``; made on first use, signed by this CA."""
-        files = self.root / f"{cluster or self.cluster}-{node}"
+    def identity(
+        self, node: str, *, cluster: str | None = None, kind: IdentityKind = IdentityKind.NODE
+    ) -> TlsIdentity:
+        """Credentials for ``node`` (of identity ``kind``); made on first use, signed by this CA."""
+        files = self.root / f"{cluster or self.cluster}-{kind.value}-{node}"
         if not (files / "node.pem").exists():
-            create_node_certificate(node, self.root / "ca", files, cluster=cluster)
+            identity = PeerIdentity(kind, node)
+            create_certificate(identity, self.root / "ca", files, cluster=cluster)
         return TlsIdentity(
             self.cluster, files / "ca.pem", files / "node.pem", files / "node-key.pem"
         )

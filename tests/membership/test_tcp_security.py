@@ -18,7 +18,16 @@ import trio
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from membership import Address, Transport, TransportSettings, UniqueAddress, _wire, message
+from membership import (
+    Address,
+    IdentityKind,
+    PeerIdentity,
+    Transport,
+    TransportSettings,
+    UniqueAddress,
+    _wire,
+    message,
+)
 from membership._framing import FrameDecoder, encode_frame
 from membership._tcp import Hello, HelloAck, open_tcp_transport
 from membership._tls import TlsIdentity
@@ -157,6 +166,41 @@ async def test_hello_must_name_the_node_of_the_certificate(certs: CertSet) -> No
         await stream.send_all(encode_frame(_wire.encode(Hello(cluster=CLUSTER, sender=impostor))))
         assert await sees_end(stream)
         await wait_until(lambda: server.statistics().handshakes_refused == 1)
+
+
+@pytest.mark.parametrize("kind", list(IdentityKind))
+async def test_each_message_carries_the_identity_its_links_certificate_names(
+    certs: CertSet, kind: IdentityKind
+) -> None:
+    async with node(certs, "server") as server:
+        identity = certs.identity("visitor", kind=kind)
+        async with open_tcp_transport(identity, "visitor", LOCAL, kind=kind) as visitor:
+            assert visitor.identity == PeerIdentity(kind, "visitor")
+            await visitor.send(server.local_address.address, Seq(1))
+            with trio.fail_after(10):
+                envelope = await server.receive()
+    assert envelope.message == Seq(1)
+    assert envelope.sender == visitor.local_address
+    assert envelope.identity == PeerIdentity(kind, "visitor")
+
+
+async def test_a_client_certificate_cannot_pass_for_the_node_of_the_same_name(
+    certs: CertSet,
+) -> None:
+    # The hello must name the certificate's name, whatever its kind, and the identity that
+    # reaches the node is the certificate's kind: a client named like a member stays a client.
+    async with node(certs, "server") as server:
+        stream = await raw_peer(
+            server.local_address.address,
+            certs.identity("server", kind=IdentityKind.CLIENT),
+            "server",
+        )
+        await stream.send_all(encode_frame(_wire.encode(Seq(5))))
+        with trio.fail_after(10):
+            envelope = await server.receive()
+        await trio.aclose_forcefully(stream)
+    assert envelope.sender.name == "server"
+    assert envelope.identity == PeerIdentity(IdentityKind.CLIENT, "server")
 
 
 async def test_wrong_cluster_in_hello_is_refused(certs: CertSet) -> None:

@@ -10,9 +10,17 @@ from typing import Any
 import attrs
 import pytest
 
-from membership import Address, ConfigurationError, HandshakeError, UniqueAddress
+from membership import (
+    Address,
+    ConfigurationError,
+    HandshakeError,
+    IdentityKind,
+    PeerIdentity,
+    UniqueAddress,
+)
+from membership._identity import identity_uri, parse_identity_uri
 from membership._tcp import Hello, HelloAck, check_hello
-from membership._tls import TlsIdentity, peer_node_name
+from membership._tls import TlsIdentity, peer_identity, peer_node_name
 
 from .conftest import CLUSTER, CertSet
 
@@ -60,12 +68,48 @@ def test_a_certificate_for_another_cluster_is_refused() -> None:
         peer_node_name(cert_with(("URI", "p2pshard://shop/node-a")), CLUSTER)
 
 
-@pytest.mark.parametrize("node", ["", "bad name", "a/b", "x" * 64])
+@pytest.mark.parametrize("node", ["", "bad name", "x" * 64])
 def test_an_invalid_node_name_in_the_uri_is_refused(node: str) -> None:
     uri = f"p2pshard://{CLUSTER}/{node}"
     with pytest.raises(HandshakeError, match=f"node name {node!r} is invalid") as info:
         peer_node_name(cert_with(("URI", uri)), CLUSTER)
     assert repr(uri) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("node-a", PeerIdentity(IdentityKind.NODE, "node-a")),
+        ("node/node-a", PeerIdentity(IdentityKind.NODE, "node-a")),
+        ("client/ops", PeerIdentity(IdentityKind.CLIENT, "ops")),
+        ("admin/alice", PeerIdentity(IdentityKind.ADMIN, "alice")),
+    ],
+)
+def test_the_uri_names_the_kind_and_the_name(path: str, expected: PeerIdentity) -> None:
+    cert = cert_with(("URI", f"p2pshard://{CLUSTER}/{path}"))
+    assert peer_identity(cert, CLUSTER) == expected
+    assert parse_identity_uri(identity_uri(CLUSTER, expected)) == (CLUSTER, expected)
+
+
+@pytest.mark.parametrize(
+    ("path", "error"),
+    [
+        ("root/alice", "names the kind 'root'; known kinds: node, client, admin"),
+        ("a/b/c", "is not p2pshard://<cluster>/<node> or p2pshard://<cluster>/<kind>/<name>"),
+        ("client/bad name", "client name 'bad name' is invalid"),
+        ("admin/", "admin name '' is invalid"),
+    ],
+)
+def test_a_malformed_identity_uri_is_refused_with_the_reason(path: str, error: str) -> None:
+    with pytest.raises(HandshakeError, match=re.escape(error)):
+        peer_identity(cert_with(("URI", f"p2pshard://{CLUSTER}/{path}")), CLUSTER)
+
+
+@pytest.mark.parametrize("kind", [IdentityKind.CLIENT, IdentityKind.ADMIN])
+def test_a_node_never_takes_a_client_or_admin_certificate_for_a_node(kind: IdentityKind) -> None:
+    uri = identity_uri(CLUSTER, PeerIdentity(kind, "node-a"))
+    with pytest.raises(HandshakeError, match=f"is a {kind.value} identity"):
+        peer_node_name(cert_with(("URI", uri)), CLUSTER)
 
 
 @pytest.mark.parametrize("side", ["server_context", "client_context"])
