@@ -26,6 +26,7 @@ import attrs
 import trio
 
 from ._address import Address, UniqueAddress
+from ._authorization import Refused, Standing, authorize_membership
 from ._cluster_core import (
     CLUSTER_MESSAGES,
     ClusterCore,
@@ -44,6 +45,7 @@ from ._gossip import Gossip, convergence, leader, oldest, reachability_excluding
 from ._heartbeat import Heartbeat, HeartbeatRsp, HeartbeatSenderState, heartbeat_response
 from ._lease import HeldLease
 from ._member import Member, MemberStatus
+from ._refusals import Refusals
 from ._sbr import (
     AcquireLease,
     DownNodes,
@@ -58,6 +60,8 @@ logger = logging.getLogger("membership.cluster")
 
 SUBSCRIBER_BUFFER = 10_000
 """Events buffered per subscriber; one that falls further behind is dropped with an error."""
+
+_MEMBERSHIP_MESSAGES = (Heartbeat, HeartbeatRsp, *CLUSTER_MESSAGES)
 
 SBR_TICK = 1.0
 """Seconds between split brain resolver ticks (Akka: 1 s)."""
@@ -78,6 +82,9 @@ class ClusterStatistics:
     leader: UniqueAddress | None
     gossip_version_entries: int
     subscribers: int
+    refused: tuple[tuple[str, int], ...] = ()
+    """Messages refused for who sent them, by kind (``forged-author``, ``not-a-member``,
+    ``client-identity`` ...), since start."""
 
 
 class Subscription:
@@ -156,6 +163,11 @@ class Cluster:
         self.termination_reason: str | None = None
         """Why the node is out of the cluster, once it is."""
         self._up = trio.Event()
+        self._members_of: Gossip | None = None
+        self._member_nodes: frozenset[UniqueAddress] = frozenset()
+        self._members_changed: list[Callable[[], None]] = []
+        self.refusals = Refusals(logger)
+        """Messages refused for who sent them: counted by kind, logged once per interval."""
 
     # ---- public API ----
 
@@ -293,7 +305,47 @@ class Cluster:
             leader=self.leader,
             gossip_version_entries=len(gossip.version.entries),
             subscribers=len(self._subscribers),
+            refused=tuple(sorted(self.refusals.counts.items())),
         )
+
+    # ---- who may send what ----
+
+    def is_member_link(self, envelope: Envelope) -> bool:
+        """Whether ``envelope`` came from a member over that member's own (node) link."""
+        return envelope.identity.is_node and envelope.sender in self._members()
+
+    def on_members_changed(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (which must not block) whenever the set of members changes.
+
+        A dispatcher that remembers which senders are members forgets them then.
+        """
+        self._members_changed.append(callback)
+
+    def refuse(self, refused: Refused) -> None:
+        """Count and log (at most once per interval per kind) a refused message."""
+        quiet = refused.kind == "not-a-member"  # also a member-to-be, before gossip reaches us
+        level = logging.INFO if quiet else logging.WARNING
+        self.refusals.refuse(
+            refused.kind, f"{self._node}: {refused.reason}", trio.current_time(), level=level
+        )
+
+    def _members(self) -> frozenset[UniqueAddress]:
+        gossip = self._core.gossip
+        if gossip is not self._members_of:
+            self._members_of = gossip
+            nodes = frozenset(gossip.nodes())
+            if nodes != self._member_nodes:
+                self._member_nodes = nodes
+                for callback in self._members_changed:
+                    callback()
+        return self._member_nodes
+
+    def _standing(self, node: UniqueAddress) -> Standing:
+        if node in self._members():
+            return Standing.MEMBER
+        if self._core.gossip.is_tombstoned(node):
+            return Standing.REMOVED
+        return Standing.STRANGER
 
     # ---- the node's dispatcher calls this ----
 
@@ -302,6 +354,12 @@ class Cluster:
         message, sender = envelope.message, envelope.sender
         # The clock is read only for a message of ours: the node may ask about every message it
         # receives, and reading the clock costs more than these checks.
+        if not isinstance(message, _MEMBERSHIP_MESSAGES):
+            return False
+        refused = authorize_membership(message, sender, envelope.identity, self._standing(sender))
+        if refused is not None:
+            self.refuse(refused)
+            return True
         if isinstance(message, Heartbeat):
             if self._core.phase is not Phase.SHUT_DOWN:
                 self._send(sender, heartbeat_response(self._node, message))
@@ -309,15 +367,13 @@ class Cluster:
         if isinstance(message, HeartbeatRsp):
             self._heartbeats.heartbeat_rsp(sender, trio.current_time())
             return True
-        if isinstance(message, CLUSTER_MESSAGES):
-            if self._core.phase is not Phase.SHUT_DOWN:
-                now = trio.current_time()
-                before = self._core.next_deadline()
-                self._apply(self._core.receive(sender, message, now))
-                if self._core.next_deadline() < before:
-                    self._wakeup.set()
-            return True
-        return False
+        if self._core.phase is not Phase.SHUT_DOWN:
+            now = trio.current_time()
+            before = self._core.next_deadline()
+            self._apply(self._core.receive(sender, message, now))
+            if self._core.next_deadline() < before:
+                self._wakeup.set()
+        return True
 
     # ---- running ----
 
@@ -414,6 +470,7 @@ class Cluster:
                 case Shutdown(reason=reason):
                     self._terminate(reason)
         self._feed(now)
+        self._members()  # tells the dispatcher if the members changed
         member = self._core.self_member
         if member is not None and member.status in (MemberStatus.UP, MemberStatus.WEAKLY_UP):
             self._up.set()

@@ -171,8 +171,11 @@ class TcpTransport(Transport):
             OSError,
         ) as exc:
             self._counters.handshakes_refused += 1
-            reason = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) else exc
-            logger.warning("%s: refused a link from %s: %s", self._local, where, reason or exc)
+            self._refusals.refuse(
+                "refused-link",
+                f"{self._local}: refused a link from {where}: {self._handshake_failure(exc)}",
+                trio.current_time(),
+            )
             link.close(notify=False)
             return
         self._inbound_links += 1
@@ -207,6 +210,17 @@ class TcpTransport(Transport):
         finally:
             self._inbound_links -= 1
             link.close(notify=False)
+
+    def _handshake_failure(self, exc: BaseException) -> str:
+        """Why a handshake failed, in words (some exceptions have none of their own)."""
+        if isinstance(exc, trio.TooSlowError):
+            return f"no hello within handshake_timeout ({self._settings.handshake_timeout:g} s)"
+        reason = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) else exc
+        text = str(reason or exc)
+        if not text:
+            kind = type(reason or exc).__name__
+            return f"{kind} (the peer closed or reset the connection)"
+        return text
 
     # ---- connecting side ----
 

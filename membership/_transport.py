@@ -45,6 +45,7 @@ from ._errors import (
 )
 from ._framing import HEADER_SIZE as FRAME_PREFIX_SIZE
 from ._identity import IdentityKind, PeerIdentity
+from ._refusals import Refusals
 from ._settings import TransportSettings
 
 logger = logging.getLogger("membership.transport")
@@ -314,6 +315,8 @@ class Transport(abc.ABC):
             settings.inbox_capacity
         )
         self._counters = _Counters()
+        self._refusals = Refusals(logger)
+        """Refused links and messages, logged at most once per interval per kind."""
         self._closed = False
         self._inbound_links = 0
         self._received_without_yield = 0
@@ -531,7 +534,11 @@ class Transport(abc.ABC):
 
     def _drop_undecodable(self, exc: MessageDecodeError, sender: UniqueAddress) -> None:
         self._counters.messages_dropped_undecodable += 1
-        logger.warning("%s: dropped a message from %s: %s", self._local, sender, exc)
+        self._refusals.refuse(
+            "undecodable-message",
+            f"{self._local}: dropped a message from {sender}: {exc}",
+            trio.current_time(),
+        )
 
     def _drop_for_another_incarnation(self, to_uid: int, sender: UniqueAddress) -> None:
         self._counters.messages_dropped_wrong_incarnation += 1
@@ -591,7 +598,9 @@ class Transport(abc.ABC):
             self._counters.links_closed_truncated += 1
         elif isinstance(exc, FrameDecodeError):
             self._counters.links_closed_undecodable += 1
-        logger.warning("%s: closed the link from %s: %s", self._local, peer, exc)
+        self._refusals.refuse(
+            "bad-frame", f"{self._local}: closed the link from {peer}: {exc}", trio.current_time()
+        )
 
     async def receive(self) -> Envelope:
         """The next received message.

@@ -27,6 +27,7 @@ import trio
 
 from crdt import Replicator, ReplicatorSettings, open_replicator
 from membership import ConfigurationError, Envelope, Transport, TransportStatistics, UniqueAddress
+from membership._authorization import member_traffic_refusal
 from membership._cluster import Cluster, DowningLease
 from membership._events import LeaderChanged, MemberEvent, ReachableMember, UnreachableMember
 from membership._singleton import Singletons
@@ -67,6 +68,10 @@ class Node:
     _journal: Journal | None = None
     _nursery: trio.Nursery | None = None
     _rng: random.Random = attrs.Factory(random.Random)
+    _trusted: object = None
+    """The sender of the last message admitted as a member's (the very object its link
+    hands in), so that a stream from one member costs one identity check; forgotten whenever
+    the members change."""
 
     @property
     def config(self) -> NodeConfig:
@@ -193,6 +198,8 @@ class Node:
 
     def _dispatch(self, envelope: Envelope) -> None:
         """Hand one received message to the service it belongs to (runs in the link task)."""
+        if envelope.sender is not self._trusted and not self._admit(envelope):
+            return
         # Sharding first: entity messages are nearly all the traffic, and no two services take
         # the same message type, so the order decides only how many are asked.
         if not (
@@ -208,6 +215,29 @@ class Node:
                 type(envelope.message).__name__,
                 envelope.sender,
             )
+
+    def _admit(self, envelope: Envelope) -> bool:
+        """Whether a member sent ``envelope`` (then every service may take it).
+
+        Anybody else with a certificate of the cluster may only ask to join (membership checks
+        that a node speaks only for itself), read status, or, with an admin certificate, make a
+        member leave or go down; what else it sends is refused, counted and logged.
+        """
+        sender = envelope.sender
+        if sender is self._transport.local_address or self._cluster.is_member_link(envelope):
+            self._trusted = sender
+            return True
+        if not (
+            self._cluster.handle(envelope)
+            or (self._status is not None and self._status.handle(envelope))
+        ):
+            self._cluster.refuse(
+                member_traffic_refusal(envelope.message, sender, envelope.identity)
+            )
+        return False
+
+    def _forget_trusted(self) -> None:
+        self._trusted = None
 
     def _to_replicator(self, envelope: Envelope) -> bool:
         name = getattr(envelope.message, "replicator", None)
@@ -428,6 +458,7 @@ async def _run(
             node._leases = leases
             node._journal = journal
             node._singletons = Singletons(transport, cluster, nursery)
+            cluster.on_members_changed(node._forget_trusted)
             transport.set_handler(node._dispatch)
             nursery.start_soon(node._log_membership)
             await nursery.start(cluster.run)

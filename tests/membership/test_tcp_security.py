@@ -270,6 +270,35 @@ async def test_unknown_message_type_is_dropped_and_the_link_kept(certs: CertSet)
         await stream.aclose()
 
 
+async def test_a_flood_of_unknown_frames_is_counted_and_logged_a_few_times(
+    certs: CertSet, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with node(certs, "server") as server, node(certs, "good") as good:
+        stream = await raw_peer(server.local_address.address, certs.identity("raw"), "raw")
+        unknown = _wire.HEADER.pack(1, 2, 0) + msgpack.packb(["tests.NoSuchType", 1])
+        caplog.clear()
+        await stream.send_all(encode_frame(unknown) * 20_000)
+        await wait_until(lambda: server.statistics().messages_dropped_undecodable == 20_000)
+        await assert_serves(server, good)
+        await stream.aclose()
+    lines = [r for r in caplog.records if "dropped a message" in r.getMessage()]
+    assert 1 <= len(lines) <= 2, [r.getMessage() for r in lines]
+    assert "tests.NoSuchType" in lines[0].getMessage()
+
+
+async def test_a_handshake_timeout_is_logged_with_its_reason(
+    certs: CertSet, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = TransportSettings(handshake_timeout=0.2)
+    async with node(certs, "server", settings) as server:
+        address = server.local_address.address
+        silent = await trio.open_tcp_stream(address.host, address.port)  # never speaks
+        await wait_until(lambda: server.statistics().handshakes_refused == 1)
+        await silent.aclose()
+    [line] = [r.getMessage() for r in caplog.records if "refused a link" in r.getMessage()]
+    assert line.endswith("no hello within handshake_timeout (0.2 s)"), line
+
+
 async def proxy(
     listener: trio.SocketListener,
     target: Address,
