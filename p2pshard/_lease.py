@@ -31,6 +31,7 @@ coordinator singleton and the lease-majority downing strategy can hold one too.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -338,6 +339,13 @@ class Lease:
                 )
             return released
 
+    def abandon(self) -> None:
+        """Stop renewing and forget the grant without giving it back (it expires by itself).
+
+        What a process that dies does; the simulated cluster's crash fault uses it.
+        """
+        self._forget()
+
     def _forget(self) -> None:
         held, self._held = self._held, None
         if held is not None:
@@ -400,9 +408,13 @@ ShardLeaseFactory = Callable[[str, ShardId], ShardLease]
 class Leases:
     """This node's leases (``node.leases``): handles on names in the node's lease backend.
 
-    The owner of every lease taken through it is the node's address ``host:port``, as in Akka:
-    only one process at a time can listen there, so a restarted node may take back at once what
-    its previous incarnation held (with a new token).
+    The owner of every lease taken through it is the node's incarnation (``str`` of its
+    :class:`~membership.UniqueAddress`: name, address and uid), not its address: a process
+    restarted at the same address is another owner, and waits until its previous incarnation
+    gave the lease back or the lease expired, for that one may still run (paused, or cut off
+    from the cluster but not from the lease store). Every lease still held when the node stops
+    is given back (:meth:`release_all`), after its entities and singletons stopped, so that a
+    failover does not wait out the ``ttl`` while the lease store is reachable.
 
     Example:
         >>> async def exclusive_job(node: Node) -> None:
@@ -427,12 +439,48 @@ class Leases:
         self.clock = clock
         """The clock this node's leases measure their deadlines on."""
         self._nursery = nursery
+        self._handles: weakref.WeakSet[Lease] = weakref.WeakSet()
 
     def lease(self, name: str) -> Lease:
         """A handle on the lease ``name``, owned by this node, kept alive in the node's nursery."""
-        return Lease(
+        handle = Lease(
             self.backend, name, self.owner, self.settings, nursery=self._nursery, clock=self.clock
         )
+        self._handles.add(handle)
+        return handle
+
+    def held(self) -> list[Lease]:
+        """The handles that hold a grant now (their deadline has not passed), by name."""
+        return sorted((h for h in self._handles if h.check()), key=lambda h: h.name)
+
+    def abandon_all(self) -> None:
+        """Forget every grant without giving it back: the process died (a simulated crash)."""
+        for handle in list(self._handles):
+            handle.abandon()
+
+    async def release_all(self) -> int:
+        """Give back every lease this node holds; returns how many the backend confirmed.
+
+        For a stopping node, once nothing it ran under a lease runs any more. Best effort:
+        all at once, each bounded by ``operation_timeout``; one that fails expires by itself.
+        """
+        released = 0
+
+        async def release(handle: Lease) -> None:
+            nonlocal released
+            try:
+                if await handle.release():
+                    released += 1
+            except LeaseUnavailable as exc:
+                logger.warning("lease %s not given back: %s", handle.name, exc)
+
+        async with trio.open_nursery() as nursery:
+            for handle in list(self._handles):
+                if handle.grant is not None:
+                    nursery.start_soon(release, handle)
+        if released:
+            logger.info("%s: gave back %d leases", self.owner, released)
+        return released
 
     def shard_lease_name(self, type_name: str, shard_id: str) -> str:
         """The lease a shard holds: ``<cluster>-shard-<type>-<shard>`` (as Akka names it)."""

@@ -423,76 +423,82 @@ async def _run(
     wall_offset: float,
     lease_clock: LeaseClock,
 ) -> AsyncIterator[Node]:
-    with single_error():
-        async with trio.open_nursery() as nursery:
-            leases = None
-            if lease_backend is not None:
-                address = transport.local_address.address
-                leases = Leases(
-                    lease_backend,
-                    str(address),
-                    config.lease,
-                    config.cluster_name,
-                    nursery,
-                    clock=lease_clock,
-                )
-            sbr = config.split_brain_resolver
-            if (
-                downing_lease is None
-                and leases is not None
-                and sbr.active_strategy == "lease-majority"
-            ):
-                downing_lease = leases.lease(sbr.lease_name_for(config.cluster_name))
-            cluster = Cluster(
-                transport,
-                settings=config.cluster,
-                failure_detector=config.failure_detector,
-                split_brain_resolver=sbr,
-                seed_nodes=config.seed_nodes,
-                roles=config.roles,
-                rng=rng,
-                downing_lease=downing_lease,
-                wall_offset=wall_offset,
-            )
-            node = Node(config, transport, cluster, rng=rng or random.Random())
-            node._leases = leases
-            node._journal = journal
-            node._singletons = Singletons(transport, cluster, nursery)
-            cluster.on_members_changed(node._forget_trusted)
-            transport.set_handler(node._dispatch)
-            nursery.start_soon(node._log_membership)
-            await nursery.start(cluster.run)
-            try:
-                node._nursery = nursery
-                _check_role(cluster, config.replicator)
-                async with open_replicator(
-                    transport, cluster, config.replicator, rng=node._rng
-                ) as node._replicator:
-                    node._replicators[config.replicator.name] = node._replicator
-                    node._sharding = Sharding(
-                        transport,
-                        cluster,
-                        node._singletons,
-                        node._replicator,
+    leases: Leases | None = None
+    try:
+        with single_error():
+            async with trio.open_nursery() as nursery:
+                if lease_backend is not None:
+                    leases = Leases(
+                        lease_backend,
+                        str(transport.local_address),
+                        config.lease,
+                        config.cluster_name,
                         nursery,
-                        node._rng,
-                        leases,
+                        clock=lease_clock,
                     )
-                    node._status = StatusService(transport, cluster, node._sharding, nursery)
-                    try:
-                        yield node
-                    except Exception:
-                        await _leave(node)  # an error in the block: still hand over, re-raise
-                        raise
-                    else:
-                        await _leave(node)
-            finally:
-                # Cancellation skips the leave on purpose: it means "stop now", like a crash;
-                # the others will find this node unreachable and down it.
-                if node._sharding is not None:
-                    node._sharding.close()
-                transport.set_handler(None)
-                nursery.cancel_scope.cancel()
+                sbr = config.split_brain_resolver
+                if (
+                    downing_lease is None
+                    and leases is not None
+                    and sbr.active_strategy == "lease-majority"
+                ):
+                    downing_lease = leases.lease(sbr.lease_name_for(config.cluster_name))
+                cluster = Cluster(
+                    transport,
+                    settings=config.cluster,
+                    failure_detector=config.failure_detector,
+                    split_brain_resolver=sbr,
+                    seed_nodes=config.seed_nodes,
+                    roles=config.roles,
+                    rng=rng,
+                    downing_lease=downing_lease,
+                    wall_offset=wall_offset,
+                )
+                node = Node(config, transport, cluster, rng=rng or random.Random())
+                node._leases = leases
+                node._journal = journal
+                node._singletons = Singletons(transport, cluster, nursery)
+                cluster.on_members_changed(node._forget_trusted)
+                transport.set_handler(node._dispatch)
+                nursery.start_soon(node._log_membership)
+                await nursery.start(cluster.run)
+                try:
+                    node._nursery = nursery
+                    _check_role(cluster, config.replicator)
+                    async with open_replicator(
+                        transport, cluster, config.replicator, rng=node._rng
+                    ) as node._replicator:
+                        node._replicators[config.replicator.name] = node._replicator
+                        node._sharding = Sharding(
+                            transport,
+                            cluster,
+                            node._singletons,
+                            node._replicator,
+                            nursery,
+                            node._rng,
+                            leases,
+                        )
+                        node._status = StatusService(transport, cluster, node._sharding, nursery)
+                        try:
+                            yield node
+                        except Exception:
+                            await _leave(node)  # an error in the block: still hand over, re-raise
+                            raise
+                        else:
+                            await _leave(node)
+                finally:
+                    # Cancellation skips the leave on purpose: it means "stop now", like a crash;
+                    # the others will find this node unreachable and down it.
+                    if node._sharding is not None:
+                        node._sharding.close()
+                    transport.set_handler(None)
+                    nursery.cancel_scope.cancel()
+    finally:
+        # After every task of the node ended: its entities and singletons are stopped, so
+        # what they held may go to another node at once rather than when it expires.
+        if leases is not None:
+            with trio.CancelScope(shield=True):
+                await leases.release_all()
     logger.info("%s: stopped (%s)", node.address.name, cluster.termination_reason or "left")
 
 

@@ -207,7 +207,13 @@ class SimCluster:
                 self.on_exit(i)
 
     def crash(self, i: int) -> None:
-        """Kill node ``i`` at once: its links die, messages in flight are lost."""
+        """Kill node ``i`` at once: its links die, messages in flight are lost.
+
+        Its leases stay with it until they expire, as a killed process's do.
+        """
+        node = self.nodes.get(i)
+        if node is not None and node._leases is not None:
+            node._leases.abandon_all()
         self.net.crash(node_address(i))
         self.scopes[i].cancel()
 
@@ -243,8 +249,8 @@ class SimCluster:
         until = trio.current_time() + seconds
         self.paused_until[i] = until
         self.set_links(i, LinkConditions(delay_min=seconds, delay_max=seconds), among=among)
-        if self.lease_backend is not None:
-            self.lease_backend.pause(str(node_address(i)), until)
+        if self.lease_backend is not None and i in self.nodes:
+            self.lease_backend.pause(str(self.nodes[i].address), until)
         await trio.sleep(seconds)
         self.set_links(i, self.links, among=among)
         self.paused_until.pop(i, None)

@@ -136,7 +136,7 @@ async def shard_lease_failing_lost_then_refused(scenario: Scenario) -> None:
     await trio.sleep(3.0)
     shards = hosts(scenario, victim)
     assert shards, f"n{victim} hosts no shard"
-    owner = f"10.0.0.1:{victim}"
+    owner = str(scenario.sim.nodes[victim].address)  # leases are owned by incarnations
     scenario.backend.cut_off(owner)  # renewals fail: every lease of n<victim> is lost
     scenario.sim.history.fault(f"lease backend cut off from n{victim} for 12s")
     await trio.sleep(6.0)
@@ -355,7 +355,7 @@ def cut_off_with_a_skewed_lease_clock(rate: float) -> ScenarioBody:
 
     async def body(scenario: Scenario) -> None:
         victim = scenario.nodes[-1]
-        owner = f"10.0.0.1:{victim}"
+        owner = str(scenario.sim.nodes[victim].address)  # leases are owned by incarnations
         others = [i for i in scenario.nodes if i != victim]
         await trio.sleep(3.0)
         scenario.sim.skew(victim, rate)

@@ -452,10 +452,11 @@ async def test_a_shard_starts_entities_only_while_it_holds_its_lease(
         first = await ref.ask(Token(), timeout=20)  # it expired: granted to n1 with token 2
         assert isinstance(first, tuple)
         assert first[0] == 2
-        assert await backend.holder(name) == ("10.0.0.1:1", 2)
+        n1 = str(sim.nodes[1].address)  # leases are owned by a node's incarnation
+        assert await backend.holder(name) == (n1, 2)
 
         # Cut off from the backend: n1 stops the entity before anyone else can take the lease.
-        backend.cut_off("10.0.0.1:1")
+        backend.cut_off(n1)
         while await backend.try_acquire(name, "someone else", 20.0) is None:  # noqa: ASYNC110
             await trio.sleep(0.01)
         taken_at = trio.current_time()
@@ -467,7 +468,7 @@ async def test_a_shard_starts_entities_only_while_it_holds_its_lease(
 
         # Back in touch, n1 asks again; a message sent meanwhile waits and reaches the next
         # incarnation, with a larger token, once the other owner's grant expires.
-        backend.cut_off("10.0.0.1:1", False)
+        backend.cut_off(n1, False)
         answer = await ref.ask(Token(), timeout=40)
         assert isinstance(answer, tuple)
         assert answer[0] == 4
@@ -565,7 +566,42 @@ async def test_a_hand_off_releases_the_shard_lease_so_the_new_home_need_not_wait
         # (a refusal would have meant waiting lease_retry_interval = 30 s).
         assert first.end is not None
         assert second.start - first.end < SIM_LEASES.ttl
-        assert await backend.holder("sim-shard-Counter-0") == ("10.0.0.1:2", second.token)
+        n2 = str(sim.nodes[2].address)
+        assert await backend.holder("sim-shard-Counter-0") == (n2, second.token)
+
+
+async def test_a_downed_node_gives_its_leases_back_and_a_crashed_one_cannot(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Long leases: a failover that waited for them to expire would take 60 s.
+    leases = attrs.evolve(SIM_LEASES, ttl=60.0, renew_interval=5.0, operation_timeout=5.0)
+    backend = MemoryLeaseBackend()
+    settings = ShardingSettings(use_lease=True)
+    async with sim_cluster(14, standard_setup(8, settings=settings)) as sim:
+        sim.lease_backend, sim.lease_settings = backend, leases
+        sim.exit_when_terminated = True
+        await sim.start_up([1, 2, 3])
+        for k in range(40):
+            await sim.regions[1].entity_ref(f"e-{k}").ask(Read(), timeout=30)
+        names = [f"sim-shard-Counter-{shard}" for shard in range(8)]
+
+        async def held_by(i: int) -> set[str]:
+            owner = str(sim.nodes[i].address)
+            return {n for n in names if (h := await backend.holder(n)) and h[0] == owner}
+
+        downed, crashed = await held_by(3), await held_by(2)
+        assert downed
+        assert crashed
+        sim.nodes[1].cluster.down(addr(3))
+        await sim.done[3].wait()
+        assert {n: await backend.holder(n) for n in downed} == dict.fromkeys(downed)
+
+        owner = str(sim.nodes[2].address)
+        sim.crash(2)
+        await sim.done[2].wait()
+        await trio.sleep(30)  # well within the ttl
+        holders = [await backend.holder(n) for n in sorted(crashed)]
+        assert [h[0] if h else None for h in holders] == [owner] * len(crashed)
 
 
 async def test_the_coordinator_runs_under_its_lease_and_leases_need_a_backend(
@@ -580,7 +616,7 @@ async def test_the_coordinator_runs_under_its_lease_and_leases_need_a_backend(
         assert await sim.regions[1].entity_ref("e").ask(Read(), timeout=10) == ("n1", 0)
         holder = await backend.holder("sim-singleton-sharding/Counter")
         assert holder is not None
-        assert holder[0] == "10.0.0.1:1"
+        assert holder[0] == str(sim.nodes[1].address)
 
         sim.lease_backend = None  # a node without a lease backend refuses leases, saying why
         with pytest.raises(ConfigurationError, match=r"use_lease on, but this node has no lease"):
