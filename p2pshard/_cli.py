@@ -401,6 +401,12 @@ def _certs(args: argparse.Namespace) -> int:
 
 def _node(config_file: Path) -> int:
     config = NodeConfig.load(config_file)
+    if not config.seed_nodes and not config.self_join:
+        raise ConfigurationError(
+            f"{config_file}: seed_nodes is empty and self_join is false, so this node would "
+            "never join a cluster: list the seed nodes (a first node may list only itself), or "
+            "set self_join = true for a cluster of its own"
+        )
     logging.basicConfig(
         level=config.log_level,
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",

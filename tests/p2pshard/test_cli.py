@@ -92,7 +92,7 @@ def test_node_with_missing_certificate_files_says_which(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "node.toml").write_text(
-        'cluster_name = "c"\nnode_name = "n"\nbind_port = 0\n'
+        'cluster_name = "c"\nnode_name = "n"\nbind_port = 0\nself_join = true\n'
         '[tls]\nca_file = "ca.pem"\ncert_file = "node.pem"\nkey_file = "node-key.pem"\n'
     )
     assert main(["node", "--config", str(tmp_path / "node.toml")]) == 2
@@ -137,7 +137,7 @@ def test_node_process_stops_on_sigterm(tmp_path: Path) -> None:
         == 0
     )
     (tmp_path / "node.toml").write_text(
-        'cluster_name = "c"\nnode_name = "n"\nbind_port = 0\n'
+        'cluster_name = "c"\nnode_name = "n"\nbind_port = 0\nself_join = true\n'
         '[tls]\nca_file = "n/ca.pem"\ncert_file = "n/node.pem"\nkey_file = "n/node-key.pem"\n'
     )
     with subprocess.Popen(
@@ -212,3 +212,71 @@ def wait_for_lines(logs: list[Path], text: str, *, limit: float, after: str = ""
             return
         time.sleep(0.2)
     raise AssertionError(f"not in every log within {limit} s: {text!r}\n" + "\n".join(contents))
+
+
+# -- misconfiguration fails at start, with the reason ---------------------------------------------
+
+
+def node_files(tmp_path: Path, cluster: str, node: str) -> Path:
+    """A CA for ``cluster`` and a certificate for ``node`` under ``tmp_path``; the node's dir."""
+    ca = tmp_path / f"ca-{cluster}"
+    if not (ca / "ca.pem").exists():
+        assert main(["certs", "init", "--cluster", cluster, "--out", str(ca)]) == 0
+    out = tmp_path / f"{cluster}-{node}"
+    assert main(["certs", "node", node, "--ca", str(ca), "--out", str(out)]) == 0
+    return out
+
+
+def node_toml(path: Path, files: Path, *, name: str = "node-1", extra: str = "") -> Path:
+    path.write_text(
+        f'cluster_name = "shop"\nnode_name = "{name}"\nbind_port = 0\n{extra}'
+        f'[tls]\nca_file = "{files}/ca.pem"\ncert_file = "{files}/node.pem"\n'
+        f'key_file = "{files}/node-key.pem"\n'
+    )
+    return path
+
+
+def run_node(config: Path) -> subprocess.CompletedProcess[str]:
+    """``p2pshard node --config``, expected to end by itself (a node that runs times out)."""
+    return subprocess.run(
+        [*PYTHON, "node", "--config", str(config)], capture_output=True, text=True, timeout=30
+    )
+
+
+def test_node_with_a_certificate_of_another_node_or_cluster_refuses_to_start(
+    tmp_path: Path,
+) -> None:
+    seed = 'seed_nodes = ["127.0.0.1:1"]\n'
+    other_node = node_files(tmp_path, "shop", "node-2")
+    result = run_node(node_toml(tmp_path / "a.toml", other_node, extra=seed))
+    assert result.returncode == 2, result.stderr
+    assert "is for node 'node-2' of cluster 'shop' (p2pshard://shop/node-2)" in result.stderr
+    assert "cluster_name = 'shop' and node_name = 'node-1'" in result.stderr
+    other_cluster = node_files(tmp_path, "other", "node-1")
+    result = run_node(node_toml(tmp_path / "b.toml", other_cluster, extra=seed))
+    assert result.returncode == 2, result.stderr
+    assert "is for node 'node-1' of cluster 'other'" in result.stderr
+    assert "needs a certificate for p2pshard://shop/node-1" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_node_with_a_bind_address_in_use_names_it(tmp_path: Path) -> None:
+    files = node_files(tmp_path, "shop", "node-1")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = node_toml(tmp_path / "node.toml", files, extra='seed_nodes = ["127.0.0.1:1"]\n')
+        config.write_text(config.read_text().replace("bind_port = 0", f"bind_port = {port}"))
+        result = run_node(config)
+    assert result.returncode == 2, result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in result.stderr
+    assert "give this node another bind_port" in result.stderr
+
+
+def test_node_with_nowhere_to_join_refuses_to_start(tmp_path: Path) -> None:
+    files = node_files(tmp_path, "shop", "node-1")
+    result = run_node(node_toml(tmp_path / "node.toml", files))
+    assert result.returncode == 2, result.stderr
+    assert "seed_nodes is empty and self_join is false" in result.stderr
+    assert "set self_join = true" in result.stderr
