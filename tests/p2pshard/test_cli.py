@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import stat
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import pytest
 from cryptography import x509
@@ -280,3 +282,121 @@ def test_node_with_nowhere_to_join_refuses_to_start(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     assert "seed_nodes is empty and self_join is false" in result.stderr
     assert "set self_join = true" in result.stderr
+
+
+# -- Ctrl-C --------------------------------------------------------------------------------------
+
+
+def read_until(stream: IO[str], text: str, seen: list[str], *, limit: float = 60) -> None:
+    """Read lines of ``stream`` into ``seen`` until one contains ``text``."""
+    deadline = time.monotonic() + limit
+    for line in stream:
+        seen.append(line)
+        if text in line:
+            return
+        assert time.monotonic() < deadline, "".join(seen)
+    raise AssertionError(f"{text!r} never came:\n" + "".join(seen))
+
+
+def test_a_second_ctrl_c_while_the_node_leaves_prints_no_traceback(tmp_path: Path) -> None:
+    files = node_files(tmp_path, "shop", "node-1")
+    port = free_port_block(1)
+    config = node_toml(tmp_path / "node.toml", files, extra=f'seed_nodes = ["127.0.0.1:{port}"]\n')
+    config.write_text(config.read_text().replace("bind_port = 0", f"bind_port = {port}"))
+    seen: list[str] = []
+    with subprocess.Popen(
+        [*PYTHON, "node", "--config", str(config)],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "P2PSHARD_CLUSTER__SEED_NODE_TIMEOUT": "0.5"},  # no one else to ask
+    ) as child:
+        try:
+            assert child.stderr is not None
+            read_until(child.stderr, "members: node-1 UP", seen)
+            child.send_signal(signal.SIGINT)
+            read_until(child.stderr, "SIGINT received, leaving the cluster", seen)
+            child.send_signal(signal.SIGINT)  # while it leaves: it takes a few gossip rounds
+            seen.append(child.stderr.read())
+            assert child.wait(timeout=30) == 0, "".join(seen)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    output = "".join(seen)
+    assert "SIGINT received; already leaving" in output, output
+    assert "Traceback" not in output, output
+    assert "node-1: stopped (removed from the cluster)" in output, output
+
+
+def test_ctrl_c_while_the_local_cluster_starts_prints_no_traceback(tmp_path: Path) -> None:
+    """Ctrl-C reaches the launcher's whole process group, as a terminal sends it."""
+    base = free_port_block(2)
+    command = ["local-cluster", "--nodes", "2", "--base-port", str(base), "--dir", str(tmp_path)]
+    seen: list[str] = []
+    with subprocess.Popen(
+        [*PYTHON, *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    ) as launcher:
+        try:
+            assert launcher.stdout is not None
+            read_until(launcher.stdout, "Ctrl-C stops it", seen)
+            pids = [int(pid) for pid in re.findall(r"\(pid (\d+)\)", seen[-1])]
+            wait_until_python_takes_sigint(pids)  # the nodes are importing their modules now
+            os.killpg(launcher.pid, signal.SIGINT)
+            seen.append(launcher.stdout.read())
+            assert launcher.wait(timeout=30) == 0, "".join(seen)
+        finally:
+            if launcher.poll() is None:
+                os.killpg(launcher.pid, signal.SIGKILL)
+                launcher.wait()
+    output = "".join(seen)
+    assert "stopping the cluster" in output, output
+    assert "Traceback" not in output, output
+    assert "KeyboardInterrupt" not in output, output
+
+
+def wait_until_python_takes_sigint(pids: list[int]) -> None:
+    """Until each process has a SIGINT handler: Python installs its own as it starts.
+
+    Before that a SIGINT ends the process without a word; after it, in the old launcher, it
+    raised KeyboardInterrupt in the middle of the node's imports.
+    """
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        masks = []
+        for pid in pids:
+            status = Path(f"/proc/{pid}/status").read_text()
+            caught = re.search(r"^SigCgt:\s*([0-9a-f]+)$", status, re.MULTILINE)
+            assert caught is not None, status
+            masks.append(int(caught[1], 16))
+        if all(mask & (1 << (signal.SIGINT - 1)) for mask in masks):
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"processes {pids} never took SIGINT")
+
+
+def test_local_cluster_port_check_ignores_connections_in_time_wait(tmp_path: Path) -> None:
+    """A cluster stopped a moment ago leaves TIME-WAIT connections on its ports: not taken."""
+    plan = LocalCluster(nodes=1, data_dir=tmp_path, base_port=time_wait_port())
+    plan.check_ports()
+
+
+def time_wait_port() -> int:
+    """A port whose last connection is in TIME-WAIT, listened on as the nodes do (SO_REUSEADDR)."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port: int = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = listener.accept()
+            accepted.close()  # the server side closes first: its end waits in TIME-WAIT
+            assert client.recv(1) == b""
+    # A port check without SO_REUSEADDR finds it taken:
+    with socket.socket() as probe, pytest.raises(OSError, match="Address already in use"):
+        probe.bind(("127.0.0.1", port))
+    return port
