@@ -266,7 +266,7 @@ async def open_node(
     journal: Journal | None = None,
     lease_clock: LeaseClock = TRIO_CLOCK,
 ) -> AsyncIterator[Node]:
-    """Start a node and join the cluster through its seed nodes; leaving the block leaves.
+    """Start a node and join the cluster (seed nodes, or self_join); leaving the block leaves.
 
     Args:
         config: the node's configuration.
