@@ -168,6 +168,7 @@ class Cluster:
         self._members_changed: list[Callable[[], None]] = []
         self.refusals = Refusals(logger)
         """Messages refused for who sent them: counted by kind, logged once per interval."""
+        self._warned_nowhere_to_join = False
 
     # ---- public API ----
 
@@ -245,9 +246,26 @@ class Cluster:
     async def wait_up(self) -> Member:
         """Wait until this node is Up (or WeaklyUp); returns its member entry.
 
+        A node with no seed nodes that has not been told to join (:meth:`join`, or the node's
+        ``self_join`` setting) never gets Up by itself: then this logs a warning at once (once
+        per node) and goes on waiting, for a ``join`` from another task.
+
         Raises:
             ClusterError: the node left the cluster before it was Up.
         """
+        if (
+            not self._up.is_set()
+            and not self._warned_nowhere_to_join
+            and self._core.phase is Phase.IDLE
+            and not self._core.seed_nodes
+        ):
+            self._warned_nowhere_to_join = True
+            logger.warning(
+                "%s: wait_up() waits, but this node has no seed nodes and was not told to join: "
+                "it gets Up only once something calls node.cluster.join(address). Give it "
+                "seed_nodes, or self_join = true for a cluster of its own",
+                self._node,
+            )
         async with trio.open_nursery() as nursery:
 
             async def stop_on_termination() -> None:

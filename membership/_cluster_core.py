@@ -438,9 +438,16 @@ class ClusterCore:
     # ---- local requests ----
 
     def start(self, now: float) -> list[Effect]:
-        """Begin joining through the seed nodes (nothing to do without seed nodes)."""
+        """Begin joining through the seed nodes (nothing to do without seed nodes).
+
+        A node that is its own only seed node forms its cluster at once: there is nobody to
+        wait for.
+        """
         if self.phase is not Phase.IDLE or not self.seed_nodes:
             return []
+        if self.seed_nodes == (self.self_node.address,):
+            logger.info("%s: the only seed node is this one; forming a new cluster", self.self_node)
+            return self._join_self(now)
         self.phase = Phase.SEEDING
         self._seeding_deadline = now + self.settings.seed_node_timeout
         self._next_seed_round = now

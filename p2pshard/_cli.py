@@ -29,6 +29,7 @@ import trio
 from crdt._store import SCHEMA_VERSION
 from membership import Address, ConfigurationError
 from membership._certs import create_cluster_ca, create_node_certificate
+from membership._trioutil import single_error
 
 from ._config import NodeConfig
 
@@ -401,6 +402,12 @@ def _certs(args: argparse.Namespace) -> int:
 
 def _node(config_file: Path) -> int:
     config = NodeConfig.load(config_file)
+    if not config.seed_nodes and not config.self_join:
+        raise ConfigurationError(
+            f"{config_file}: seed_nodes is empty and self_join is false, so this node would "
+            "never join a cluster: list the seed nodes (a first node may list only itself), or "
+            "set self_join = true for a cluster of its own"
+        )
     logging.basicConfig(
         level=config.log_level,
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
@@ -411,28 +418,38 @@ def _node(config_file: Path) -> int:
     except OSError as exc:
         logger.error("%s: cannot run: %s", config.node_name, exc)
         return 1
+    except KeyboardInterrupt:
+        # Ctrl-C while the node started, before it took signals: it was in no cluster yet.
+        logger.info("%s: interrupted while starting", config.node_name)
+        return 130
     return 0
 
 
 async def _serve_node(config: NodeConfig) -> None:
     from ._node import open_node
 
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with open_node(config) as node, trio.open_nursery() as nursery:
-            logger.info(
-                "%s: running as %s; Ctrl-C or SIGTERM stops it", config.node_name, node.address
-            )
+    name = config.node_name
+    # The receiver stays open until the node is gone, so that a second Ctrl-C during the leave
+    # is taken here too, not raised as KeyboardInterrupt once the block is left.
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals, single_error():
+        async with trio.open_nursery() as watcher:
+            running = trio.CancelScope()
 
             async def stop_on_signal() -> None:
                 async for signum in signals:
-                    name = signal.Signals(signum).name
-                    logger.info("%s: %s received, leaving the cluster", config.node_name, name)
-                    break
-                nursery.cancel_scope.cancel()
+                    what = signal.Signals(signum).name
+                    if running.cancel_called:
+                        logger.info("%s: %s received; already leaving", name, what)
+                    else:
+                        logger.info("%s: %s received, leaving the cluster", name, what)
+                        running.cancel()
 
-            nursery.start_soon(stop_on_signal)
-            await node.terminated.wait()  # downed or removed: nothing left to run
-            nursery.cancel_scope.cancel()
+            watcher.start_soon(stop_on_signal)
+            async with open_node(config) as node:
+                logger.info("%s: running as %s; Ctrl-C or SIGTERM stops it", name, node.address)
+                with running:
+                    await node.terminated.wait()  # downed or removed: nothing left to run
+            watcher.cancel_scope.cancel()
 
 
 def _error(command: str, text: str) -> None:

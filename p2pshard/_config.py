@@ -172,6 +172,7 @@ class NodeConfig:
         canonical_host = "node-1.shop.internal"
         canonical_port = 25520
         seed_nodes = ["node-1.shop.internal:25520", "node-2.shop.internal:25520"]
+        # self_join = true  # instead of seed_nodes: a cluster of this node alone, formed at once
         roles = ["backend"]
         log_level = "INFO"
         shutdown_timeout = 10.0
@@ -269,7 +270,16 @@ class NodeConfig:
 
     seed_nodes: tuple[Address, ...] = attrs.field(default=(), validator=_check_seed_nodes)
     """Nodes to contact to join the cluster (default none). As in Akka, the first seed node starts
-    a new cluster by joining itself when it cannot reach the others."""
+    a new cluster by joining itself when it cannot reach the others. A node that is its own only
+    seed node forms its cluster at once, and later nodes join it through the same list. With no
+    seed nodes, set ``self_join``, or call ``node.cluster.join(address)`` after ``open_node``
+    (``p2pshard node`` refuses a configuration with neither)."""
+
+    self_join: bool = attrs.field(default=False, validator=_instance_of(bool))
+    """Form a new cluster of this node alone at start, at once, asking nobody (default false).
+    For a node that is always on its own (a laptop, a test); others may still join it with
+    ``node.cluster.join(its address)``. Only without ``seed_nodes``: a node with seed nodes joins
+    through them."""
 
     roles: tuple[str, ...] = attrs.field(default=(), validator=_check_roles)
     """This node's roles (default none): shard regions and singletons can be limited to a role."""
@@ -332,6 +342,13 @@ class NodeConfig:
                 f"{self.replicator.max_message_bytes} is invalid: must be at most half of "
                 f"transport.max_frame_size ({self.transport.max_frame_size}), to leave room for "
                 "the message around the payload"
+            )
+        if self.self_join and self.seed_nodes:
+            raise ConfigurationError(
+                f"{type(self).__name__}.self_join = True is invalid with seed_nodes "
+                f"({', '.join(map(str, self.seed_nodes))}): self_join forms a cluster without "
+                "asking anyone, seed nodes are whom to ask; set seed_nodes = [] or drop self_join "
+                "(a node that is its own only seed node forms its cluster at once too)"
             )
         if self.canonical_host is None and self.bind_host in _WILDCARD_HOSTS:
             raise ConfigurationError(

@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import collections
 import enum
+import functools
+import inspect
 import logging
+import typing
 from typing import TYPE_CHECKING, Any, Protocol
 
-from membership import ClusterError
+from membership import ClusterError, ConfigurationError
 
 from ._allocation import EntityId, ShardId
 
@@ -91,6 +94,77 @@ class Entity(Protocol):
     async def receive(self, message: Any, ctx: EntityContext, /) -> object:
         """Handle one message."""
         ...
+
+
+def _is_async(method: object) -> bool:
+    # A decorator made with functools.wraps may return the coroutine from a plain function.
+    return inspect.iscoroutinefunction(method) or (
+        callable(method) and inspect.iscoroutinefunction(inspect.unwrap(method))
+    )
+
+
+def _not_async(type_name: str, owner: str, receive: object) -> ConfigurationError:
+    return ConfigurationError(
+        f"entity type {type_name!r}: {owner}.receive is {type(receive).__name__} "
+        f"{getattr(receive, '__qualname__', receive)!r}, not a coroutine function: write it "
+        "as `async def receive(self, message, ctx)`; the runtime awaits it for every message"
+    )
+
+
+def entity_class(factory: object) -> type | None:
+    """The class ``factory`` makes, when that is visible without calling it.
+
+    The class itself; a ``functools.partial`` of one; or a function or method whose return
+    annotation is a class. None for anything else (a lambda, say).
+    """
+    if isinstance(factory, type):
+        return factory
+    if isinstance(factory, functools.partial):
+        return entity_class(factory.func)
+    try:
+        returned = typing.get_type_hints(factory).get("return")
+    except Exception:  # annotations that do not resolve, or no annotations at all
+        return None
+    return returned if isinstance(returned, type) else None
+
+
+def check_entity_factory(type_name: str, factory: object) -> None:
+    """Refuse, at ``sharding.start``, an entity class whose ``receive`` is not ``async def``.
+
+    Only the class the factory visibly makes is checked (see :func:`entity_class`); for other
+    factories :func:`check_entity` checks the first entity made.
+
+    Raises:
+        ConfigurationError: naming the type, the class and what to write instead.
+    """
+    cls = entity_class(factory)
+    receive = getattr(cls, "receive", None) if cls is not None else None
+    if cls is not None and receive is not None and not _is_async(receive):
+        raise _not_async(type_name, cls.__qualname__, receive)
+
+
+_CHECKED_CLASSES: set[type] = set()
+"""Entity classes whose first instance had an ``async def receive``: not checked again."""
+
+
+def check_entity(type_name: str, instance: object) -> None:
+    """Refuse an entity whose ``receive`` is missing or not ``async def`` (once per class).
+
+    Raises:
+        ConfigurationError: naming the type, the class and what to write instead.
+    """
+    cls = type(instance)
+    if cls in _CHECKED_CLASSES:
+        return
+    receive = getattr(instance, "receive", None)
+    if receive is None:
+        raise ConfigurationError(
+            f"entity type {type_name!r}: the factory made a {cls.__qualname__}, which has no "
+            "receive method; give it `async def receive(self, message, ctx)`"
+        )
+    if not _is_async(receive):
+        raise _not_async(type_name, cls.__qualname__, receive)
+    _CHECKED_CLASSES.add(cls)
 
 
 class Reply(Protocol):

@@ -2,9 +2,12 @@
 
 It makes (or reuses) a cluster CA and one certificate and TOML file per node in a data directory,
 checks that the ports are free, starts ``p2pshard node --config ...`` once per node as a separate
-process, and waits. Ctrl-C (or SIGTERM, or ``--duration`` running out) stops the nodes: each gets
-SIGINT and its configured shutdown time, then SIGKILL. A node that dies on its own is reported;
-the others keep running, as a cluster would.
+process, and waits. Ctrl-C (or SIGTERM, SIGHUP, or ``--duration`` running out) stops the nodes:
+each gets SIGTERM and its configured shutdown time, then SIGKILL; a second Ctrl-C kills them at
+once. The nodes run in a session of their own, so a Ctrl-C in the terminal reaches the launcher
+only and each node gets one signal, from it (a node still importing its modules then ends
+quietly instead of printing a KeyboardInterrupt traceback). A node that dies on its own is
+reported; the others keep running, as a cluster would.
 """
 
 from __future__ import annotations
@@ -100,9 +103,14 @@ class LocalCluster:
         return paths
 
     def check_ports(self) -> None:
-        """Fail early, naming the port, if one is taken."""
+        """Fail early, naming the port, if one is taken.
+
+        The probe sets ``SO_REUSEADDR``, as the nodes' listeners do: connections of a cluster
+        stopped a moment ago, waiting out TIME-WAIT on these ports, do not count as taken.
+        """
         for address in self.addresses():
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
                     probe.bind((address.host, address.port))
                 except OSError as exc:
@@ -116,12 +124,13 @@ class LocalCluster:
         configs = self.prepare()
         self.check_ports()
         children: dict[str, subprocess.Popen[bytes]] = {}
-        previous = signal.signal(signal.SIGTERM, _raise_stop)
+        previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGHUP)}
         try:
             for path in configs:
                 name = path.parent.name
                 children[name] = subprocess.Popen(
-                    [sys.executable, "-m", "p2pshard", "node", "--config", str(path)]
+                    [sys.executable, "-m", "p2pshard", "node", "--config", str(path)],
+                    start_new_session=True,  # see the module docstring
                 )
             listing = ", ".join(
                 f"{n} {a} (pid {c.pid})"
@@ -144,10 +153,11 @@ class LocalCluster:
                     return 1
                 time.sleep(_POLL)
         except (KeyboardInterrupt, _Stop):
-            print("stopping the cluster", flush=True)
+            print("stopping the cluster (Ctrl-C again kills the nodes at once)", flush=True)
         finally:
             status = _stop_all(children)
-            signal.signal(signal.SIGTERM, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
         return status
 
 
@@ -156,10 +166,13 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
 
 
 def _stop_all(children: dict[str, subprocess.Popen[bytes]]) -> int:
-    """SIGINT to every node still running, then a bounded wait, then SIGKILL."""
+    """SIGTERM to every node still running, then a bounded wait, then SIGKILL.
+
+    A Ctrl-C (or SIGTERM) while waiting kills the nodes still running at once.
+    """
     for child in children.values():
         if child.poll() is None:
-            child.send_signal(signal.SIGINT)
+            child.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + 15
     status = 0
     for name, child in children.items():
@@ -169,6 +182,13 @@ def _stop_all(children: dict[str, subprocess.Popen[bytes]]) -> int:
             print(f"{name} did not stop in time; killing it", flush=True)
             child.kill()
             code = child.wait()
-        if code not in (0, -signal.SIGINT):
+        except (KeyboardInterrupt, _Stop):
+            print("killing the nodes", flush=True)
+            for other in children.values():
+                if other.poll() is None:
+                    other.kill()
+            code = child.wait()
+            status = 1
+        if code not in (0, -signal.SIGTERM):
             status = 1
     return status

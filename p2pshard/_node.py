@@ -16,6 +16,8 @@ A node that is downed, or removed without having asked, stops its services at on
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import random
 import time
@@ -24,10 +26,12 @@ from contextlib import asynccontextmanager
 
 import attrs
 import trio
+from cryptography import x509
 
 from crdt import Replicator, ReplicatorSettings, open_replicator
 from membership import ConfigurationError, Envelope, Transport, TransportStatistics, UniqueAddress
 from membership._authorization import member_traffic_refusal
+from membership._certs import node_uri
 from membership._cluster import Cluster, DowningLease
 from membership._events import LeaderChanged, MemberEvent, ReachableMember, UnreachableMember
 from membership._singleton import Singletons
@@ -292,7 +296,7 @@ async def open_node(
     journal: Journal | None = None,
     lease_clock: LeaseClock = TRIO_CLOCK,
 ) -> AsyncIterator[Node]:
-    """Start a node and join the cluster through its seed nodes; leaving the block leaves.
+    """Start a node and join the cluster (seed nodes, or self_join); leaving the block leaves.
 
     Args:
         config: the node's configuration.
@@ -318,9 +322,9 @@ async def open_node(
         ...         await node.terminated.wait()
 
     Raises:
-        ConfigurationError: unreadable certificate files; the lease-majority strategy without a
-            lease.
-        OSError: the bind address is not available.
+        ConfigurationError: unreadable certificate files, or a certificate that names another
+            node or cluster than ``config``; the bind address is taken or cannot be listened on
+            (the message names it); the lease-majority strategy without a lease.
     """
     sbr = config.split_brain_resolver
     if (
@@ -350,15 +354,21 @@ async def open_node(
             ) as node:
                 yield node
             return
-        async with (
-            open_tcp_transport(
-                _tls_identity(config),
-                config.node_name,
-                config.bind_address,
-                canonical=config.canonical_address,
-                settings=config.transport,
-            ) as tcp,
-            _run(
+        _check_own_certificate(config)
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                tcp = await stack.enter_async_context(
+                    open_tcp_transport(
+                        _tls_identity(config),
+                        config.node_name,
+                        config.bind_address,
+                        canonical=config.canonical_address,
+                        settings=config.transport,
+                    )
+                )
+            except OSError as exc:  # only listening can fail so: the files raised already
+                raise _cannot_listen(config, exc) from None
+            async with _run(
                 config,
                 tcp,
                 rng,
@@ -367,9 +377,63 @@ async def open_node(
                 node_journal,
                 wall_offset=time.time() - trio.current_time(),
                 lease_clock=lease_clock,
-            ) as node,
-        ):
-            yield node
+            ) as node:
+                yield node
+
+
+def _check_own_certificate(config: NodeConfig) -> None:
+    """Refuse to start with a certificate made for another node or cluster.
+
+    Peers check the certificate's SAN URI against their cluster name and the name the node
+    announces, and refuse the link: without this check such a node would run alone for ever,
+    and only the peers' logs would say why. A file that is missing or not a certificate is left
+    to the transport, which names it.
+    """
+    path = config.tls.cert_file
+    try:
+        certificate = x509.load_pem_x509_certificate(path.read_bytes())
+    except (OSError, ValueError):
+        return
+    wanted = node_uri(config.cluster_name, config.node_name)
+    try:
+        san = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+        uris = [str(u) for u in san.value.get_values_for_type(x509.UniformResourceIdentifier)]
+    except x509.ExtensionNotFound:
+        uris = []
+    if wanted in uris:
+        return
+    scheme = wanted.partition("://")[0] + "://"
+    named = [_describe_uri(u, scheme) for u in uris if u.startswith(scheme)]
+    raise ConfigurationError(
+        f"the certificate {str(path)!r} is for {' and '.join(named) or 'no p2pshard identity'}, "
+        f"but this node's configuration says cluster_name = {config.cluster_name!r} and "
+        f"node_name = {config.node_name!r}, which needs a certificate for {wanted}: peers "
+        "would refuse every link. Point [tls] at that node's files, or make them with "
+        f"`p2pshard certs node {config.node_name} --ca CA_DIR --out DIR`"
+    )
+
+
+def _describe_uri(uri: str, scheme: str) -> str:
+    parts = uri.removeprefix(scheme).split("/")
+    if len(parts) == 2:
+        return f"node {parts[1]!r} of cluster {parts[0]!r} ({uri})"
+    if len(parts) == 3:
+        return f"the {parts[1]} {parts[2]!r} of cluster {parts[0]!r} ({uri})"
+    return uri
+
+
+def _cannot_listen(config: NodeConfig, exc: OSError) -> ConfigurationError:
+    """The error for a bind address this node cannot listen on, naming it."""
+    address = config.bind_address
+    reason = exc.strerror or str(exc)
+    if exc.errno == errno.EADDRINUSE:
+        hint = (
+            "another process listens there (another node, or this one still running?): stop it, "
+            "or give this node another bind_port"
+        )
+    else:
+        hint = "check bind_host and bind_port: the host must be an address of this machine"
+    return ConfigurationError(f"cannot listen on {address}: {reason}; {hint}")
 
 
 @asynccontextmanager
@@ -462,6 +526,9 @@ async def _run(
                 transport.set_handler(node._dispatch)
                 nursery.start_soon(node._log_membership)
                 await nursery.start(cluster.run)
+                if config.self_join:
+                    logger.info("%s: self_join: forming a new cluster", transport.local_address)
+                    cluster.join(transport.local_address.address)
                 try:
                     node._nursery = nursery
                     _check_role(cluster, config.replicator)

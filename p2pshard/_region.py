@@ -32,6 +32,7 @@ import trio
 
 from membership import (
     ConfigurationError,
+    MessageTooLarge,
     ProtocolError,
     SendQueueFull,
     SerializationError,
@@ -39,6 +40,7 @@ from membership import (
     UniqueAddress,
     _wire,
 )
+from membership._framing import HEADER_SIZE as FRAME_PREFIX_SIZE
 
 from ._allocation import EntityId, ShardId
 from ._entity import EntityContext, EntityRef, EntityState, Reply
@@ -90,6 +92,13 @@ BATCH_BYTES = 32 * 1024
 
 _ENTRY_OVERHEAD = 32
 """Bytes an entry of ``EntityDeliveries`` takes besides its ids and payload, at most."""
+
+_SHORT_ID = 256
+"""Entity ids up to this many characters, with a small message, surely fit in a frame."""
+
+_DELIVERY_OVERHEAD = 1024
+"""Bytes an ``EntityDelivery`` takes besides its ids, type name and payload, at most (the
+asker's address included)."""
 
 _LOCAL_ERRORS: dict[str, type[ShardingError]] = {
     "p2pshard.BufferOverflow": BufferOverflow,
@@ -459,7 +468,9 @@ class ShardRegion:
         if home is None:
             # Staying here for now; checked, so it would not fail later when it leaves.
             # (A message for another node is checked by encoding it, below.)
-            self._sharding._check_message(message)
+            size = self._sharding._check_message(message)
+            if size or len(entity_id) > _SHORT_ID:  # else small, and so its envelope
+                self._check_envelope(shard_id, entity_id, message, reply, size)
             if not self._place_here(shard_id, entity_id, message, reply):
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return
@@ -492,6 +503,8 @@ class ShardRegion:
         )
         try:
             self._transport.send_nowait(home, delivery)
+        except MessageTooLarge as exc:
+            raise self._too_large(entity_id, message, exc) from None
         except SendQueueFull:
             self._blocked[shard_id] = self._blocked.get(shard_id, 0) + 1
             try:
@@ -505,6 +518,40 @@ class ShardRegion:
                 )
                 return
         self._sent_remote += 1
+
+    def _check_envelope(
+        self,
+        shard_id: ShardId,
+        entity_id: EntityId,
+        message: object,
+        reply: Reply | None,
+        size: int,
+    ) -> None:
+        """Raise ``MessageTooLarge`` if the message with its envelope would not fit in a frame.
+
+        ``size`` is the message's encoded size (0: small). The envelope is encoded only when
+        an upper estimate of its size comes near ``max_frame_size`` (a long entity id, say).
+        """
+        limit = self._transport.settings.max_frame_size - FRAME_PREFIX_SIZE
+        estimate = (
+            size + 4 * (len(entity_id) + len(shard_id) + len(self.type_name)) + _DELIVERY_OVERHEAD
+        )
+        if estimate <= limit:
+            return
+        try:
+            _wire.encode(self._delivery(shard_id, entity_id, message, reply), max_size=limit)
+        except MessageTooLarge as exc:
+            raise self._too_large(entity_id, message, exc) from None
+
+    def _too_large(self, entity_id: EntityId, message: object, exc: Exception) -> MessageTooLarge:
+        shown = entity_id if len(entity_id) <= 40 else f"{entity_id[:40]}..."
+        kind = type(message)
+        return MessageTooLarge(
+            f"a {kind.__module__}.{kind.__qualname__} to entity {self.type_name}/{shown} "
+            f"(an entity id of {len(entity_id.encode())} bytes) does not fit in one frame with "
+            f"its envelope: {exc}. Shorten the entity id or the message, or raise "
+            "transport.max_frame_size on every node"
+        )
 
     def _gathered_for(self, home: UniqueAddress) -> _Outgoing | None:
         """What :attr:`_outgoing` holds for ``home``: once per remote send.

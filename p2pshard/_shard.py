@@ -35,7 +35,18 @@ import trio
 from membership._lease import acquire_until_granted
 
 from ._allocation import EntityId, ShardId
-from ._entity import WAKE, Entity, EntityContext, EntityEvent, EntityState, Mail, Reply, Stop, Wake
+from ._entity import (
+    WAKE,
+    Entity,
+    EntityContext,
+    EntityEvent,
+    EntityState,
+    Mail,
+    Reply,
+    Stop,
+    Wake,
+    check_entity,
+)
 from ._lease import ShardLease
 from ._remember import RememberStore
 
@@ -492,6 +503,7 @@ class Shard:
     def _create(self, cell: EntityContext) -> Entity:
         """A new incarnation of the entity: the factory's object."""
         instance: Entity = self.region._factory(cell)
+        check_entity(self.region.type_name, instance)
         cell._instance = instance
         observers = self.region._sharding._observers
         if observers:

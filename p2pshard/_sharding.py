@@ -59,6 +59,7 @@ from ._allocation import (
 )
 from ._coordinator import SendTo, ShardCoordinatorCore, UpdateState
 from ._coordinator_state import CoordinatorState, DomainEvent, apply_event
+from ._entity import check_entity_factory
 from ._extractor import MessageExtractor
 from ._lease import Leases, ShardLease, ShardLeaseFactory
 from ._protocol import (
@@ -210,7 +211,9 @@ class Sharding:
 
         Raises:
             ConfigurationError: the type is already started here; an invalid name, factory or
-                extractor; leases asked for on a node without a lease backend.
+                extractor; an entity class whose ``receive`` is not ``async def`` (when the
+                factory is the class, or a function annotated to return it; otherwise the first
+                entity made fails so); leases asked for on a node without a lease backend.
         """
         self._check_new(type_name, extractor)
         if not callable(entity_factory):
@@ -218,6 +221,7 @@ class Sharding:
                 f"entity_factory of {type_name!r} must be callable (the entity class, say), "
                 f"not {type(entity_factory).__name__}"
             )
+        check_entity_factory(type_name, entity_factory)
         if stop_message is not None:
             self._check_message(stop_message)
         settings = settings or ShardingSettings()
@@ -412,25 +416,29 @@ class Sharding:
 
     # -- asks and messages ------------------------------------------------------------------
 
-    def _check_message(self, message: object) -> None:
+    def _check_message(self, message: object) -> int:
         """Raise ``SerializationError`` (naming the type) if ``message`` cannot travel.
 
         Checked on every send, local ones too, so a message that works while its entity is here
         does not fail once the shard moves. Encoding every message would cost more than a local
         delivery; so a registered class whose field values are all plain scalars this time is
         checked by looking at them, and anything else is encoded.
+
+        Returns:
+            The encoded size in bytes, or 0 when the message was only looked at (it is small).
         """
         kind = type(message)
         if kind in _PLAIN:
             if _small_scalar(message):
-                return
+                return 0
         else:
             fields = self._scalar_fields.get(kind)
             if fields is not None and all(_small_scalar(getattr(message, f)) for f in fields):
-                return
-        _wire.encode(message, max_size=self._transport.settings.max_frame_size - 256)
+                return 0
+        payload = _wire.encode(message, max_size=self._transport.settings.max_frame_size - 256)
         if kind not in _PLAIN and _wire.wire_name(kind) is not None and attrs.has(kind):
             self._scalar_fields[kind] = tuple(f.name for f in attrs.fields(kind))
+        return len(payload)
 
     def _new_ask(self, entity_id: str) -> AskSlot:
         slot = AskSlot(next(self._ids), entity_id)

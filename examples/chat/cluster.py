@@ -5,7 +5,9 @@ cluster CA and node certificates with the ``p2pshard certs`` command (once), wri
 TOML file (SQLite journal and lease file shared in the data directory, a quick split brain
 resolver so a killed node's rooms move within about ten seconds), starts
 ``python -m examples.chat.node`` per node, prints the page URLs and waits. Ctrl-C stops every
-node (SIGINT, then SIGKILL after 15 s). The tests use :class:`ChatCluster` directly.
+node (SIGTERM, then SIGKILL after 15 s; a second Ctrl-C kills them at once). The nodes run in a
+session of their own, so the terminal's Ctrl-C reaches only this launcher and each node gets
+one signal, from it. The tests use :class:`ChatCluster` directly.
 """
 
 from __future__ import annotations
@@ -161,6 +163,7 @@ path = {_toml_str(data / "journal.db")}
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT if out else None,
+            start_new_session=True,  # see the module docstring
         )
 
     def status(self, i: int, timeout: float = 2.0) -> dict[str, Any] | None:
@@ -197,10 +200,13 @@ path = {_toml_str(data / "journal.db")}
         proc.wait()
 
     def stop(self) -> int:
-        """SIGINT to every node still running, a bounded wait, then SIGKILL; 0 if all clean."""
+        """SIGTERM to every node still running, a bounded wait, then SIGKILL; 0 if all clean.
+
+        A Ctrl-C (or SIGTERM to the launcher) while waiting kills the rest at once.
+        """
         for proc in self.procs.values():
             if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
+                proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 15
         status = 0
         for i, proc in self.procs.items():
@@ -210,7 +216,14 @@ path = {_toml_str(data / "journal.db")}
                 print(f"{self.name(i)} did not stop in time; killing it", flush=True)
                 proc.kill()
                 code = proc.wait()
-            if code not in (0, -signal.SIGINT, -signal.SIGKILL):
+            except (KeyboardInterrupt, _Stop):
+                print("killing the nodes", flush=True)
+                for other in self.procs.values():
+                    if other.poll() is None:
+                        other.kill()
+                code = proc.wait()
+                status = 1
+            if code not in (0, -signal.SIGTERM, -signal.SIGKILL):
                 status = 1
         for log in self._logs:
             log.close()
@@ -218,8 +231,13 @@ path = {_toml_str(data / "journal.db")}
 
 
 def _taken(port: int) -> OSError | None:
-    """Why ``port`` on 127.0.0.1 cannot be listened on now (None: it can)."""
+    """Why ``port`` on 127.0.0.1 cannot be listened on now (None: it can).
+
+    With ``SO_REUSEADDR``, as the nodes' and web servers' listeners: connections of a cluster
+    stopped a moment ago, waiting out TIME-WAIT on the port, do not make it taken.
+    """
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError as exc:
@@ -259,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.nodes <= 32:
         parser.error(f"--nodes {args.nodes} is invalid: must be from 1 to 32")
     cluster = ChatCluster(args.nodes, args.dir, args.base_port, log_level=args.log_level)
-    previous = signal.signal(signal.SIGTERM, _raise_stop)
+    previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGHUP)}
     # Ctrl-C even when started in the background by a shell, which ignores SIGINT there.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
@@ -275,10 +293,11 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.3)
         print("every node has exited", flush=True)
     except (KeyboardInterrupt, _Stop):
-        print("stopping the chat cluster", flush=True)
+        print("stopping the chat cluster (Ctrl-C again kills the nodes at once)", flush=True)
     finally:
         status = cluster.stop()
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     return status
 
 

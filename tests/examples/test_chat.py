@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +17,10 @@ import pytest
 import trio
 
 from examples.chat.client import ChatClient, ChatError, open_chat_client
-from examples.chat.cluster import ChatCluster, free_base_port
+from examples.chat.cluster import ChatCluster, _taken, free_base_port
+from tests.p2pshard.test_cli import read_until, time_wait_port
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @contextlib.contextmanager
@@ -143,3 +151,58 @@ async def test_two_users_on_two_nodes_survive_kill_of_the_room_node(cluster: Cha
         assert set(joined["members"]) >= {"alice", "bob"}
         print(f"room {room} was on node-{home}; both re-joined {recovered:.1f} s after kill -9")
     assert _room_home(cluster, room) in survivors
+
+
+def test_the_port_check_ignores_connections_in_time_wait() -> None:
+    """A chat cluster stopped a moment ago leaves TIME-WAIT connections on its ports."""
+    assert _taken(time_wait_port()) is None
+
+
+def test_run_chat_stops_on_ctrl_c_without_a_traceback_and_starts_again_at_once(
+    tmp_path: Path,
+) -> None:
+    """What ``scripts/run-chat.sh`` runs, stopped with Ctrl-C as a terminal sends it (to the
+    whole process group), then started again at once on the same ports."""
+    base = free_base_port(1)
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "P2PSHARD_CLUSTER__SEED_NODE_TIMEOUT": "0.5",  # one node: no other seed to wait for
+    }
+    command = [sys.executable, "-m", "examples.chat.cluster", "--nodes", "1"]
+    command += ["--base-port", str(base), "--dir", str(tmp_path), "--log-level", "WARNING"]
+    for run in (1, 2):
+        seen: list[str] = []
+        with subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        ) as launcher:
+            try:
+                assert launcher.stdout is not None
+                read_until(launcher.stdout, "chat pages", seen)
+                os.killpg(launcher.pid, signal.SIGINT)
+                seen.append(launcher.stdout.read())
+                assert launcher.wait(timeout=60) == 0, f"run {run}:\n" + "".join(seen)
+            finally:
+                if launcher.poll() is None:
+                    os.killpg(launcher.pid, signal.SIGKILL)
+                    launcher.wait()
+        output = "".join(seen)
+        assert "stopping the chat cluster" in output, f"run {run}:\n{output}"
+        assert "Traceback" not in output, f"run {run}:\n{output}"
+
+
+def test_the_chat_data_directory_is_ignored_by_git() -> None:
+    """It holds the cluster CA's key: ``git add .`` must not pick it up."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git work tree")
+    for path in ("chat-data/ca/ca-key.pem", "chat-data/node-1/node-key.pem", "chat-data/x.log"):
+        result = subprocess.run(
+            ["git", "check-ignore", "--no-index", "-q", path], cwd=ROOT, check=False
+        )
+        assert result.returncode == 0, f"{path} is not ignored"

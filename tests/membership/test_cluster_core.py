@@ -143,6 +143,15 @@ def test_first_seed_forms_the_cluster_and_others_join_and_become_up() -> None:
     assert any(isinstance(e, MemberUp) for e in w.events[address(5)])
 
 
+def test_a_node_that_is_its_own_only_seed_forms_its_cluster_at_once() -> None:
+    w = World(seed=2)
+    core = w.add(1, seeds=(1,))
+    assert core.phase is Phase.MEMBER  # no seed_node_timeout to wait: nobody else to ask
+    w.run(1.5)
+    assert w.statuses(1) == {"n1": S.UP}
+    assert not w.sent  # it asked nobody
+
+
 def test_non_first_seed_never_forms_its_own_cluster() -> None:
     w = World(seed=2)
     w.add(2, seeds=(1, 2))

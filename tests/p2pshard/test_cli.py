@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import stat
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import pytest
 from cryptography import x509
@@ -92,7 +94,7 @@ def test_node_with_missing_certificate_files_says_which(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "node.toml").write_text(
-        'cluster_name = "c"\nnode_name = "n"\nbind_port = 0\n'
+        'cluster_name = "c"\nnode_name = "n"\nbind_port = 0\nself_join = true\n'
         '[tls]\nca_file = "ca.pem"\ncert_file = "node.pem"\nkey_file = "node-key.pem"\n'
     )
     assert main(["node", "--config", str(tmp_path / "node.toml")]) == 2
@@ -137,7 +139,7 @@ def test_node_process_stops_on_sigterm(tmp_path: Path) -> None:
         == 0
     )
     (tmp_path / "node.toml").write_text(
-        'cluster_name = "c"\nnode_name = "n"\nbind_port = 0\n'
+        'cluster_name = "c"\nnode_name = "n"\nbind_port = 0\nself_join = true\n'
         '[tls]\nca_file = "n/ca.pem"\ncert_file = "n/node.pem"\nkey_file = "n/node-key.pem"\n'
     )
     with subprocess.Popen(
@@ -212,3 +214,189 @@ def wait_for_lines(logs: list[Path], text: str, *, limit: float, after: str = ""
             return
         time.sleep(0.2)
     raise AssertionError(f"not in every log within {limit} s: {text!r}\n" + "\n".join(contents))
+
+
+# -- misconfiguration fails at start, with the reason ---------------------------------------------
+
+
+def node_files(tmp_path: Path, cluster: str, node: str) -> Path:
+    """A CA for ``cluster`` and a certificate for ``node`` under ``tmp_path``; the node's dir."""
+    ca = tmp_path / f"ca-{cluster}"
+    if not (ca / "ca.pem").exists():
+        assert main(["certs", "init", "--cluster", cluster, "--out", str(ca)]) == 0
+    out = tmp_path / f"{cluster}-{node}"
+    assert main(["certs", "node", node, "--ca", str(ca), "--out", str(out)]) == 0
+    return out
+
+
+def node_toml(path: Path, files: Path, *, name: str = "node-1", extra: str = "") -> Path:
+    path.write_text(
+        f'cluster_name = "shop"\nnode_name = "{name}"\nbind_port = 0\n{extra}'
+        f'[tls]\nca_file = "{files}/ca.pem"\ncert_file = "{files}/node.pem"\n'
+        f'key_file = "{files}/node-key.pem"\n'
+    )
+    return path
+
+
+def run_node(config: Path) -> subprocess.CompletedProcess[str]:
+    """``p2pshard node --config``, expected to end by itself (a node that runs times out)."""
+    return subprocess.run(
+        [*PYTHON, "node", "--config", str(config)], capture_output=True, text=True, timeout=30
+    )
+
+
+def test_node_with_a_certificate_of_another_node_or_cluster_refuses_to_start(
+    tmp_path: Path,
+) -> None:
+    seed = 'seed_nodes = ["127.0.0.1:1"]\n'
+    other_node = node_files(tmp_path, "shop", "node-2")
+    result = run_node(node_toml(tmp_path / "a.toml", other_node, extra=seed))
+    assert result.returncode == 2, result.stderr
+    assert "is for node 'node-2' of cluster 'shop' (p2pshard://shop/node-2)" in result.stderr
+    assert "cluster_name = 'shop' and node_name = 'node-1'" in result.stderr
+    other_cluster = node_files(tmp_path, "other", "node-1")
+    result = run_node(node_toml(tmp_path / "b.toml", other_cluster, extra=seed))
+    assert result.returncode == 2, result.stderr
+    assert "is for node 'node-1' of cluster 'other'" in result.stderr
+    assert "needs a certificate for p2pshard://shop/node-1" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_node_with_a_bind_address_in_use_names_it(tmp_path: Path) -> None:
+    files = node_files(tmp_path, "shop", "node-1")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = node_toml(tmp_path / "node.toml", files, extra='seed_nodes = ["127.0.0.1:1"]\n')
+        config.write_text(config.read_text().replace("bind_port = 0", f"bind_port = {port}"))
+        result = run_node(config)
+    assert result.returncode == 2, result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in result.stderr
+    assert "give this node another bind_port" in result.stderr
+
+
+def test_node_with_nowhere_to_join_refuses_to_start(tmp_path: Path) -> None:
+    files = node_files(tmp_path, "shop", "node-1")
+    result = run_node(node_toml(tmp_path / "node.toml", files))
+    assert result.returncode == 2, result.stderr
+    assert "seed_nodes is empty and self_join is false" in result.stderr
+    assert "set self_join = true" in result.stderr
+
+
+# -- Ctrl-C --------------------------------------------------------------------------------------
+
+
+def read_until(stream: IO[str], text: str, seen: list[str], *, limit: float = 60) -> None:
+    """Read lines of ``stream`` into ``seen`` until one contains ``text``."""
+    deadline = time.monotonic() + limit
+    for line in stream:
+        seen.append(line)
+        if text in line:
+            return
+        assert time.monotonic() < deadline, "".join(seen)
+    raise AssertionError(f"{text!r} never came:\n" + "".join(seen))
+
+
+def test_a_second_ctrl_c_while_the_node_leaves_prints_no_traceback(tmp_path: Path) -> None:
+    files = node_files(tmp_path, "shop", "node-1")
+    port = free_port_block(1)
+    config = node_toml(tmp_path / "node.toml", files, extra=f'seed_nodes = ["127.0.0.1:{port}"]\n')
+    config.write_text(config.read_text().replace("bind_port = 0", f"bind_port = {port}"))
+    seen: list[str] = []
+    with subprocess.Popen(
+        [*PYTHON, "node", "--config", str(config)],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "P2PSHARD_CLUSTER__SEED_NODE_TIMEOUT": "0.5"},  # no one else to ask
+    ) as child:
+        try:
+            assert child.stderr is not None
+            read_until(child.stderr, "members: node-1 UP", seen)
+            child.send_signal(signal.SIGINT)
+            read_until(child.stderr, "SIGINT received, leaving the cluster", seen)
+            child.send_signal(signal.SIGINT)  # while it leaves: it takes a few gossip rounds
+            seen.append(child.stderr.read())
+            assert child.wait(timeout=30) == 0, "".join(seen)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    output = "".join(seen)
+    assert "SIGINT received; already leaving" in output, output
+    assert "Traceback" not in output, output
+    assert "node-1: stopped (removed from the cluster)" in output, output
+
+
+def test_ctrl_c_while_the_local_cluster_starts_prints_no_traceback(tmp_path: Path) -> None:
+    """Ctrl-C reaches the launcher's whole process group, as a terminal sends it."""
+    base = free_port_block(2)
+    command = ["local-cluster", "--nodes", "2", "--base-port", str(base), "--dir", str(tmp_path)]
+    seen: list[str] = []
+    with subprocess.Popen(
+        [*PYTHON, *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    ) as launcher:
+        try:
+            assert launcher.stdout is not None
+            read_until(launcher.stdout, "Ctrl-C stops it", seen)
+            pids = [int(pid) for pid in re.findall(r"\(pid (\d+)\)", seen[-1])]
+            wait_until_python_takes_sigint(pids)  # the nodes are importing their modules now
+            os.killpg(launcher.pid, signal.SIGINT)
+            seen.append(launcher.stdout.read())
+            assert launcher.wait(timeout=30) == 0, "".join(seen)
+        finally:
+            if launcher.poll() is None:
+                os.killpg(launcher.pid, signal.SIGKILL)
+                launcher.wait()
+    output = "".join(seen)
+    assert "stopping the cluster" in output, output
+    assert "Traceback" not in output, output
+    assert "KeyboardInterrupt" not in output, output
+
+
+def wait_until_python_takes_sigint(pids: list[int]) -> None:
+    """Until each process has a SIGINT handler: Python installs its own as it starts.
+
+    Before that a SIGINT ends the process without a word; after it, in the old launcher, it
+    raised KeyboardInterrupt in the middle of the node's imports.
+    """
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        masks = []
+        for pid in pids:
+            status = Path(f"/proc/{pid}/status").read_text()
+            caught = re.search(r"^SigCgt:\s*([0-9a-f]+)$", status, re.MULTILINE)
+            assert caught is not None, status
+            masks.append(int(caught[1], 16))
+        if all(mask & (1 << (signal.SIGINT - 1)) for mask in masks):
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"processes {pids} never took SIGINT")
+
+
+def test_local_cluster_port_check_ignores_connections_in_time_wait(tmp_path: Path) -> None:
+    """A cluster stopped a moment ago leaves TIME-WAIT connections on its ports: not taken."""
+    plan = LocalCluster(nodes=1, data_dir=tmp_path, base_port=time_wait_port())
+    plan.check_ports()
+
+
+def time_wait_port() -> int:
+    """A port whose last connection is in TIME-WAIT, listened on as the nodes do (SO_REUSEADDR)."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port: int = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = listener.accept()
+            accepted.close()  # the server side closes first: its end waits in TIME-WAIT
+            assert client.recv(1) == b""
+    # A port check without SO_REUSEADDR finds it taken:
+    with socket.socket() as probe, pytest.raises(OSError, match="Address already in use"):
+        probe.bind(("127.0.0.1", port))
+    return port

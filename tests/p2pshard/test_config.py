@@ -552,6 +552,22 @@ def test_invalid_combination_of_defaults(tmp_path: Path) -> None:
     assert message.endswith(f"(loading {tmp_path / 'node.toml'})")
 
 
+def test_self_join_from_file_and_env(tmp_path: Path) -> None:
+    assert NodeConfig(cluster_name="shop", node_name="node-1", tls=TLS).self_join is False
+    assert load(tmp_path, "self_join = true\n" + MINIMAL).self_join is True
+    assert load(tmp_path, MINIMAL, P2PSHARD_SELF_JOIN="yes").self_join is True
+    config = NodeConfig(cluster_name="shop", node_name="node-1", tls=TLS, self_join=True)
+    assert NodeConfig.load(write(tmp_path, config.to_toml()), environ={}) == config
+
+
+def test_self_join_with_seed_nodes_is_refused(tmp_path: Path) -> None:
+    message = load_error(tmp_path, 'self_join = true\nseed_nodes = ["10.0.0.1:2551"]\n' + MINIMAL)
+    assert message.startswith("self_join = True is invalid with seed_nodes (10.0.0.1:2551)")
+    assert "set seed_nodes = [] or drop self_join" in message
+    with pytest.raises(ConfigurationError, match="must be a bool"):
+        NodeConfig(cluster_name="shop", node_name="node-1", tls=TLS, self_join=1)  # type: ignore[arg-type]
+
+
 # --- cluster, failure detector and split brain resolver settings --------------------------------
 
 STRATEGIES = "'keep-majority', 'static-quorum', 'keep-oldest', 'down-all', 'lease-majority'"

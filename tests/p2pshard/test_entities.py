@@ -6,6 +6,7 @@ entity classes here record what each incarnation handled, and when, in a :class:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
@@ -16,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 
-from membership import ConfigurationError, SerializationError
+from membership import ConfigurationError, MessageTooLarge, SerializationError
 from membership._singleton import SingletonProxy
 from p2pshard import (
     AskTimeout,
@@ -817,6 +818,94 @@ async def test_a_node_with_a_different_number_of_shards_is_refused(
         assert not other.statistics().registered
         # The cluster's own regions are unaffected.
         assert await sim.regions[1].entity_ref("e").ask(State(), timeout=BOUND) == (1, ())
+
+
+# -- what cannot work is refused where it is made -----------------------------------------------
+
+
+class SyncReceive:
+    """An entity whose receive is a plain function: awaiting its result would fail."""
+
+    def __init__(self, ctx: EntityContext) -> None:
+        self.calls = 0
+
+    def receive(self, msg: object, ctx: EntityContext) -> object:
+        self.calls += 1
+        return self.calls
+
+
+def make_sync_receive(ctx: EntityContext) -> SyncReceive:
+    return SyncReceive(ctx)
+
+
+async def test_an_entity_type_whose_receive_is_not_async_is_refused_at_start(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with sim_cluster(67, worker_setup(Probe())) as sim:
+        await up(sim, [1])
+        node = sim.nodes[1]
+        # The type checker refuses these too; the runtime check is for code it does not see.
+        factories: list[Any] = [SyncReceive, make_sync_receive, functools.partial(SyncReceive)]
+        for factory in factories:
+            with pytest.raises(ConfigurationError) as refused:
+                await node.sharding.start("Sync", factory, extractor=HashExtractor(10))
+            assert "'Sync': SyncReceive.receive is function" in str(refused.value)
+            assert "async def receive(self, message, ctx)" in str(refused.value)
+        assert "Sync" not in node.sharding.type_names
+        # A factory that does not show its class: the first entity made is refused instead,
+        # before its receive ran, and the ask says why.
+        hidden: Any = lambda ctx: SyncReceive(ctx)  # noqa: E731 - a factory that hides its class
+        region = await node.sharding.start("Hidden", hidden, extractor=HashExtractor(10))
+        with pytest.raises(RemoteEntityError, match=r"SyncReceive\.receive is method"):
+            await region.entity_ref("e").ask(State(), timeout=BOUND)
+
+
+async def test_an_entity_id_too_long_for_a_frame_is_refused_at_tell_and_ask(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    probe = Probe()
+    async with sim_cluster(68, worker_setup(probe)) as sim:
+        await up(sim, [1, 2])
+        limit = sim.nodes[1].transport.settings.max_frame_size
+        huge = "x" * limit  # about 1 MB: the message alone is small
+        for i in (1, 2):  # the shard's home unknown, so here (1) or wherever it gets (2)
+            ref = sim.regions[i].entity_ref(huge)
+            with pytest.raises(MessageTooLarge, match=f"an entity id of {limit} bytes"):
+                await ref.tell(Work(seq=1))
+            with pytest.raises(MessageTooLarge, match="Worker/xxxx"):
+                await ref.ask(State(), timeout=BOUND)
+            with pytest.raises(MessageTooLarge, match="does not fit in one frame"):
+                await sim.regions[i].tell(ShardingEnvelope(entity_id=huge, message=Work(seq=2)))
+        long_id = "y" * 10_000  # long, but it fits: it works on both nodes
+        for i in (1, 2):
+            assert await sim.regions[i].entity_ref(long_id).ask(Work(seq=i), timeout=BOUND) == (
+                1,
+                i,
+            )
+        await trio.sleep(5)
+        assert probe.of(huge) == []
+        assert [r.statistics().dropped for r in sim.regions.values()] == [0, 0]
+
+
+async def test_a_message_that_fits_alone_but_not_with_its_envelope_is_refused_at_tell(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    probe = Probe()
+    async with sim_cluster(69, worker_setup(probe)) as sim:
+        await up(sim, [1, 2])
+        limit = sim.nodes[1].transport.settings.max_frame_size
+        payload = "p" * (limit - 300)  # under the message check's limit of max_frame_size - 256
+        entity_id = "e" * 400  # with this id the envelope is over max_frame_size
+        for i in (1, 2):
+            with pytest.raises(MessageTooLarge, match="does not fit in one frame"):
+                await sim.regions[i].entity_ref(entity_id).tell(Carrier(payload=payload))
+        assert (
+            await sim.regions[2].entity_ref("e").ask(Carrier(payload=payload), timeout=BOUND)
+            is None
+        )
+        await trio.sleep(5)
+        assert [e.value for e in probe.of(entity_id)] == []
+        assert [r.statistics().dropped for r in sim.regions.values()] == [0, 0]
 
 
 # -- inspection -----------------------------------------------------------------------------

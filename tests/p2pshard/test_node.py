@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import random
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -118,3 +120,81 @@ async def test_an_error_in_the_block_comes_out_as_itself(
             open_node(config(1), transport=transport),
         ):
             raise ValueError("boom")
+
+
+# -- joining without seed nodes: self_join, and wait_up's warning ---------------------------------
+
+
+def lone_config(**changes: Any) -> NodeConfig:
+    """A node with no seed nodes."""
+    return NodeConfig(
+        cluster_name="sim", node_name="n1", bind_host="10.0.0.1", bind_port=1, tls=TLS, **changes
+    )
+
+
+class TimedRecords(logging.Handler):
+    """Log records of one logger with the (mock) trio time they were emitted at."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[tuple[float, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append((trio.current_time(), record.getMessage()))
+
+    @contextmanager
+    def on(self, name: str) -> Iterator[TimedRecords]:
+        log = logging.getLogger(name)
+        log.addHandler(self)
+        try:
+            yield self
+        finally:
+            log.removeHandler(self)
+
+
+async def test_a_self_join_node_forms_a_cluster_of_its_own_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    net = SimNetwork(seed=5)
+    async with (
+        net.transport(Address("10.0.0.1", 1), "n1") as transport,
+        open_node(lone_config(self_join=True), transport=transport) as node,
+    ):
+        with trio.fail_after(30):  # a few leader rounds; there is no seed node to wait for
+            member = await node.cluster.wait_up()
+        assert member.status is MemberStatus.UP
+        assert view(node) == {"n1": MemberStatus.UP}
+
+
+async def test_wait_up_with_nowhere_to_join_warns_at_once_and_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    net = SimNetwork(seed=6)
+    with TimedRecords().on("membership.cluster") as log:
+        async with (
+            net.transport(Address("10.0.0.1", 1), "n1") as transport,
+            open_node(lone_config(), transport=transport) as node,
+        ):
+            started = trio.current_time()
+            for _ in range(2):
+                with trio.move_on_after(60) as waiting:
+                    await node.cluster.wait_up()
+                assert waiting.cancelled_caught  # nobody told it to join: it is not Up
+            warnings = [(t, m) for t, m in log.records if "wait_up() waits" in m]
+            assert warnings == [(started, warnings[0][1])]  # once, before any time passed
+            assert "no seed nodes" in warnings[0][1]
+            assert "node.cluster.join(address)" in warnings[0][1]
+            node.cluster.join(node.address.address)  # the join it waited for: now it gets Up
+            with trio.fail_after(30):
+                await node.cluster.wait_up()
+
+
+async def test_wait_up_does_not_warn_while_joining_through_seed_nodes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    with TimedRecords().on("membership.cluster") as log:
+        async with nodes(seed=7) as c:
+            node = await c.start(1)
+            with trio.fail_after(60):
+                await node.cluster.wait_up()  # the first seed forms the cluster after a while
+    assert not [m for _, m in log.records if "wait_up() waits" in m]
