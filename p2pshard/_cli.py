@@ -8,7 +8,8 @@ main job). ``p2pshard status`` asks a running node for its members and shards;
 durable store; ``p2pshard chaos`` runs seeded chaos schedules on a simulated cluster (with
 ``--real``, one schedule on node processes of this host). Errors in what the user typed or
 configured end with a one-line message and exit status 2; a node that fails at run time, or does
-not answer, exits with 1.
+not answer, exits with 1; a node that the cluster downed or removed exits with ``EXIT_DOWNED``
+(3), so that a supervisor restarting on failure starts it again.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ if TYPE_CHECKING:
     from ._status import Probe
 
 logger = logging.getLogger("p2pshard.cli")
+
+EXIT_DOWNED = 3
+"""``p2pshard node``'s exit status when the cluster downed or removed the node without being
+asked: a supervisor that restarts on failure (systemd ``Restart=on-failure``, a Kubernetes pod)
+starts it again, and it rejoins as a new incarnation. A graceful leave (SIGTERM, Ctrl-C) exits
+with 0, a configuration error with 2, a failure to run (the address is taken) with 1."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -414,7 +421,7 @@ def _node(config_file: Path) -> int:
         stream=sys.stderr,
     )
     try:
-        trio.run(_serve_node, config)
+        return trio.run(_serve_node, config)
     except OSError as exc:
         logger.error("%s: cannot run: %s", config.node_name, exc)
         return 1
@@ -422,10 +429,10 @@ def _node(config_file: Path) -> int:
         # Ctrl-C while the node started, before it took signals: it was in no cluster yet.
         logger.info("%s: interrupted while starting", config.node_name)
         return 130
-    return 0
 
 
-async def _serve_node(config: NodeConfig) -> None:
+async def _serve_node(config: NodeConfig) -> int:
+    """Run the node until a signal (then leave: 0) or the cluster removes it (EXIT_DOWNED)."""
     from ._node import open_node
 
     name = config.node_name
@@ -449,7 +456,19 @@ async def _serve_node(config: NodeConfig) -> None:
                 logger.info("%s: running as %s; Ctrl-C or SIGTERM stops it", name, node.address)
                 with running:
                     await node.terminated.wait()  # downed or removed: nothing left to run
+                removed = not running.cancel_called
             watcher.cancel_scope.cancel()
+    if removed:
+        reason = node.cluster.termination_reason
+        logger.warning(
+            "%s: out of the cluster (%s); exiting with status %d so that a supervisor starts "
+            "this node again",
+            name,
+            reason,
+            EXIT_DOWNED,
+        )
+        return EXIT_DOWNED
+    return 0
 
 
 def _error(command: str, text: str) -> None:

@@ -41,6 +41,7 @@ DOCUMENTS = sorted({ROOT / "README.md", *ROOT.glob("docs/**/*.md"), *ROOT.glob("
 PYTHON_MODES = ("program", "fragment")
 TIMEOUT = 90.0
 
+
 @attrs.frozen
 class Example:
     document: Path

@@ -16,7 +16,7 @@ from typing import IO
 import pytest
 from cryptography import x509
 
-from p2pshard._cli import main
+from p2pshard._cli import EXIT_DOWNED, main
 from p2pshard._localcluster import LocalCluster
 
 PYTHON = [sys.executable, "-m", "p2pshard"]
@@ -201,6 +201,49 @@ def test_three_processes_remove_a_node_killed_with_sigkill(tmp_path: Path) -> No
             try:
                 child.wait(timeout=30)
             except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+
+def test_a_node_downed_by_the_cluster_exits_with_exit_downed_and_a_leaving_one_with_0(
+    tmp_path: Path,
+) -> None:
+    """SIGSTOP one of three node processes until the others down it; woken, it learns that it
+    was downed and exits with EXIT_DOWNED (for a supervisor to restart it); the others leave on
+    SIGTERM and exit with 0."""
+    base = free_port_block(3)
+    configs = LocalCluster(nodes=3, data_dir=tmp_path, base_port=base).prepare()
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "P2PSHARD_SPLIT_BRAIN_RESOLVER__STABLE_AFTER": "2",
+    }
+    logs = [tmp_path / f"node-{i}.log" for i in (1, 2, 3)]
+    children: list[subprocess.Popen[bytes]] = []
+    try:
+        for config, log in zip(configs, logs, strict=True):
+            with log.open("w") as out:
+                children.append(
+                    subprocess.Popen(
+                        [*PYTHON, "node", "--config", str(config)], stderr=out, env=env
+                    )
+                )
+        everyone = "members: node-1 UP, node-2 UP, node-3 UP"
+        wait_for_lines(logs, everyone, limit=60)
+        children[2].send_signal(signal.SIGSTOP)
+        wait_for_lines(logs[:2], "node-3 DOWN", after=everyone, limit=60)
+        children[2].send_signal(signal.SIGCONT)
+        assert children[2].wait(timeout=60) == EXIT_DOWNED, logs[2].read_text()
+        assert "exiting with status 3 so that a supervisor starts this node again" in (
+            logs[2].read_text()
+        )
+        for child in children[:2]:
+            child.send_signal(signal.SIGTERM)
+        assert [child.wait(timeout=60) for child in children[:2]] == [0, 0]
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGCONT)
                 child.kill()
                 child.wait()
 
