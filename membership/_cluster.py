@@ -514,8 +514,7 @@ class Cluster:
                         decision.value,
                         ", ".join(str(n) for n in nodes),
                     )
-                    for node in nodes:
-                        self._apply(self._core.down(node, now))
+                    self._apply(self._core.down_nodes(nodes, now))
                 case AcquireLease(delay=delay):
                     self._spawn(self._acquire_lease, delay)
                 case ReleaseLease():

@@ -480,6 +480,31 @@ class ClusterCore:
             return []
         return self._downing(address, now)
 
+    def down_nodes(self, nodes: Collection[UniqueAddress], now: float) -> list[Effect]:
+        """Mark ``nodes`` Down in one decision (the split brain resolver's), this node last.
+
+        When the decision downs this node too, every other member it downs is sent the new
+        gossip before this node shuts down: they are on its side of the partition, so they
+        learn of their own downing at once instead of running on until their own resolver
+        decides (the margin ``stable_after`` promises the other side).
+        """
+        if self.phase is not Phase.MEMBER:
+            return []
+        downed = set(nodes)
+        effects: list[Effect] = []
+        for node in sorted(downed - {self.self_node}):
+            effects += self._downing(node, now)
+        if self.self_node not in downed:
+            return effects
+        last = self._downing(self.self_node, now)
+        tell: list[Effect] = [
+            self._full_gossip_to(m.node)
+            for m in self.gossip.members
+            if m.node in downed and m.node != self.self_node
+        ]
+        shutdown = [e for e in last if isinstance(e, Shutdown)]
+        return effects + [e for e in last if not isinstance(e, Shutdown)] + tell + shutdown
+
     def update_reachability(
         self, unreachable: Collection[UniqueAddress], now: float
     ) -> list[Effect]:
@@ -669,16 +694,7 @@ class ClusterCore:
 
     def _down_own_cluster(self, now: float) -> list[Effect]:
         """Down every member, this node last, as the split brain resolver's down-all does."""
-        effects: list[Effect] = []
-        others = [m.node for m in self.gossip.members if m.node != self.self_node]
-        for node in others:
-            effects += self._downing(node, now)
-        last = self._downing(self.self_node, now)
-        # Tell them before stopping: once Down this node no longer gossips, and the others may
-        # not be seed nodes, which find the other cluster themselves.
-        tell: list[Effect] = [self._full_gossip_to(node) for node in others]
-        shutdown = [e for e in last if isinstance(e, Shutdown)]
-        return effects + [e for e in last if not isinstance(e, Shutdown)] + tell + shutdown
+        return self.down_nodes([m.node for m in self.gossip.members], now)
 
     # ---- messages ----
 

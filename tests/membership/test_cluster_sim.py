@@ -176,6 +176,29 @@ async def test_majority_side_survives_a_three_two_partition(
         assert not any(c.nodes[i].terminated.is_set() for i in (1, 2, 3))
 
 
+async def test_the_minority_leaders_decision_stops_its_whole_side_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The leader of the minority downs itself and the others of its side; they learn it from
+    the leader before it stops, instead of running on until their own resolver decides."""
+    async with sim_cluster(seed=16) as c:
+        for i in range(1, 6):
+            await c.start(i)
+        await wait_until(lambda: all_up(c, range(1, 6)))
+        stopped: dict[int, float] = {}
+
+        async def watch(i: int) -> None:
+            await c.nodes[i].terminated.wait()
+            stopped[i] = trio.current_time()
+
+        async with trio.open_nursery() as watchers:
+            for i in (1, 2):
+                watchers.start_soon(watch, i)
+            c.net.partition([addr(1), addr(2)], [addr(3), addr(4), addr(5)])
+        assert c.nodes[1].termination_reason == c.nodes[2].termination_reason == "downed"
+        assert abs(stopped[2] - stopped[1]) < 0.1, stopped  # one decision, one moment
+
+
 async def test_one_way_partition_is_resolved_without_a_split(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
