@@ -35,6 +35,7 @@ from ._cluster_core import (
     InitJoinNack,
     Join,
     Leave,
+    OtherClusterSeen,
     Welcome,
 )
 from ._heartbeat import Heartbeat, HeartbeatRsp
@@ -61,7 +62,7 @@ class Standing(enum.Enum):
 
 
 _GOSSIP = (GossipEnvelope, GossipStatus)
-_MEMBERS_ONLY = (Heartbeat, HeartbeatRsp, ExitingConfirmed)
+_MEMBERS_ONLY = (Heartbeat, HeartbeatRsp, ExitingConfirmed, OtherClusterSeen)
 
 
 def _author(message: object) -> UniqueAddress | None:
@@ -78,6 +79,7 @@ def _author(message: object) -> UniqueAddress | None:
             | GossipStatus(sender=node)
             | Heartbeat(sender=node)
             | HeartbeatRsp(sender=node)
+            | OtherClusterSeen(sender=node)
         ):
             return node
     return None

@@ -43,6 +43,7 @@ from ._events import ClusterEvent, diff
 from ._failure_detector import FailureDetectorSettings
 from ._gossip import Gossip, convergence, leader, oldest, reachability_excluding_downed
 from ._heartbeat import Heartbeat, HeartbeatRsp, HeartbeatSenderState, heartbeat_response
+from ._islands import Sighting
 from ._lease import HeldLease
 from ._member import Member, MemberStatus
 from ._refusals import Refusals
@@ -168,6 +169,7 @@ class Cluster:
         self._members_changed: list[Callable[[], None]] = []
         self.refusals = Refusals(logger)
         """Messages refused for who sent them: counted by kind, logged once per interval."""
+        transport.on_link_up(self._link_up)
         self._warned_nowhere_to_join = False
 
     # ---- public API ----
@@ -219,6 +221,14 @@ class Cluster:
     def gossip(self) -> Gossip:
         """The current gossip (for diagnostics and tests)."""
         return self._core.gossip
+
+    def other_clusters(self) -> list[Sighting]:
+        """Other clusters of this cluster's name seen lately: islands left by a partition.
+
+        The smaller one gives way by itself (see ``membership._islands``); each entry says
+        which side will (``verdict``) once the facts held long enough.
+        """
+        return self._core.sightings(trio.current_time())
 
     def has_converged(self) -> bool:
         """Whether the current gossip version has converged."""
@@ -392,6 +402,10 @@ class Cluster:
             if self._core.next_deadline() < before:
                 self._wakeup.set()
         return True
+
+    def _link_up(self, address: Address) -> None:
+        if self._core.phase is Phase.SEEDING:
+            self._apply(self._core.peer_linked(address, trio.current_time()))
 
     # ---- running ----
 

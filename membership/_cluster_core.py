@@ -36,18 +36,15 @@ over), then tells the members with ExitingConfirmed so the leader can remove it 
 
 Islands (not in Akka): the first seed forms a new cluster when no other seed answers in time, so
 if it restarts while a partition cuts it off from the other seeds it forms a second cluster of the
-same name, which others may join. Akka leaves the two apart for ever: their memberships are
-disjoint, so they never gossip, and each runs its own singletons. Here every member keeps
-asking, every ``seed_probe_interval``, the seed addresses where its cluster has no live member
-(reachable, not Down), with the same InitJoin a joining node sends. An InitJoinAck carries
-the answering cluster's oldest Up member and its count of Up and WeaklyUp members. An answer from
-a node that is not one of ours, naming an oldest that is not one of ours either, comes from a
-foreign cluster. Both clusters then pick the same winner from the same two facts
-(:func:`loses_to`): the bigger one, and on a tie the one whose oldest member sorts first by host,
-port, name (then uid). The loser downs all its members, itself last, through the normal Down path;
-a supervisor restarts them and they join the winner through the seed nodes. Only answers to this
-round's probes count, and only the same sighting twice in a row (same clusters, same sizes), so a
-view that lags during a join or a change in size never downs anyone.
+same name, which others may join. Akka leaves the two apart for ever. Here every member probes
+for another cluster of its name and the smaller one gives way (see ``_islands``: where it probes,
+how a sighting becomes a verdict, and why both sides agree); the loser downs all its members, this
+node last, through the normal Down path, and a supervisor restarts them. A node looking for a
+cluster (seeding) that is probed by a member of one asks that member too, and a first seed node
+forms a new cluster only when no such member probed it lately: so the restarted loser joins the
+winner even when every seed node was on the losing side. A first seed node also waits a little
+longer when a link to another seed comes up just before its time is out (:meth:`peer_linked`):
+right after a partition heals, its questions are only then on their way.
 """
 
 from __future__ import annotations
@@ -63,7 +60,7 @@ import attrs
 
 from ._address import Address, UniqueAddress, node_order
 from ._errors import ConfigurationError
-from ._events import ClusterEvent, diff
+from ._events import ClusterEvent, MemberRemoved, diff
 from ._gossip import (
     Gossip,
     convergence,
@@ -73,6 +70,7 @@ from ._gossip import (
     leader_actions_weakly_up,
     oldest,
 )
+from ._islands import IslandFinder, Sighting, Verdict
 from ._member import Member, MemberStatus
 from ._settings import in_range
 from ._vclock import Order, VectorClock
@@ -176,14 +174,6 @@ class Phase(enum.Enum):
 # ---- protocol messages ------------------------------------------------------------------------
 
 
-@message(name="p2pshard.cluster.InitJoin")
-@attrs.frozen(kw_only=True)
-class InitJoin:
-    """To a seed node: are you a member I can join through?"""
-
-    sender: UniqueAddress
-
-
 def _optional_node(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value is not None and not isinstance(value, UniqueAddress):
         raise TypeError(f"{attribute.name} must be a UniqueAddress or None, not {value!r}")
@@ -192,6 +182,23 @@ def _optional_node(instance: object, attribute: attrs.Attribute[Any], value: Any
 def _count(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise TypeError(f"{attribute.name} must be a non-negative integer, not {value!r}")
+
+
+@message(name="p2pshard.cluster.InitJoin")
+@attrs.frozen(kw_only=True)
+class InitJoin:
+    """To a seed node: are you a member I can join through?
+
+    A member sends it too, as a probe for another cluster of its name (see ``_islands``); then
+    ``oldest`` and ``size`` name the prober's cluster. They are new: an older node sends
+    neither, and a joining node has no cluster to name.
+    """
+
+    sender: UniqueAddress
+    oldest: UniqueAddress | None = attrs.field(default=None, validator=_optional_node)
+    """The prober's cluster's oldest Up member (None: not a member's probe)."""
+    size: int = attrs.field(default=0, validator=_count)
+    """How many Up and WeaklyUp members the prober's cluster has."""
 
 
 @message(name="p2pshard.cluster.InitJoinAck")
@@ -280,6 +287,22 @@ class ExitingConfirmed:
     node: UniqueAddress
 
 
+@message(name="p2pshard.cluster.OtherClusterSeen")
+@attrs.frozen(kw_only=True)
+class OtherClusterSeen:
+    """To the members of one's own cluster: another cluster of our name is at ``at``.
+
+    They probe it too, so that it hears from each of us (see ``_islands``).
+    """
+
+    sender: UniqueAddress
+    at: tuple[Address, ...]
+
+    def __attrs_post_init__(self) -> None:
+        if not 1 <= len(self.at) <= 16 or not all(isinstance(a, Address) for a in self.at):
+            raise TypeError(f"at must be 1 to 16 Address values, not {self.at!r}")
+
+
 ClusterMessage = (
     InitJoin
     | InitJoinAck
@@ -291,6 +314,7 @@ ClusterMessage = (
     | Leave
     | Down
     | ExitingConfirmed
+    | OtherClusterSeen
 )
 """Everything the membership protocol sends between nodes."""
 
@@ -305,6 +329,7 @@ CLUSTER_MESSAGES: tuple[type, ...] = (
     Leave,
     Down,
     ExitingConfirmed,
+    OtherClusterSeen,
 )
 
 
@@ -341,30 +366,6 @@ class Shutdown:
 Effect = Send | Publish | StartExiting | Shutdown
 
 
-def cluster_rank(size: int, oldest: UniqueAddress) -> tuple[int, str, int, str, int]:
-    """Sort key of clusters meeting after a partition: the first one wins (see :func:`loses_to`)."""
-    return (-size, oldest.address.host, oldest.address.port, oldest.name, oldest.uid)
-
-
-def loses_to(
-    own_size: int, own_oldest: UniqueAddress, other_size: int, other_oldest: UniqueAddress
-) -> bool:
-    """Whether this cluster gives way to another one of the same name that it found.
-
-    The bigger cluster (counting Up and WeaklyUp members) wins; on a tie, the one whose oldest
-    member's address sorts first (host, port, then node name; then uid, so that two incarnations
-    of one node still differ). Both sides compute this from the same two facts, so exactly one
-    of two different clusters loses.
-
-    Example:
-        >>> a = UniqueAddress(Address("10.0.0.1", 2551), "n1", 7)
-        >>> b = UniqueAddress(Address("10.0.0.1", 2552), "n2", 3)
-        >>> loses_to(1, a, 3, b), loses_to(2, a, 2, b), loses_to(2, b, 2, a)
-        (True, False, True)
-    """
-    return cluster_rank(other_size, other_oldest) < cluster_rank(own_size, own_oldest)
-
-
 def seen_digest(gossip: Gossip) -> bytes:
     """A digest of who has seen ``gossip`` (Akka's seenDigest)."""
     text = ",".join(f"{n.address}-{n.uid:x}" for n in sorted(gossip.seen, key=node_order))
@@ -397,20 +398,26 @@ class ClusterCore:
     _next_leader_actions: float = 0.0
     _first_non_convergence: float | None = None
     _exiting_started: bool = False
-    _next_seed_probe: float = float("inf")
-    _probe_round: int = 0
-    _probed: frozenset[Address] = frozenset()
-    """The seed addresses asked in the current probe round: only their answers count."""
-    _sightings: dict[UniqueAddress, tuple[tuple[int, int, UniqueAddress], int, int]] = attrs.field(
-        factory=dict
-    )
-    """Per foreign oldest member: (their size, our size, our oldest), the probe round it was last
-    seen in and in how many rounds in a row."""
+    _islands: IslandFinder = attrs.field(init=False)
+    """Probes for, and sightings of, other clusters of this name (see ``_islands``)."""
+    _candidates: dict[Address, float] = attrs.field(factory=dict)
+    """While seeding: addresses a member of a cluster of ours probed us from, until when they
+    are asked too (a restarted node finds the cluster that won a merge through them)."""
+    _seeding_limit: float = 0.0
+    """The latest a first seed node waits for other seeds, however many links come up."""
     _deferred_joins: dict[Address, tuple[UniqueAddress, frozenset[str], float]] = attrs.field(
         factory=dict
     )
     """Joins of new incarnations waiting for the old one to be removed: the joiner, its roles,
     and when it stops waiting for our Welcome (it asks again then)."""
+
+    def __attrs_post_init__(self) -> None:
+        self._islands = IslandFinder(
+            self.self_node,
+            self.seed_nodes,
+            self.settings.seed_probe_interval,
+            self.settings.seed_node_retry_interval,
+        )
 
     # ---- public state ----
 
@@ -432,8 +439,28 @@ class ClusterCore:
         if self.phase is Phase.JOINING:
             return self._next_join_retry
         if self.phase is Phase.MEMBER:
-            return min(self._next_gossip, self._next_leader_actions, self._next_seed_probe)
+            return min(self._next_gossip, self._next_leader_actions, self._islands.next_deadline())
         return float("inf")
+
+    def sightings(self, now: float) -> list[Sighting]:
+        """Other clusters of this name seen lately (see ``_islands``)."""
+        return self._islands.sightings(now)
+
+    def peer_linked(self, address: Address, now: float) -> list[Effect]:
+        """The transport's link to ``address`` just came up (a heal, or a peer that started).
+
+        A first seed node still looking for the other seeds waits a little longer then: what it
+        asked the others is only now on its way, and their answers need a round trip. Bounded:
+        never past twice ``seed_node_timeout`` after it started looking.
+        """
+        if (
+            self.phase is Phase.SEEDING
+            and self.seed_nodes[0] == self.self_node.address
+            and (address in self.seed_nodes or address in self._candidates)
+        ):
+            grace = now + 2 * self.settings.seed_node_retry_interval
+            self._seeding_deadline = min(max(self._seeding_deadline, grace), self._seeding_limit)
+        return []
 
     # ---- local requests ----
 
@@ -450,6 +477,7 @@ class ClusterCore:
             return self._join_self(now)
         self.phase = Phase.SEEDING
         self._seeding_deadline = now + self.settings.seed_node_timeout
+        self._seeding_limit = now + 2 * self.settings.seed_node_timeout
         self._next_seed_round = now
         return self.tick(now)
 
@@ -568,21 +596,23 @@ class ClusterCore:
                 interval = self.settings.gossip_interval
                 speedup = len(self.gossip.seen) < len(self.gossip.members) / 2
                 self._next_gossip = now + (interval / 3 if speedup else interval)
-            if now >= self._next_seed_probe and self.phase is Phase.MEMBER:
-                self._next_seed_probe = now + self.settings.seed_probe_interval
-                effects += self._seed_probe_round()
+            if now >= self._islands.next_deadline() and self.phase is Phase.MEMBER:
+                effects += self._probe(now)
         return effects
 
     def _seed_tick(self, now: float) -> list[Effect]:
         seeds = self.seed_nodes
         me = self.self_node.address
-        if seeds[0] == me and now >= self._seeding_deadline:
+        self._candidates = {a: until for a, until in self._candidates.items() if until > now}
+        if seeds[0] == me and now >= self._seeding_deadline and not self._candidates:
             logger.info("%s: no other seed node answered; forming a new cluster", self.self_node)
             return self._join_self(now)
         if now < self._next_seed_round:
             return []
         self._next_seed_round = now + self.settings.seed_node_retry_interval
-        return [Send(seed, InitJoin(sender=self.self_node)) for seed in seeds if seed != me]
+        asked = [seed for seed in seeds if seed != me]
+        asked += sorted(set(self._candidates) - set(asked))
+        return [Send(address, InitJoin(sender=self.self_node)) for address in asked]
 
     def _join_self(self, now: float) -> list[Effect]:
         me = Member(self.self_node, roles=self.roles)
@@ -594,11 +624,11 @@ class ClusterCore:
         self._join_target = None
         self._next_gossip = now
         self._next_leader_actions = now
-        if self.seed_nodes:
-            # Every member probes, not only seed nodes: an island may hold no seed node at all
-            # (its seed node was downed and restarted into the main cluster). Not at once: a new
-            # member's view may still lag behind its cluster's.
-            self._next_seed_probe = now + self.settings.seed_probe_interval
+        self._candidates.clear()
+        # Every member probes, not only seed nodes: an island may hold no seed node at all
+        # (its seed node was downed and restarted into the main cluster). Not at once: a new
+        # member's view may still lag behind its cluster's.
+        self._islands.start(now)
 
     # ---- islands ----
 
@@ -611,27 +641,22 @@ class ClusterCore:
             and is_reachable(gossip, m.node)
         }
 
-    def _seed_probe_round(self) -> list[Effect]:
-        """Ask the seed addresses without a live member of ours: is another cluster there?"""
-        self._probe_round += 1
-        # A sighting not repeated in the previous round is stale: the next one starts afresh.
-        self._sightings = {
-            k: v for k, v in self._sightings.items() if v[1] >= self._probe_round - 1
-        }
+    def _probe(self, now: float) -> list[Effect]:
+        """Ask the addresses where another cluster of our name may be (see ``_islands``)."""
         me = self.self_member
         if me is None or me.status not in (
             MemberStatus.JOINING,
             MemberStatus.WEAKLY_UP,
             MemberStatus.UP,
         ):
-            self._probed = frozenset()
+            self._islands.probe(now, set())  # keeps the schedule; nothing is sent
             return []
-        live = self._live_addresses()
-        self._probed = frozenset(
-            seed for seed in self.seed_nodes if seed != self.self_node.address and seed not in live
-        )
-        probe = InitJoin(sender=self.self_node)
-        return [Send(seed, probe) for seed in sorted(self._probed)]
+        targets = self._islands.probe(now, self._live_addresses())
+        if not targets:
+            return []
+        first, size = self._identity()
+        probe = InitJoin(sender=self.self_node, oldest=first, size=size)
+        return [Send(address, probe) for address in targets]
 
     def _identity(self) -> tuple[UniqueAddress | None, int]:
         """This cluster's oldest Up member and its count of Up and WeaklyUp members."""
@@ -645,44 +670,58 @@ class ClusterCore:
     ) -> list[Effect]:
         if self.phase is Phase.SEEDING:
             return self.join(sender.address, now)
+        if not self._islands.probed_lately(sender.address, now):
+            return []  # a late answer from when we were joining
+        return self._sighted(sender, ack.oldest, ack.size, now)
+
+    def _sighted(
+        self, sender: UniqueAddress, their_oldest: UniqueAddress | None, size: int, now: float
+    ) -> list[Effect]:
+        """``sender`` said its cluster's oldest member and size: is it another cluster?"""
         if (
             self.phase is not Phase.MEMBER
-            or sender.address not in self._probed  # a late answer from when we were joining
-            or ack.oldest is None
+            or their_oldest is None
             or self.gossip.has_member(sender)
-            or self.gossip.has_member(ack.oldest)
+            or self.gossip.has_member(their_oldest)
+            or self.gossip.is_tombstoned(their_oldest)
         ):
+            return []
+        me = self.self_member
+        if me is None or me.status not in (MemberStatus.WEAKLY_UP, MemberStatus.UP):
             return []
         own_oldest, own_size = self._identity()
         if own_oldest is None:
-            return []  # the other side skips too: our answers carry no oldest
-        facts = (ack.size, own_size, own_oldest)
-        previous = self._sightings.get(ack.oldest)
-        if previous is not None and previous[:2] == (facts, self._probe_round):
-            return []  # another seed of theirs answered this round: one sighting
-        streak = 1
-        if previous is not None and previous[:2] == (facts, self._probe_round - 1):
-            streak = previous[2] + 1
-        self._sightings[ack.oldest] = (facts, self._probe_round, streak)
-        if streak == 1:
-            logger.info(
-                "%s: %s answered for another cluster (oldest %s, %d members; ours %d); "
-                "checking again next round",
-                self.self_node,
-                sender,
-                ack.oldest,
-                ack.size,
-                own_size,
-            )
-            return []
-        loses = loses_to(own_size, own_oldest, ack.size, ack.oldest)
+            return []  # the other side skips too: what we say carries no oldest
+        effects: list[Effect] = []
+        if self._islands.is_new(their_oldest, sender.address):
+            if self._islands.is_new(their_oldest):
+                logger.info(
+                    "%s: %s speaks for another cluster of our name (oldest %s, %d members; "
+                    "ours %d); telling our members to probe it too",
+                    self.self_node,
+                    sender,
+                    their_oldest,
+                    size,
+                    own_size,
+                )
+            seen = OtherClusterSeen(sender=self.self_node, at=(sender.address,))
+            live = self._live_addresses()
+            effects += [
+                Send(m.node, seen)
+                for m in self.gossip.members
+                if m.node != self.self_node and m.node.address in live
+            ]
+        verdict = self._islands.observe(now, sender, their_oldest, size, own_oldest, own_size)
+        if verdict is None:
+            return effects
+        loses = verdict is Verdict.LOSES
         logger.log(
-            logging.WARNING if loses or streak == 2 else logging.DEBUG,
+            logging.WARNING,
             "%s: found another cluster of the same name (oldest %s, %d members) at %s; ours "
             "(oldest %s, %d members) %s",
             self.self_node,
-            ack.oldest,
-            ack.size,
+            their_oldest,
+            size,
             sender.address,
             own_oldest,
             own_size,
@@ -690,7 +729,7 @@ class ClusterCore:
             if loses
             else "wins: the other one will down itself",
         )
-        return self._down_own_cluster(now) if loses else []
+        return effects + (self._down_own_cluster(now) if loses else [])
 
     def _down_own_cluster(self, now: float) -> list[Effect]:
         """Down every member, this node last, as the split brain resolver's down-all does."""
@@ -702,7 +741,7 @@ class ClusterCore:
         """Handle one protocol message from ``sender``."""
         match message:
             case InitJoin():
-                return self._on_init_join(sender)
+                return self._on_init_join(sender, message, now)
             case InitJoinAck():
                 return self._on_init_join_ack(sender, message, now)
             case InitJoinNack():
@@ -724,9 +763,37 @@ class ClusterCore:
             case ExitingConfirmed(node=node):
                 self.exiting_confirmed.add(node)
                 return []
+            case OtherClusterSeen(at=at):
+                if self.phase is Phase.MEMBER:
+                    self._islands.watch(at, now)
+                return []
         return []
 
-    def _on_init_join(self, sender: UniqueAddress) -> list[Effect]:
+    def _on_init_join(self, sender: UniqueAddress, probe: InitJoin, now: float) -> list[Effect]:
+        if probe.oldest is not None and probe.size > 0:
+            if self.phase in (Phase.SEEDING, Phase.JOINING, Phase.IDLE):
+                return self._candidate(sender, now) + self._answer_init_join(sender)
+            return self._answer_init_join(sender) + self._sighted(
+                sender, probe.oldest, probe.size, now
+            )
+        return self._answer_init_join(sender)
+
+    def _candidate(self, sender: UniqueAddress, now: float) -> list[Effect]:
+        """While looking for a cluster: a member of one probed us. Ask it too, at once."""
+        if self.phase is not Phase.SEEDING:
+            return []
+        new = sender.address not in self._candidates
+        self._candidates[sender.address] = now + self.settings.seed_node_timeout
+        if not new:
+            return []
+        logger.info(
+            "%s: a member of a cluster of our name probed us from %s; asking it too",
+            self.self_node,
+            sender.address,
+        )
+        return [Send(sender.address, InitJoin(sender=self.self_node))]
+
+    def _answer_init_join(self, sender: UniqueAddress) -> list[Effect]:
         me = self.self_member
         if (
             self.phase is Phase.MEMBER
@@ -795,7 +862,7 @@ class ClusterCore:
         self._become_member(now)
         old = self.gossip
         self.gossip = gossip.mark_seen(self.self_node)
-        effects: list[Effect] = [Publish(e) for e in diff(old, self.gossip, self.self_node)]
+        effects: list[Effect] = self._changes(old, self.gossip, now)
         effects.append(self._full_gossip_to(sender))
         return effects + self._check_self()
 
@@ -824,7 +891,7 @@ class ClusterCore:
             winner, talkback = remote.merge(local), True
         winner = winner.mark_seen(self.self_node)
         self.gossip = winner
-        effects: list[Effect] = [Publish(e) for e in diff(local, winner, self.self_node)]
+        effects: list[Effect] = self._changes(local, winner, now)
         if talkback:
             effects.append(self._full_gossip_to(sender))
         return effects + self._check_self() + self._admit_deferred_joins(now)
@@ -868,7 +935,19 @@ class ClusterCore:
         """Adopt a locally changed gossip: new version, seen only by us, publish, check self."""
         old = self.gossip
         self.gossip = gossip.incremented(self.self_node).only_seen(self.self_node)
-        return [Publish(e) for e in diff(old, self.gossip, self.self_node)] + self._check_self()
+        return self._changes(old, self.gossip, now) + self._check_self()
+
+    def _changes(self, old: Gossip, new: Gossip, now: float) -> list[Effect]:
+        """The events from ``old`` to ``new``, to publish; a downed member's removal is noted.
+
+        The address of a member removed after it was downed (not one that left) is probed for
+        a while: a cluster of our name may form there if it restarts cut off from us.
+        """
+        events = diff(old, new, self.self_node)
+        for event in events:
+            if isinstance(event, MemberRemoved) and event.previous_status is MemberStatus.DOWN:
+                self._islands.add_contact(event.member.node.address, now)
+        return [Publish(e) for e in events]
 
     def _leaving(self, address: Address, now: float) -> list[Effect]:
         for m in self.gossip.members:
@@ -950,7 +1029,7 @@ class ClusterCore:
             self.exiting_confirmed.discard(m.node)
         old = self.gossip
         self.gossip = result.gossip
-        effects: list[Effect] = [Publish(e) for e in diff(old, self.gossip, self.self_node)]
+        effects: list[Effect] = self._changes(old, self.gossip, now)
         # Removed nodes learn it from the tombstone; exiting ones are told at once, and so are
         # the two oldest members, where singletons run and must take over.
         tell = {m.node for m in result.removed} | {m.node for m in result.exiting}

@@ -620,7 +620,8 @@ class SimNetwork:
         if not outbox.connected or outbox.peer != target.local_address:
             outbox.connects += 1
             outbox.peer = target.local_address
-        outbox.connected = True
+            outbox.connected = True
+            link.source._link_up(link.address)
         return True
 
 

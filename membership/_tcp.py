@@ -53,6 +53,12 @@ bought nothing measurable once replies stopped going through a link writer task.
 A streaming peer fills every read, so its link pays none of this."""
 
 
+RETRY_HINT_INTERVAL = 0.5
+"""Seconds between two "a link came up: retry the others now" hints (see ``_retry_others``)."""
+STALE_CONNECT_ATTEMPT = 1.0
+"""A connect attempt unanswered for this long is started afresh on such a hint."""
+
+
 @_wire.message(name="p2pshard.transport.Hello")
 @attrs.frozen(kw_only=True)
 class Hello:
@@ -113,6 +119,9 @@ class TcpTransport(Transport):
         self._random = random.Random()
         self._links_running = 0
         self._link_exited = trio.Event()
+        self._attempts: dict[Outbox, tuple[trio.CancelScope, float]] = {}
+        """Connect attempts under way: their scope and when they started."""
+        self._last_retry_hint = float("-inf")
         self._dial_via = {Address.parse(peer): target for peer, target in settings.dial_via}
 
     @property
@@ -179,6 +188,7 @@ class TcpTransport(Transport):
             link.close(notify=False)
             return
         self._inbound_links += 1
+        self._retry_others()
         logger.debug("%s: accepted a link from %s (%s) at %s", self._local, peer, identity, where)
         try:
             if rest:
@@ -263,7 +273,9 @@ class TcpTransport(Transport):
         backoff = settings.reconnect_backoff_min
         while not outbox.closed:
             try:
-                link, peer = await self._connect(outbox.address)
+                with trio.CancelScope() as attempt:
+                    self._attempts[outbox] = (attempt, trio.current_time())
+                    link, peer = await self._connect(outbox.address)
             except (
                 HandshakeError,
                 ProtocolError,
@@ -275,14 +287,19 @@ class TcpTransport(Transport):
                 reason = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) else exc
                 log = logger.warning if outbox.connect_failures == 1 else logger.debug
                 log("%s: cannot link to %s: %s", self._local, outbox.address, reason or exc)
-                with trio.move_on_after(backoff * self._random.uniform(0.75, 1.25)):
-                    await outbox.closing.wait()
+                await self._back_off(outbox, backoff * self._random.uniform(0.75, 1.25))
                 backoff = min(backoff * 2, settings.reconnect_backoff_max)
                 continue
+            finally:
+                self._attempts.pop(outbox, None)
+            if attempt.cancelled_caught:
+                continue  # cut short by a link that came up elsewhere: try again at once
             backoff = settings.reconnect_backoff_min
             outbox.connected, outbox.peer = True, peer
             outbox.connects += 1
             logger.info("%s: linked to %s", self._local, peer)
+            self._link_up(outbox.address)
+            self._retry_others(outbox)
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._watch_link, link, nursery.cancel_scope)
@@ -293,8 +310,34 @@ class TcpTransport(Transport):
                 link.close()
             if not outbox.closed:
                 logger.info("%s: link to %s is down; reconnecting", self._local, peer)
-                with trio.move_on_after(backoff):
-                    await outbox.closing.wait()
+                await self._back_off(outbox, backoff)
+
+    async def _back_off(self, outbox: Outbox, seconds: float) -> None:
+        """Wait before reconnecting, unless the outbox closes or is told to retry at once."""
+        outbox.retry_now = trio.Event()
+        if outbox.closed:
+            return
+        with trio.move_on_after(seconds):
+            await outbox.retry_now.wait()
+
+    def _retry_others(self, linked: Outbox | None = None) -> None:
+        """A link just came up (or a peer dialled us): a partition may have healed.
+
+        Links waiting to reconnect try again now rather than after their backoff, and connect
+        attempts that have waited a second or more for an answer start afresh, so a heal is
+        not followed by seconds of silence on links whose last SYN went into the void.
+        """
+        now = trio.current_time()
+        if now - self._last_retry_hint < RETRY_HINT_INTERVAL:
+            return
+        self._last_retry_hint = now
+        for outbox in self._outboxes.values():
+            if outbox is linked or outbox.connected or outbox.closed:
+                continue
+            outbox.retry_now.set()
+            attempt = self._attempts.get(outbox)
+            if attempt is not None and now - attempt[1] >= STALE_CONNECT_ATTEMPT:
+                attempt[0].cancel()
 
     async def _write_link(self, outbox: Outbox, link: TlsLink) -> None:
         """Write the outbox's frames to ``link`` until it breaks or the outbox closes.

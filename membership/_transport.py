@@ -164,6 +164,8 @@ class Outbox:
         """Set while the link task is idle and can take a frame at once (see wait_for_frames)."""
         self.closing = trio.Event()
         """Set when the transport closes: link tasks stop waiting and wind down."""
+        self.retry_now = trio.Event()
+        """Set to cut a reconnect wait short (another link just came up: a heal, perhaps)."""
         self.closed = False
         self.connected = False
         self.peer: UniqueAddress | None = None
@@ -264,6 +266,7 @@ class Outbox:
     def close(self) -> None:
         self.closed = True
         self.closing.set()
+        self.retry_now.set()
         self._room.unpark_all()
         self._wake_taker()
         self._empty.unpark_all()
@@ -321,6 +324,7 @@ class Transport(abc.ABC):
         self._inbound_links = 0
         self._received_without_yield = 0
         self._handler: Callable[[Envelope], None] | None = None
+        self._link_listeners: list[Callable[[Address], None]] = []
         self._encoder = _wire.FrameEncoder(settings.max_frame_size)
 
     @property
@@ -452,6 +456,20 @@ class Transport(abc.ABC):
             del self._outboxes[address]
             self._recent_to = _NOWHERE
             outbox.close()
+
+    def on_link_up(self, callback: Callable[[Address], None]) -> None:
+        """Call ``callback(address)`` (which must not block) whenever a link to a peer comes up.
+
+        Membership uses it to tell a partition that just healed from one that holds.
+        """
+        self._link_listeners.append(callback)
+
+    def _link_up(self, address: Address) -> None:
+        for callback in self._link_listeners:
+            try:
+                callback(address)
+            except Exception:
+                logger.exception("%s: a link listener failed on %s", self._local, address)
 
     def set_handler(self, handler: Callable[[Envelope], None] | None) -> None:
         """Deliver received messages by calling ``handler`` instead of queueing them.

@@ -29,10 +29,10 @@ from membership._cluster_core import (
     Send,
     Shutdown,
     StartExiting,
-    loses_to,
 )
 from membership._events import MemberDowned, MemberRemoved, MemberUp
 from membership._gossip import convergence, leader, oldest
+from membership._islands import Verdict, loses_to
 from membership._member import MemberStatus
 
 S = MemberStatus
@@ -41,6 +41,9 @@ DELAY = 0.01
 
 def address(i: int) -> Address:
     return Address("10.0.0.1", 2550 + i)
+
+
+SEEDS12 = (Address("10.0.0.1", 2551), Address("10.0.0.1", 2552))
 
 
 @attrs.define
@@ -491,6 +494,76 @@ def test_an_island_without_a_seed_node_finds_the_cluster_that_holds_them() -> No
         assert w.cores[address(i)].phase is Phase.SHUT_DOWN, i
 
 
+def test_when_every_seed_node_was_on_the_losing_side_the_clusters_still_merge() -> None:
+    """Seeds n1 and n2 restarted while cut off and formed a cluster of their own; n3 to n5 go
+    on without any seed node. The cluster of the seeds probes nobody (its seeds are its own),
+    yet it hears the others' probes, gives way, and its restarted nodes, looking for a cluster,
+    are found by the winner's probes and join it instead of forming one again."""
+    w = World(seed=36)
+    w.partition([1, 2], [3, 4, 5])
+    w.add(1, seeds=(1, 2), seed_probe_interval=PROBE)
+    w.add(2, seeds=(1, 2), seed_probe_interval=PROBE)
+    for i in (3, 4, 5):
+        core = w.add(i, seeds=(1, 2), seed_probe_interval=PROBE)
+        w.apply(core, core.join(address(3), w.now))  # the cluster they were in all along
+    w.run(30)
+    assert w.statuses(1) == {"n1": S.UP, "n2": S.UP}
+    assert w.statuses(3) == {"n3": S.UP, "n4": S.UP, "n5": S.UP}
+    assert [w.probes(i, w.now - 5) for i in (1, 2)] == [[], []]  # every seed is theirs
+
+    w.cut.clear()
+    w.run(15)
+    for i in (1, 2):
+        assert w.cores[address(i)].phase is Phase.SHUT_DOWN, i
+    # A supervisor restarts them, with the same two seed nodes: they join the winner.
+    for i in (1, 2):
+        w.add(i, seeds=(1, 2), uid=2, seed_probe_interval=PROBE)
+    w.run(30)
+    for i in range(1, 6):
+        assert w.statuses(i) == {f"n{j}": S.UP for j in range(1, 6)}, (i, w.statuses(i))
+    oldest_member = oldest(w.cores[address(1)].gossip)
+    assert oldest_member is not None
+    assert oldest_member.node.name == "n3"  # the winner's oldest: nobody formed a new cluster
+
+
+def test_a_first_seed_looking_for_its_cluster_waits_for_a_link_that_just_came_up() -> None:
+    core = ClusterCore(
+        UniqueAddress(address(1), "n1", 1), ClusterSettings(), random.Random(1), SEEDS12
+    )
+    core.start(0.0)
+    assert core.next_deadline() == 0.0 + 1.0  # the next InitJoin round
+    core.tick(4.5)
+    core.peer_linked(address(2), 4.5)  # the link to n2 came up: our questions are on their way
+    core.tick(5.0)
+    assert core.phase is Phase.SEEDING  # seed_node_timeout passed, but it waits a little
+    core.tick(6.5)
+    assert core.phase is Phase.MEMBER  # nobody answered after all: it forms the cluster
+    late = ClusterCore(
+        UniqueAddress(address(1), "n1", 2), ClusterSettings(), random.Random(1), SEEDS12
+    )
+    late.start(0.0)
+    for t in range(1, 25):  # a link that keeps flapping extends the wait only so far
+        late.peer_linked(address(2), float(t) / 2)
+        late.tick(float(t) / 2)
+    assert late.phase is Phase.MEMBER
+
+
+def test_a_seeding_node_probed_by_a_member_of_a_cluster_joins_through_it() -> None:
+    core = ClusterCore(
+        UniqueAddress(address(1), "n1", 1), ClusterSettings(), random.Random(1), SEEDS12
+    )
+    core.start(0.0)
+    member = UniqueAddress(address(3), "n3", 7)
+    effects = core.receive(member, InitJoin(sender=member, oldest=member, size=3), 4.0)
+    assert Send(address(3), InitJoin(sender=core.self_node)) in effects
+    core.tick(6.0)  # past seed_node_timeout: it does not form a cluster of its own
+    assert core.phase is Phase.SEEDING
+    core.receive(member, InitJoinAck(sender=member, oldest=member, size=3), 6.1)
+    assert core.phase is Phase.JOINING
+    effects = core.tick(7.0)
+    assert not any(isinstance(e, Send) and isinstance(e.message, Join) for e in effects)
+
+
 def test_equal_sizes_the_cluster_with_the_lower_oldest_address_wins() -> None:
     w = World(seed=34)
     form_two_clusters(w, [3], [4])  # {n1, n3} and {n2, n4}: n1 sorts before n2
@@ -542,30 +615,55 @@ def shuts_down(effects: list[Effect]) -> bool:
     return any(isinstance(e, Shutdown) for e in effects)
 
 
-def test_a_foreign_cluster_must_be_seen_in_two_probe_rounds_in_a_row() -> None:
+def foreign_member(i: int) -> UniqueAddress:
+    return UniqueAddress(address(10 + i), f"f{i}", 50 + i)
+
+
+def probe_from(i: int, size: int = 2, oldest: UniqueAddress = FOREIGN_OLDEST) -> InitJoin:
+    return InitJoin(sender=foreign_member(i), oldest=oldest, size=size)
+
+
+def test_a_foreign_cluster_is_acted_on_once_the_same_facts_held_a_probe_interval() -> None:
     core = lone_member()
-    now = probe_round(core)
-    assert core.receive(FOREIGN, ack(), now) == []
-    assert core.receive(FOREIGN, ack(), now) == []  # twice in one round counts once
-    now = probe_round(core)
-    effects = core.receive(FOREIGN, ack(), now)
+    now = 100.0
+    for i in (1, 2):  # two members of a cluster of two probe us: it is bigger than ours
+        effects = core.receive(foreign_member(i), probe_from(i), now)
+        assert not shuts_down(effects)
+    # Our members are told to probe it too (we have none), and it gets our answer.
+    assert [type(e.message).__name__ for e in effects if isinstance(e, Send)] == ["InitJoinAck"]
+    assert not shuts_down(core.receive(foreign_member(1), probe_from(1), now + PROBE / 2))
+    effects = core.receive(foreign_member(2), probe_from(2), now + PROBE)
     assert shuts_down(effects)
     assert core.phase is Phase.SHUT_DOWN
     assert core.self_member is not None
     assert core.self_member.status is S.DOWN
 
 
-def test_a_sighting_in_a_round_that_is_not_the_next_one_starts_again() -> None:
+def test_a_change_in_the_facts_starts_the_wait_again() -> None:
     core = lone_member()
-    now = probe_round(core)
-    assert core.receive(FOREIGN, ack(), now) == []
-    probe_round(core)  # nobody answered this round
-    now = probe_round(core)
-    assert core.receive(FOREIGN, ack(), now) == []
-    now = probe_round(core)
-    assert core.receive(FOREIGN, ack(size=4), now) == []  # it changed size: not yet stable
-    now = probe_round(core)
-    assert shuts_down(core.receive(FOREIGN, ack(size=4), now))
+    now = 100.0
+    for i in (1, 2):
+        core.receive(foreign_member(i), probe_from(i), now)
+    now += PROBE / 2
+    assert not shuts_down(core.receive(foreign_member(3), probe_from(3, size=3), now))
+    now += PROBE * 0.9  # a whole interval since the first sighting, not since the change
+    assert not shuts_down(core.receive(foreign_member(1), probe_from(1, size=3), now))
+    now += PROBE * 0.2
+    assert shuts_down(core.receive(foreign_member(2), probe_from(2, size=3), now))
+
+
+def test_one_certificate_cannot_pose_as_a_bigger_cluster() -> None:
+    # A node that says its cluster has 50 members counts as one member until others of its
+    # cluster speak for it too: here our own oldest sorts first, so a tie is ours.
+    core = lone_member()
+    later = UniqueAddress(address(99), "n99", 5)
+    for k in range(20):
+        effects = core.receive(foreign_member(1), probe_from(1, size=50, oldest=later), k * 1.0)
+        assert not shuts_down(effects)
+    assert core.phase is Phase.MEMBER
+    [sighting] = core.sightings(19.0)
+    assert (sighting.size, sighting.vouched) == (50, 1)
+    assert sighting.verdict is Verdict.WINS
 
 
 def test_the_winner_does_nothing() -> None:
