@@ -39,7 +39,7 @@ from ._journal import Journal, JournalSettings, open_journal
 from ._lease import TRIO_CLOCK, LeaseBackend, LeaseClock, Leases, LeaseSettings
 from ._lease_sqlite import SqliteLeaseBackend
 from ._sharding import Sharding
-from ._status import StatusService
+from ._status import MemberCommandService, StatusService
 
 logger = logging.getLogger("p2pshard.node")
 
@@ -63,6 +63,7 @@ class Node:
     _replicators: dict[str, Replicator] = attrs.Factory(dict)
     _sharding: Sharding | None = None
     _status: StatusService | None = None
+    _member_commands: MemberCommandService | None = None
     _leases: Leases | None = None
     _journal: Journal | None = None
     _nursery: trio.Nursery | None = None
@@ -201,6 +202,7 @@ class Node:
             or self.singletons.handle(envelope)
             or self._to_replicator(envelope)
             or (self._status is not None and self._status.handle(envelope))
+            or (self._member_commands is not None and self._member_commands.handle(envelope))
         ):
             logger.debug(
                 "%s: no service handles %s from %s",
@@ -246,9 +248,7 @@ def _check_role(cluster: Cluster, settings: ReplicatorSettings) -> None:
 
 
 def _tls_identity(config: NodeConfig) -> TlsIdentity:
-    return TlsIdentity(
-        config.cluster_name, config.tls.ca_file, config.tls.cert_file, config.tls.key_file
-    )
+    return config.tls.identity(config.cluster_name)
 
 
 @asynccontextmanager
@@ -448,6 +448,7 @@ async def _run(
                         leases,
                     )
                     node._status = StatusService(transport, cluster, node._sharding, nursery)
+                    node._member_commands = MemberCommandService(transport, cluster, nursery)
                     try:
                         yield node
                     except Exception:
