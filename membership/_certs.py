@@ -80,6 +80,8 @@ class NodeFiles:
     cert_file: Path
     key_file: Path
     kind: IdentityKind = IdentityKind.NODE
+    serial: int = 0
+    """The certificate's serial number (``serial:<hex>`` in a deny list names it)."""
 
 
 @attrs.frozen
@@ -280,6 +282,7 @@ def create_certificate(
         out_dir / cert_name,
         out_dir / key_name,
         identity.kind,
+        cert.serial_number,
     )
     _write_private(files.key_file, _key_pem(key), force=force)
     _write_public(files.cert_file, cert.public_bytes(serialization.Encoding.PEM), force=force)

@@ -552,7 +552,7 @@ def _certs(args: argparse.Namespace) -> int:
         )
         print(
             f"{command} {files.node!r} of cluster {files.cluster!r}: {files.cert_file} "
-            f"(key {files.key_file}, mode 0600; CA copy {files.ca_file})"
+            f"(key {files.key_file}, mode 0600; CA copy {files.ca_file}; serial {files.serial:x})"
         )
     return 0
 
@@ -609,22 +609,20 @@ def _reload_tls(node: Node, running: NodeConfig, config_file: Path) -> bool:
     return True
 
 
-async def _serve_node(config: NodeConfig, config_file: Path | None = None) -> None:
+async def _serve_node(config: NodeConfig, config_file: Path) -> None:
     from ._node import open_node
 
-    wanted = (signal.SIGINT, signal.SIGTERM) + ((signal.SIGHUP,) if config_file else ())
-    with trio.open_signal_receiver(*wanted) as signals:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with open_node(config) as node, trio.open_nursery() as nursery:
             logger.info(
-                "%s: running as %s; Ctrl-C or SIGTERM stops it%s",
+                "%s: running as %s; Ctrl-C or SIGTERM stops it, SIGHUP reloads [tls]",
                 config.node_name,
                 node.address,
-                ", SIGHUP reloads [tls]" if config_file else "",
             )
 
             async def stop_on_signal() -> None:
                 async for signum in signals:
-                    if signum == signal.SIGHUP and config_file is not None:
+                    if signum == signal.SIGHUP:
                         _reload_tls(node, config, config_file)
                         continue
                     name = signal.Signals(signum).name

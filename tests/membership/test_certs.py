@@ -213,6 +213,7 @@ def test_a_certificate_of_each_kind_is_named_after_its_kind(
         f"{kind.value}-key.pem",
     )
     assert files.kind is kind
+    assert files.serial == load(files.cert_file).serial_number
     assert mode(files.key_file) == 0o600
     expected = (
         "p2pshard://shop/ops" if kind is IdentityKind.NODE else f"p2pshard://shop/{kind.value}/ops"

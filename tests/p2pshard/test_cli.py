@@ -61,9 +61,11 @@ def test_certs_client_and_admin_make_certificates_of_their_kind(
     assert main(["certs", "init", "--cluster", "shop", "--out", str(tmp_path / "ca")]) == 0
     out_dir = tmp_path / "ops"
     assert main(["certs", kind, "ops", "--ca", str(tmp_path / "ca"), "--out", str(out_dir)]) == 0
-    assert f"{kind} 'ops' of cluster 'shop'" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"{kind} 'ops' of cluster 'shop'" in out
     assert stat.S_IMODE((out_dir / f"{kind}-key.pem").stat().st_mode) == 0o600
     cert = x509.load_pem_x509_certificate((out_dir / f"{kind}.pem").read_bytes())
+    assert f"serial {cert.serial_number:x})" in out
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert san.get_values_for_type(x509.UniformResourceIdentifier) == [
         f"p2pshard://shop/{kind}/ops"
