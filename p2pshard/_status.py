@@ -325,8 +325,21 @@ class MemberCommandService:
             text,
         )
         reply = MemberCommandReply(request_id=command.request_id, ok=ok, text=text)
-        with contextlib.suppress(RuntimeError):  # the nursery is closing: the node is stopping
-            self._nursery.start_soon(self._reply, envelope.sender, reply)
+        asker = envelope.sender
+        try:
+            # Queued now, before this node could stop (asked to leave or go down itself): the
+            # transport flushes what is queued when it closes.
+            self._transport.send_nowait(asker, reply)
+        except (SendQueueFull, TransportClosed, SerializationError) as exc:
+            logger.warning(
+                "%s: cannot answer the member command of %s: %s",
+                self._transport.local_address,
+                asker,
+                exc,
+            )
+        if _member_at(self._cluster, asker.address) is None:
+            with contextlib.suppress(RuntimeError):  # the nursery is closing: the node stops
+                self._nursery.start_soon(self._forget, asker.address)
         return True
 
     def apply(self, command: MemberCommand, identity: PeerIdentity) -> tuple[bool, str]:
@@ -370,19 +383,10 @@ class MemberCommandService:
             return False, f"{node} could not be marked {done.name} (it is {now})"
         return True, f"{node} marked {done.name}: {what}"
 
-    async def _reply(self, asker: UniqueAddress, reply: MemberCommandReply) -> None:
-        try:
-            self._transport.send_nowait(asker, reply)
-        except (SendQueueFull, TransportClosed, SerializationError) as exc:
-            logger.warning(
-                "%s: cannot answer the member command of %s: %s",
-                self._transport.local_address,
-                asker,
-                exc,
-            )
-        if _member_at(self._cluster, asker.address) is None:
-            with contextlib.suppress(TransportClosed):
-                await self._transport.forget(asker.address, flush_timeout=FORGET_AFTER)
+    async def _forget(self, client: Address) -> None:
+        """A command-line client: once it has the answer, stop linking to its port."""
+        with contextlib.suppress(TransportClosed):
+            await self._transport.forget(client, flush_timeout=FORGET_AFTER)
 
 
 def _member_at(cluster: Cluster, address: Address) -> Member | None:
