@@ -15,6 +15,14 @@ to the shared inbox.
 What goes wrong on one link stays on that link: a refused handshake, an oversize, truncated or
 undecodable frame, or a TLS record altered in flight closes it, is counted in ``statistics()`` and
 logged; the node and its other links carry on.
+
+Both sides judge the peer's certificate after the handshake by the same rules: a trusted CA
+signed it (the TLS layer checks that), it names an identity of this cluster, and the deny list
+does not name it or its serial. The transport keeps a registry of its open links, inbound and
+outbound, with each one's identity and certificate, so that :meth:`TcpTransport.reload_tls` can
+apply new TLS settings to them too: a link the new deny list names, or whose certificate no CA
+of the new settings signed, is closed. A link whose handshake began before a reload is judged by
+the new settings again as it is registered, so none slips through in between.
 """
 
 from __future__ import annotations
@@ -28,14 +36,22 @@ from contextlib import asynccontextmanager, suppress
 
 import attrs
 import trio
+from cryptography import x509
 
 from . import _wire
 from ._address import Address, UniqueAddress
-from ._errors import HandshakeError, ProtocolError
+from ._errors import ConfigurationError, HandshakeError, ProtocolError
 from ._framing import FrameDecoder, encode_frame
 from ._identity import IdentityKind, PeerIdentity
 from ._settings import TransportSettings
-from ._tls import TlsIdentity, peer_identity
+from ._tls import (
+    DenyList,
+    TlsIdentity,
+    identity_text,
+    issued_by_any,
+    peer_identity,
+    peer_serial,
+)
 from ._tlslink import TlsLink
 from ._transport import Outbox, Transport
 from ._trioutil import single_error
@@ -94,6 +110,27 @@ def check_hello(message: object, *, cluster: str, certificate_name: str) -> Uniq
     return message.sender
 
 
+class _Refused(HandshakeError):
+    """The peer's certificate is valid, but this node's deny list or trust refuses it."""
+
+
+@attrs.define(eq=False)
+class _OpenLink:
+    """An established link, as the registry ``reload_tls`` judges again holds it."""
+
+    link: TlsLink
+    peer: UniqueAddress
+    identity: PeerIdentity
+    serial: int
+    certificate: bytes
+    """The peer's certificate (DER), to check whether a CA of new settings signed it."""
+    inbound: bool
+
+    def __str__(self) -> str:
+        way = "from" if self.inbound else "to"
+        return f"{way} {self.peer} ({identity_text(self.identity)}, serial {self.serial:x})"
+
+
 def _is_tls_failure(exc: BaseException) -> bool:
     """A TLS error other than the peer just going away (ragged EOF or reset)."""
     cause = exc.__cause__
@@ -111,10 +148,17 @@ class TcpTransport(Transport):
         contexts: tuple[ssl.SSLContext, ssl.SSLContext],
         nursery: trio.Nursery,
         identity: PeerIdentity | None = None,
+        deny: DenyList | None = None,
     ) -> None:
         super().__init__(local, settings, identity)
         self._cluster = cluster
         self._server_context, self._client_context = contexts
+        self._deny = deny or DenyList()
+        self._trusted: tuple[x509.Certificate, ...] = ()
+        """The CAs of the last reload (before any, the TLS contexts alone judge trust)."""
+        self._tls_generation = 0
+        """Bumped by each reload: a link set up with older contexts is judged again."""
+        self._open_links: set[_OpenLink] = set()
         self._nursery = nursery
         self._random = random.Random()
         self._links_running = 0
@@ -128,6 +172,105 @@ class TcpTransport(Transport):
     def cluster(self) -> str:
         """The cluster this transport accepts peers of."""
         return self._cluster
+
+    def reload_tls(self, identity: TlsIdentity) -> int:
+        """Take new TLS settings and close the open links they refuse; the number closed.
+
+        New links use the new CAs, certificate, key and deny list at once. Every open link,
+        inbound and outbound, is judged again: one whose certificate the new deny list names,
+        or that none of the new CAs signed, is closed and logged (an outbound one then tries
+        to reconnect, and is refused until the settings allow it again). The certificate may
+        change (a renewed one, or one from a new CA) but must name this transport's identity.
+
+        Example:
+            >>> new = TlsIdentity(  # doctest: +SKIP
+            ...     "shop", "ca.pem", "node.pem", "node-key.pem", deny=DenyList.parse(["admin:eve"])
+            ... )
+            >>> transport.reload_tls(new)  # doctest: +SKIP
+            1
+
+        Raises:
+            ConfigurationError: unreadable files, or a certificate naming another identity or
+                cluster; nothing changed.
+        """
+        if identity.cluster != self._cluster:
+            raise ConfigurationError(
+                f"the new TLS settings are for cluster {identity.cluster!r}, not "
+                f"{self._cluster!r}: a node cannot move to another cluster while it runs"
+            )
+        own = identity.certificate_identity()
+        if own != self._identity:
+            raise ConfigurationError(
+                f"the new certificate {str(identity.cert_file)!r} is for "
+                f"{identity_text(own)}, but this node is {identity_text(self._identity)}: "
+                "restart it to change its identity"
+            )
+        contexts = identity.server_context(), identity.client_context()
+        trusted = identity.trusted_certificates()
+        self._server_context, self._client_context = contexts
+        self._deny = identity.deny
+        self._trusted = trusted
+        self._tls_generation += 1
+        closed = 0
+        for entry in sorted(self._open_links, key=str):
+            reason = self._refusal(entry.identity, entry.serial, entry.certificate, check_ca=True)
+            if reason is not None:
+                self._open_links.discard(entry)
+                entry.link.close()
+                closed += 1
+                logger.warning("%s: closed the link %s: %s", self._local, entry, reason)
+        logger.info(
+            "%s: TLS settings reloaded (%d CA certificates, %d deny entries); %d links closed",
+            self._local,
+            len(trusted),
+            len(identity.deny),
+            closed,
+        )
+        return closed
+
+    def _refusal(
+        self, identity: PeerIdentity, serial: int, certificate: bytes, *, check_ca: bool
+    ) -> str | None:
+        """Why the current settings refuse a peer certificate; None if they take it.
+
+        With ``check_ca``, also whether one of the current CAs signed it: needed when the
+        handshake ran with the contexts of earlier settings, which trusted other CAs.
+        """
+        reason = self._deny.reason(identity, serial)
+        if reason is None and check_ca and not issued_by_any(certificate, self._trusted):
+            reason = (
+                f"{identity_text(identity)} (certificate serial {serial:x}) is signed by no CA "
+                "the TLS settings trust any more"
+            )
+        return reason
+
+    def _admit(self, link: TlsLink, generation: int) -> tuple[PeerIdentity, int, bytes]:
+        """The identity, serial and certificate of a peer that just finished its handshake.
+
+        Raises:
+            HandshakeError: its certificate names no identity of this cluster.
+            _Refused: the deny list (or a reload since the handshake began) refuses it.
+        """
+        certificate = link.peer_certificate()
+        identity = peer_identity(certificate, self.cluster)
+        serial = peer_serial(certificate)
+        der = link.peer_certificate_der()
+        reason = self._refusal(identity, serial, der, check_ca=generation != self._tls_generation)
+        if reason is not None:
+            raise _Refused(reason)
+        return identity, serial, der
+
+    def _register(self, entry: _OpenLink, generation: int) -> None:
+        """Add an established link to the registry, judging it again if settings changed.
+
+        Raises:
+            _Refused: a reload during the rest of its set-up refuses it.
+        """
+        if generation != self._tls_generation:
+            reason = self._refusal(entry.identity, entry.serial, entry.certificate, check_ca=True)
+            if reason is not None:
+                raise _Refused(reason)
+        self._open_links.add(entry)
 
     def _start_link(self, outbox: Outbox) -> None:
         self._links_running += 1
@@ -162,16 +305,19 @@ class TcpTransport(Transport):
         except OSError:
             where = "unknown peer"
         link = TlsLink.over(tcp, self._server_context, server_side=True)
+        generation = self._tls_generation
         decoder = FrameDecoder(self._settings.max_frame_size)
         try:
             with trio.fail_after(self._settings.handshake_timeout):
                 await link.handshake()
-                identity = peer_identity(link.peer_certificate(), self.cluster)
+                identity, serial, der = self._admit(link, generation)
                 first, *rest = await self._read_frame(link, decoder)
                 hello = _wire.decode(first).message
                 peer = check_hello(hello, cluster=self.cluster, certificate_name=identity.name)
                 link.write_nowait(encode_frame(_wire.encode(HelloAck(sender=self._local))))
                 await link.flush()
+                entry = _OpenLink(link, peer, identity, serial, der, inbound=True)
+                self._register(entry, generation)
         except (
             HandshakeError,
             ProtocolError,
@@ -187,6 +333,9 @@ class TcpTransport(Transport):
             )
             link.close(notify=False)
             return
+        except BaseException:
+            link.close(notify=False)  # cancelled mid-handshake: leave no socket open
+            raise
         self._inbound_links += 1
         self._retry_others()
         logger.debug("%s: accepted a link from %s (%s) at %s", self._local, peer, identity, where)
@@ -217,7 +366,10 @@ class TcpTransport(Transport):
                 logger.warning("%s: closed the link from %s: %s", self._local, peer, exc.__cause__)
             else:
                 logger.debug("%s: link from %s broke: %r", self._local, peer, exc.__cause__)
+        except trio.ClosedResourceError:
+            pass  # reload_tls closed it, and logged why
         finally:
+            self._open_links.discard(entry)
             self._inbound_links -= 1
             link.close(notify=False)
 
@@ -234,17 +386,20 @@ class TcpTransport(Transport):
 
     # ---- connecting side ----
 
-    async def _connect(self, address: Address) -> tuple[TlsLink, UniqueAddress]:
+    async def _connect(self, address: Address) -> _OpenLink:
+        """Open a link to ``address``; it is in the registry when this returns."""
         dial = self._dial_via.get(address, address)  # a test proxy in between, if configured
         with trio.fail_after(self._settings.connect_timeout):
             tcp = await trio.open_tcp_stream(dial.host, dial.port)
         link = TlsLink.over(tcp, self._client_context, server_side=False)
+        generation = self._tls_generation
         try:
             with trio.fail_after(self._settings.handshake_timeout):
                 await link.handshake()
                 # Any kind: a node dials members and seeds, and answers a client's request at
                 # the address its hello announced.
-                name = peer_identity(link.peer_certificate(), self.cluster).name
+                identity, serial, der = self._admit(link, generation)
+                name = identity.name
                 hello = Hello(cluster=self.cluster, sender=self._local)
                 link.write_nowait(encode_frame(_wire.encode(hello)))
                 await link.flush()
@@ -255,10 +410,14 @@ class TcpTransport(Transport):
                     raise HandshakeError(
                         f"{address} answered the hello with {ack!r}, not a HelloAck from {name!r}"
                     )
-        except BaseException:
+                entry = _OpenLink(link, ack.sender, identity, serial, der, inbound=False)
+                self._register(entry, generation)
+        except BaseException as exc:
+            if isinstance(exc, _Refused):
+                self._counters.handshakes_refused += 1
             link.close(notify=False)
             raise
-        return link, ack.sender
+        return entry
 
     async def _run_link(self, outbox: Outbox) -> None:
         try:
@@ -275,7 +434,7 @@ class TcpTransport(Transport):
             try:
                 with trio.CancelScope() as attempt:
                     self._attempts[outbox] = (attempt, trio.current_time())
-                    link, peer = await self._connect(outbox.address)
+                    entry = await self._connect(outbox.address)
             except (
                 HandshakeError,
                 ProtocolError,
@@ -294,6 +453,7 @@ class TcpTransport(Transport):
                 self._attempts.pop(outbox, None)
             if attempt.cancelled_caught:
                 continue  # cut short by a link that came up elsewhere: try again at once
+            link, peer = entry.link, entry.peer
             backoff = settings.reconnect_backoff_min
             outbox.connected, outbox.peer = True, peer
             outbox.connects += 1
@@ -306,6 +466,7 @@ class TcpTransport(Transport):
                     await self._write_link(outbox, link)
                     nursery.cancel_scope.cancel()
             finally:
+                self._open_links.discard(entry)
                 outbox.connected = False
                 link.close()
             if not outbox.closed:
@@ -425,7 +586,8 @@ async def open_tcp_transport(
     """Listen on ``bind`` and yield a transport; leaving the block closes it.
 
     Args:
-        identity: the cluster CA, this node's certificate and key, and the cluster name.
+        identity: the cluster name, the CAs to trust, this node's certificate and key, and
+            the deny list (see :meth:`TcpTransport.reload_tls` to change them later).
         node_name: this node's name; must match the name in its certificate.
         bind: where to listen; port 0 picks a free port.
         canonical: the address peers use to reach us, if not ``bind`` (NAT, containers). Its
@@ -467,6 +629,7 @@ async def open_tcp_transport(
                     contexts,
                     nursery,
                     PeerIdentity(kind, node_name),
+                    identity.deny,
                 )
                 await nursery.start(transport._serve, listeners)
                 logger.info("%s: listening on %s", local, Address(bind.host, port))

@@ -68,6 +68,10 @@ class TlsLink:
         """The verified peer certificate (after the handshake), as ``ssl`` decodes it."""
         return self._ssl.getpeercert()
 
+    def peer_certificate_der(self) -> bytes:
+        """The verified peer certificate (after the handshake) in DER form; b"" if none."""
+        return self._ssl.getpeercert(binary_form=True) or b""
+
     async def handshake(self) -> None:
         """Run the TLS handshake.
 

@@ -113,7 +113,8 @@ class TransportStatistics:
     frames_received: int
     bytes_received: int
     handshakes_refused: int
-    """Links refused during set-up: bad or missing certificate, wrong cluster, bad hello."""
+    """Links refused during set-up: bad or missing certificate, wrong cluster, bad hello; and
+    certificates the deny list names, whichever side connected."""
     links_closed_frame_too_large: int
     links_closed_truncated: int
     links_closed_undecodable: int

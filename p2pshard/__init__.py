@@ -26,6 +26,7 @@ from ._allocation import EntityId as EntityId
 from ._allocation import LeastShardAllocationStrategy as LeastShardAllocationStrategy
 from ._allocation import ShardAllocationStrategy as ShardAllocationStrategy
 from ._allocation import ShardId as ShardId
+from ._config import ClientConfig as ClientConfig
 from ._config import NodeConfig as NodeConfig
 from ._config import TlsFiles as TlsFiles
 from ._entity import EntityContext as EntityContext

@@ -1,15 +1,18 @@
 """The ``p2pshard`` command.
 
-``p2pshard certs init`` and ``p2pshard certs node`` make a cluster CA and node certificates;
-``p2pshard node --config FILE`` runs one node until Ctrl-C or SIGTERM; ``p2pshard local-cluster``
-runs several nodes as separate processes on one host, with throwaway certificates (the README's
-main job). ``p2pshard status`` asks a running node for its members and shards;
+``p2pshard certs init`` makes a cluster CA; ``certs node|client|admin`` make a key and certificate
+where the CA is, ``certs request`` makes a key and a signing request where it will be used and
+``certs sign`` signs that request where the CA is. ``p2pshard node --config FILE`` runs one node
+until Ctrl-C or SIGTERM (SIGHUP reloads its ``[tls]`` table); ``p2pshard local-cluster`` runs
+several nodes as separate processes on one host, with throwaway certificates (the README's main
+job). ``p2pshard status`` asks a running node for its members and shards, ``p2pshard leave`` and
+``down`` ask it to make a member leave or go down (an admin certificate only);
 ``p2pshard remove-sharding-data`` deletes entity types' sharding state from a stopped node's
 durable store; ``p2pshard chaos`` runs seeded chaos schedules on a simulated cluster (with
 ``--real``, one schedule on node processes of this host). Errors in what the user typed or
-configured end with a one-line message and exit status 2; a node that fails at run time, or does
-not answer, exits with 1; a node that the cluster downed or removed exits with ``EXIT_DOWNED``
-(3), so that a supervisor restarting on failure starts it again.
+configured end with a one-line message and exit status 2; a node that fails at run time, does
+not answer, or refuses, exits with 1; a node that the cluster downed or removed exits with
+``EXIT_DOWNED`` (3), so that a supervisor restarting on failure starts it again.
 """
 
 from __future__ import annotations
@@ -28,14 +31,21 @@ import attrs
 import trio
 
 from crdt._store import SCHEMA_VERSION
-from membership import Address, ConfigurationError
-from membership._certs import create_cluster_ca, create_node_certificate
+from membership import Address, ConfigurationError, IdentityKind, PeerIdentity
+from membership._certs import (
+    create_certificate,
+    create_cluster_ca,
+    create_signing_request,
+    sign_request,
+)
+from membership._tcp import TcpTransport
 from membership._trioutil import single_error
 
-from ._config import NodeConfig
+from ._config import ClientConfig, NodeConfig
 
 if TYPE_CHECKING:
-    from ._status import Probe
+    from ._node import Node
+    from ._status import CommandAnswer, Probe
 
 logger = logging.getLogger("p2pshard.cli")
 
@@ -53,22 +63,82 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    certs = commands.add_parser("certs", help="make a cluster CA and node certificates")
+    certs = commands.add_parser(
+        "certs",
+        help="make a cluster CA and certificates",
+        description="Make a cluster CA (init); a key and certificate where the CA is (node, "
+        "client, admin); or, to keep every key on the machine that uses it, a key and a signing "
+        "request there (request) and its certificate where the CA is (sign).",
+    )
     certs_commands = certs.add_subparsers(dest="certs_command", required=True, metavar="WHAT")
     init = certs_commands.add_parser("init", help="make a cluster CA")
     init.add_argument("--cluster", required=True, help="the cluster name")
     init.add_argument("--out", required=True, type=Path, help="directory for ca.pem, ca-key.pem")
     init.add_argument("--days", type=int, default=3650, help="validity (default 3650)")
     init.add_argument("--force", action="store_true", help="replace existing files")
-    node_cert = certs_commands.add_parser("node", help="make a node key and certificate")
-    node_cert.add_argument("node", help="the node name")
-    node_cert.add_argument("--ca", required=True, type=Path, help="directory of the cluster CA")
-    node_cert.add_argument("--out", required=True, type=Path, help="directory for the files")
-    node_cert.add_argument("--cluster", help="cluster name (default: the CA's)")
-    node_cert.add_argument("--days", type=int, default=825, help="validity (default 825)")
-    node_cert.add_argument("--force", action="store_true", help="replace existing files")
+    for kind, what in (
+        (IdentityKind.NODE, "a node (a cluster member)"),
+        (IdentityKind.CLIENT, "a client (reads the cluster's status, nothing else)"),
+        (IdentityKind.ADMIN, "an admin (reads the status, makes members leave or go down)"),
+    ):
+        local = certs_commands.add_parser(
+            kind.value,
+            help=f"make the key and certificate of {what}, here where the CA is",
+        )
+        local.add_argument("name", help=f"the {kind.value}'s name")
+        local.add_argument("--ca", required=True, type=Path, help="directory of the cluster CA")
+        local.add_argument(
+            "--out",
+            required=True,
+            type=Path,
+            help=f"directory for {kind.value}.pem, {kind.value}-key.pem and a copy of ca.pem",
+        )
+        local.add_argument("--cluster", help="cluster name (default: the CA's)")
+        local.add_argument("--days", type=int, default=825, help="validity (default 825)")
+        local.add_argument("--force", action="store_true", help="replace existing files")
+    request = certs_commands.add_parser(
+        "request",
+        help="make a key and a certificate signing request, on the machine that will use them",
+        description="Make a private key (mode 0600) and a signing request for an identity, "
+        "here; take the request (not the key) to the CA's machine and sign it with "
+        "'p2pshard certs sign'.",
+    )
+    request.add_argument("name", help="the identity's name")
+    request.add_argument(
+        "--kind",
+        required=True,
+        choices=[k.value for k in IdentityKind],
+        help="node (a cluster member), client (reads the status) or admin (also makes members "
+        "leave or go down)",
+    )
+    request.add_argument("--cluster", required=True, help="the cluster name")
+    request.add_argument(
+        "--out", required=True, type=Path, help="directory for KIND-key.pem and KIND.csr"
+    )
+    request.add_argument("--force", action="store_true", help="replace existing files")
+    sign = certs_commands.add_parser(
+        "sign",
+        help="check a signing request and sign it with the cluster CA",
+        description="Check a signing request made by 'p2pshard certs request' (its signature, "
+        "its key, and that it asks for exactly one identity of the CA's cluster and nothing "
+        "else), print what it asks for, and write the certificate. A request that does not "
+        "pass is refused with the reason, and nothing is written.",
+    )
+    sign.add_argument("request", type=Path, help="the signing request file (PEM or DER)")
+    sign.add_argument("--ca", required=True, type=Path, help="directory of the cluster CA")
+    sign.add_argument("--out", required=True, type=Path, help="file for the certificate (PEM)")
+    sign.add_argument("--cluster", help="cluster name (default: the CA's)")
+    sign.add_argument("--days", type=int, default=825, help="validity (default 825)")
+    sign.add_argument("--force", action="store_true", help="replace an existing --out file")
 
-    node = commands.add_parser("node", help="run one node until Ctrl-C")
+    node = commands.add_parser(
+        "node",
+        help="run one node until Ctrl-C",
+        description="Run one node until Ctrl-C or SIGTERM, which make it leave the cluster. "
+        "SIGHUP reads the configuration file again and applies its [tls] table (CAs, the "
+        "node's certificate and key, the deny list) at once: open links the new settings refuse "
+        "are closed. A configuration that does not load is refused, and the old settings kept.",
+    )
     node.add_argument("--config", required=True, type=Path, help="the node's TOML file")
 
     local = commands.add_parser(
@@ -97,11 +167,15 @@ def _parser() -> argparse.ArgumentParser:
         description="Ask a running node for the members it sees (status, roles, age, "
         "reachability, leader, oldest) and, for each entity type started on it, every region's "
         "shards and entity counts. The command connects with the cluster name and TLS files of "
-        "--config (a node's configuration: it presents that node's certificate).",
+        "--config: a client's configuration (a client or admin certificate), or a node's (it "
+        "presents that node's certificate). Reading changes nothing in the cluster.",
     )
     status.add_argument("--node", required=True, help="the node to ask, HOST:PORT")
     status.add_argument(
-        "--config", required=True, type=Path, help="a node's TOML file: cluster name, TLS files"
+        "--config",
+        required=True,
+        type=Path,
+        help="a client's TOML file (cluster_name, [tls]), or a node's",
     )
     status.add_argument("--json", action="store_true", help="print JSON instead of tables")
     status.add_argument(
@@ -110,6 +184,45 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--bind", help="host to listen on for the answer (default: the config's bind_host)"
     )
+
+    for action, what in (
+        (
+            "leave",
+            "make a member leave the cluster gracefully: it hands its shards and singletons "
+            "over, then is removed (and its process stops)",
+        ),
+        (
+            "down",
+            "mark a member Down: for a member that is surely gone (crashed, its host lost); "
+            "it is removed once the others no longer reach it, and stops if it still runs",
+        ),
+    ):
+        member = commands.add_parser(
+            action,
+            help=f"{action} a member (needs an admin certificate)",
+            description=f"Ask a running node to {what}. The node does it only for an admin "
+            "certificate (see 'p2pshard certs admin' and 'certs request --kind admin'); it "
+            "answers what it did or why it refused. Exit status 0 when done, 1 when refused "
+            "or unanswered, 2 on bad usage.",
+        )
+        member.add_argument("address", help="the member, HOST:PORT")
+        member.add_argument(
+            "--config",
+            required=True,
+            type=Path,
+            help="a client's TOML file (cluster_name, [tls]) with an admin certificate",
+        )
+        member.add_argument(
+            "--node",
+            help="the member to ask, HOST:PORT (default: the member itself; to down one that "
+            "is gone, ask another)",
+        )
+        member.add_argument(
+            "--timeout", type=float, default=5.0, help="seconds to wait for the answer (default 5)"
+        )
+        member.add_argument(
+            "--bind", help="host to listen on for the answer (default: the config's bind_host)"
+        )
 
     remove = commands.add_parser(
         "remove-sharding-data",
@@ -138,6 +251,12 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=3.0,
         help="seconds to wait for a running node to answer (default 3)",
+    )
+    remove.add_argument(
+        "--client-config",
+        type=Path,
+        help="a client's TOML file to check with that no node runs (default: the node's own "
+        "certificate)",
     )
 
     chaos = commands.add_parser(
@@ -237,6 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _node(args.config)
         if args.command == "status":
             return _status(args)
+        if args.command in ("leave", "down"):
+            return _member_command(args)
         if args.command == "remove-sharding-data":
             return _remove_sharding_data(args)
         if args.command == "chaos":
@@ -393,16 +514,53 @@ def _chaos_real(args: argparse.Namespace) -> int:
 
 
 def _certs(args: argparse.Namespace) -> int:
-    if args.certs_command == "init":
+    command = args.certs_command
+    if command == "init":
         ca = create_cluster_ca(args.cluster, args.out, days=args.days, force=args.force)
         print(f"cluster CA for {ca.cluster!r}: {ca.cert_file} (key {ca.key_file}, mode 0600)")
-    else:
-        files = create_node_certificate(
-            args.node, args.ca, args.out, cluster=args.cluster, days=args.days, force=args.force
+    elif command == "request":
+        identity = PeerIdentity(IdentityKind(args.kind), args.name)
+        requested = create_signing_request(
+            identity, args.out, cluster=args.cluster, force=args.force
         )
         print(
-            f"node {files.node!r} of cluster {files.cluster!r}: {files.cert_file} "
-            f"(key {files.key_file}, mode 0600; CA copy {files.ca_file})"
+            f"{identity.kind.value} {identity.name!r} of cluster {requested.cluster!r}: key "
+            f"{requested.key_file} (mode 0600, keep it here), signing request "
+            f"{requested.request_file}\n"
+            f"take the request to the CA's machine: p2pshard certs sign "
+            f"{requested.request_file.name} --ca CA_DIR --out {identity.kind.value}.pem"
+        )
+    elif command == "sign":
+        signed = sign_request(
+            args.request,
+            args.ca,
+            args.out,
+            cluster=args.cluster,
+            days=args.days,
+            force=args.force,
+        )
+        kind = signed.identity.kind.value
+        print(
+            f"signed {kind} {signed.identity.name!r} of cluster {signed.cluster!r}\n"
+            f"  identity     {signed.uri}\n"
+            f"  key          {signed.key_description}\n"
+            f"  serial       {signed.serial:x}  (deny it with serial:{signed.serial:x})\n"
+            f"  valid until  {signed.not_valid_after:%Y-%m-%d %H:%M} UTC\n"
+            f"  certificate  {signed.cert_file}\n"
+            f"send back {signed.cert_file} and the CA certificate {signed.ca_file}"
+        )
+    else:
+        files = create_certificate(
+            PeerIdentity(IdentityKind(command), args.name),
+            args.ca,
+            args.out,
+            cluster=args.cluster,
+            days=args.days,
+            force=args.force,
+        )
+        print(
+            f"{command} {files.node!r} of cluster {files.cluster!r}: {files.cert_file} "
+            f"(key {files.key_file}, mode 0600; CA copy {files.ca_file}; serial {files.serial:x})"
         )
     return 0
 
@@ -421,7 +579,7 @@ def _node(config_file: Path) -> int:
         stream=sys.stderr,
     )
     try:
-        return trio.run(_serve_node, config)
+        return trio.run(_serve_node, config, config_file)
     except OSError as exc:
         logger.error("%s: cannot run: %s", config.node_name, exc)
         return 1
@@ -431,21 +589,68 @@ def _node(config_file: Path) -> int:
         return 130
 
 
-async def _serve_node(config: NodeConfig) -> int:
-    """Run the node until a signal (then leave: 0) or the cluster removes it (EXIT_DOWNED)."""
+def _reload_tls(node: Node, running: NodeConfig, config_file: Path) -> bool:
+    """Read ``config_file`` again and apply its ``[tls]`` table to the running node.
+
+    A file that does not load, changes the node's cluster or name, or names TLS files the
+    transport refuses, is refused with the reason (logged), and the old settings stay.
+    """
+    name = running.node_name
+    try:
+        config = NodeConfig.load(config_file)
+        if (config.cluster_name, config.node_name) != (running.cluster_name, running.node_name):
+            raise ConfigurationError(
+                f"it names node {config.node_name!r} of cluster {config.cluster_name!r}, but "
+                f"this is {running.node_name!r} of {running.cluster_name!r}: restart the node "
+                "to change them"
+            )
+        transport = node.transport
+        if not isinstance(transport, TcpTransport):  # pragma: no cover - the command runs TCP
+            raise ConfigurationError("this node's transport has no TLS settings to reload")
+        transport.reload_tls(config.tls.identity(config.cluster_name))
+    except ConfigurationError as exc:
+        logger.error(
+            "%s: SIGHUP: kept the TLS settings it runs with; %s is refused: %s",
+            name,
+            config_file,
+            exc,
+        )
+        return False
+    logger.info("%s: SIGHUP: applied [tls] of %s", name, config_file)
+    if attrs.evolve(config, tls=running.tls) != running:
+        logger.warning(
+            "%s: SIGHUP: %s changes more than [tls]; the rest applies at the next start",
+            name,
+            config_file,
+        )
+    return True
+
+
+async def _serve_node(config: NodeConfig, config_file: Path) -> int:
+    """Run the node until a signal (then leave: 0) or the cluster removes it (EXIT_DOWNED).
+
+    SIGHUP applies the file's ``[tls]`` table again (see :func:`_reload_tls`).
+    """
     from ._node import open_node
 
     name = config.node_name
+    running_node: list[Node] = []
     # The receiver stays open until the node is gone, so that a second Ctrl-C during the leave
     # is taken here too, not raised as KeyboardInterrupt once the block is left.
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals, single_error():
+    signals_taken = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    with trio.open_signal_receiver(*signals_taken) as signals, single_error():
         async with trio.open_nursery() as watcher:
             running = trio.CancelScope()
 
             async def stop_on_signal() -> None:
                 async for signum in signals:
                     what = signal.Signals(signum).name
-                    if running.cancel_called:
+                    if signum == signal.SIGHUP:
+                        if running_node:
+                            _reload_tls(running_node[0], config, config_file)
+                        else:
+                            logger.info("%s: SIGHUP while starting; ignored", name)
+                    elif running.cancel_called:
                         logger.info("%s: %s received; already leaving", name, what)
                     else:
                         logger.info("%s: %s received, leaving the cluster", name, what)
@@ -453,7 +658,12 @@ async def _serve_node(config: NodeConfig) -> int:
 
             watcher.start_soon(stop_on_signal)
             async with open_node(config) as node:
-                logger.info("%s: running as %s; Ctrl-C or SIGTERM stops it", name, node.address)
+                running_node.append(node)
+                logger.info(
+                    "%s: running as %s; Ctrl-C or SIGTERM stops it, SIGHUP reloads [tls]",
+                    name,
+                    node.address,
+                )
                 with running:
                     await node.terminated.wait()  # downed or removed: nothing left to run
                 removed = not running.cancel_called
@@ -487,20 +697,26 @@ def _check_timeout(option: str, value: float) -> None:
         raise ConfigurationError(f"{option} {value!r} is invalid: must be seconds from 0 to 3600")
 
 
-def _status(args: argparse.Namespace) -> int:
-    from ._status import open_client, probe_nodes, reply_json, reply_text
-
+def _address(option: str, value: str) -> Address:
     try:
-        target = Address.parse(args.node)
-        if target.port == 0:
+        address = Address.parse(value)
+        if address.port == 0:
             raise ConfigurationError("port 0")
     except ConfigurationError:
         raise ConfigurationError(
-            f"--node {args.node!r} is invalid: expected HOST:PORT with a port from 1 to 65535, "
+            f"{option} {value!r} is invalid: expected HOST:PORT with a port from 1 to 65535, "
             "e.g. 127.0.0.1:25520"
         ) from None
+    return address
+
+
+def _status(args: argparse.Namespace) -> int:
+    from ._status import open_client, probe_nodes, reply_json, reply_text
+
+    target = _address("--node", args.node)
     _check_timeout("--timeout", args.timeout)
-    config = NodeConfig.load(args.config)
+    config = ClientConfig.load(args.config)
+    config.identity()  # a certificate that is unreadable or for another cluster: exit 2
     _quiet_logging()
 
     async def ask() -> Probe:
@@ -524,7 +740,8 @@ def _status(args: argparse.Namespace) -> int:
             "linked to it, but it did not answer (is it a node of cluster "
             f"{config.cluster_name!r} with the status service?)"
             if probe.linked
-            else f"cannot link to it (is a node of cluster {config.cluster_name!r} running there?)"
+            else "cannot link to it (is a node of cluster "
+            f"{config.cluster_name!r} running there, and does it trust this certificate?)"
         )
         _error("status", f"no answer from {target} within {args.timeout:g} s: {why}")
         return 1
@@ -532,6 +749,49 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps(reply_json(reply), indent=2))
     else:
         print(reply_text(reply))
+    return 0
+
+
+def _member_command(args: argparse.Namespace) -> int:
+    from ._status import command_member, open_client
+
+    command: str = args.command
+    address = _address("ADDRESS", args.address)
+    target = address if args.node is None else _address("--node", args.node)
+    _check_timeout("--timeout", args.timeout)
+    config = ClientConfig.load(args.config)
+    config.identity()  # a certificate that is unreadable or for another cluster: exit 2
+    _quiet_logging()
+
+    async def ask() -> CommandAnswer:
+        async with open_client(config, bind_host=args.bind) as transport:
+            return await command_member(transport, target, command, address, timeout=args.timeout)
+
+    try:
+        answer = trio.run(ask)
+    except OSError as exc:
+        _error(command, f"cannot listen for the answer: {exc}")
+        return 1
+    reply = answer.reply
+    if reply is None:
+        why = (
+            "linked to it, but it did not answer (is it a node of cluster "
+            f"{config.cluster_name!r}?)"
+            if answer.linked
+            else "cannot link to it (is a node of cluster "
+            f"{config.cluster_name!r} running there, and does it trust this certificate?)"
+        )
+        hint = (
+            "; to down a member that is gone, ask another one with --node HOST:PORT"
+            if command == "down" and args.node is None
+            else ""
+        )
+        _error(command, f"no answer from {target} within {args.timeout:g} s: {why}{hint}")
+        return 1
+    if not reply.ok:
+        _error(command, f"{target} answered: {reply.text}")
+        return 1
+    print(reply.text)
     return 0
 
 
@@ -578,7 +838,18 @@ def _remove_sharding_data(args: argparse.Namespace) -> int:
     if not path.exists():
         print(f"nothing to remove: there is no durable store at {path}")
         return 0
-    answered = _running_nodes(config, args.probe_timeout)
+    client = (
+        ClientConfig.of_node(config)
+        if args.client_config is None
+        else ClientConfig.load(args.client_config)
+    )
+    if client.cluster_name != config.cluster_name:
+        raise ConfigurationError(
+            f"--client-config {args.client_config} is for cluster {client.cluster_name!r}, "
+            f"but the node's is {config.cluster_name!r}"
+        )
+    client.identity()  # a certificate that is unreadable or for another cluster: exit 2
+    answered = _running_nodes(config, client, args.probe_timeout)
     if answered:
         raise ConfigurationError(
             f"refusing to remove sharding data: {answered} answered, so cluster "
@@ -611,8 +882,8 @@ def _remove_sharding_data(args: argparse.Namespace) -> int:
     return 0
 
 
-def _running_nodes(config: NodeConfig, timeout: float) -> str:
-    """Who of the seed nodes and the node itself answers ('' if nobody).
+def _running_nodes(config: NodeConfig, client: ClientConfig, timeout: float) -> str:
+    """Who of the seed nodes and the node itself answers ('' if nobody), asked as ``client``.
 
     A node that accepts a link (a TLS handshake as a member of this cluster) but does not answer
     the status request counts as running too: an older version, or one too busy to answer.
@@ -629,7 +900,7 @@ def _running_nodes(config: NodeConfig, timeout: float) -> str:
         )
 
     async def ask() -> str:
-        async with open_client(config) as transport:
+        async with open_client(client) as transport:
             probes = await probe_nodes(
                 transport, targets, timeout=timeout, stats_timeout=0.05, first_answer=True
             )

@@ -36,11 +36,12 @@ import attrs
 from crdt import ReplicatorSettings
 
 # Imported at run time, not under TYPE_CHECKING: the loader resolves the field annotations.
-from membership import Address, ConfigurationError, TransportSettings
+from membership import Address, ConfigurationError, PeerIdentity, TransportSettings
 from membership._address import check_name
 from membership._cluster_core import ClusterSettings
 from membership._failure_detector import FailureDetectorSettings
 from membership._sbr import SplitBrainResolverSettings
+from membership._tls import DenyList, TlsIdentity, certificate_identity
 
 from ._journal import JournalSettings
 from ._lease import LeaseSettings
@@ -113,6 +114,22 @@ def _check_file(instance: object, attribute: attrs.Attribute[Any], value: object
         raise _invalid(instance, attribute, value, "must be a non-empty pathlib.Path to a file")
 
 
+def _check_files(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, tuple) or not all(isinstance(p, Path) and p != Path() for p in value):
+        raise _invalid(
+            instance, attribute, value, "must be a tuple of non-empty pathlib.Path to files"
+        )
+
+
+def _check_deny(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, tuple):
+        raise _invalid(instance, attribute, value, "must be a tuple of deny entries (strings)")
+    try:
+        DenyList.parse(value)
+    except ConfigurationError as exc:
+        raise _invalid(instance, attribute, value, str(exc)) from None
+
+
 def _check_log_level(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value not in LOG_LEVELS:
         raise _invalid(instance, attribute, value, f"must be one of {', '.join(LOG_LEVELS)}")
@@ -136,20 +153,52 @@ def _instance_of(cls: type) -> _Validator:
 
 @attrs.frozen(kw_only=True)
 class TlsFiles:
-    """The PEM files for mutual TLS between nodes; ``p2pshard`` CLI commands generate them.
+    """The PEM files for mutual TLS between nodes, and the certificates to refuse.
 
-    Whether the files exist is not checked here: the transport reports a missing or unreadable
-    file, with its path, when it starts.
+    ``p2pshard certs`` makes the files (see ``docs/security.md``). Whether they exist is not
+    checked here: the transport reports a missing or unreadable file, with its path, when it
+    starts. A running ``p2pshard node`` reads this table again on SIGHUP: new CAs, a renewed
+    certificate and a new deny list apply at once, and open links they refuse are closed.
     """
 
     ca_file: Path = attrs.field(validator=_check_file)
-    """The cluster's CA certificate (required): peers must present a certificate signed by it."""
+    """The cluster's CA certificate (required): peers must present a certificate signed by it.
+    The file may hold several CA certificates (a bundle); any of them will do."""
 
     cert_file: Path = attrs.field(validator=_check_file)
     """This node's certificate (required), with the SAN URI ``p2pshard://<cluster>/<node>``."""
 
     key_file: Path = attrs.field(validator=_check_file)
     """The private key of ``cert_file`` (required)."""
+
+    ca_files: tuple[Path, ...] = attrs.field(default=(), validator=_check_files)
+    """More CA certificates to trust besides ``ca_file`` (default none): while a cluster moves
+    to a new CA, every node trusts both."""
+
+    deny: tuple[str, ...] = attrs.field(default=(), validator=_check_deny)
+    """Certificates to refuse although a trusted CA signed them (default none): ``serial:<hex>``
+    names one certificate by the serial ``p2pshard certs sign`` printed, ``node:<name>``,
+    ``client:<name>`` or ``admin:<name>`` every certificate of that identity. Checked after every
+    handshake, both ways."""
+
+    def identity(self, cluster: str) -> TlsIdentity:
+        """These files and the deny list as the transport takes them, for ``cluster``.
+
+        Example:
+            >>> files = TlsFiles(
+            ...     ca_file=Path("ca.pem"), cert_file=Path("n.pem"), key_file=Path("n.key")
+            ... )
+            >>> files.identity("shop").cluster
+            'shop'
+        """
+        return TlsIdentity(
+            cluster,
+            self.ca_file,
+            self.cert_file,
+            self.key_file,
+            ca_files=self.ca_files,
+            deny=DenyList.parse(self.deny),
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -392,20 +441,8 @@ class NodeConfig:
 
             config = NodeConfig.load("node.toml", environ={"P2PSHARD_BIND_PORT": "2552"})
         """
-        file = Path(path).absolute()
-        try:
-            with file.open("rb") as f:
-                document = tomllib.load(f)
-        except OSError as e:
-            raise ConfigurationError(
-                f"cannot read configuration file {file}: {e.strerror or e}"
-            ) from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-            raise ConfigurationError(f"configuration file {file} is not valid TOML: {e}") from None
-        values: dict[str, _Value] = {}
-        _read_table(cls, document, "", file, values)
-        _read_environ(cls, os.environ if environ is None else environ, file, values)
-        return _build(cls, "", values, file)
+        file, document = _read_document(path)
+        return _load(cls, document, file, os.environ if environ is None else environ)
 
     def to_toml(self) -> str:
         """This configuration as a TOML file that :meth:`load` reads back to an equal one.
@@ -419,7 +456,134 @@ class NodeConfig:
         return "\n".join(lines) + "\n"
 
 
+@attrs.frozen(kw_only=True)
+class ClientConfig:
+    """How a command reaches a running cluster: ``p2pshard status``, ``leave`` and ``down``.
+
+    A client presents its own certificate, a ``client`` one to read the cluster's state or an
+    ``admin`` one to also make members leave or go down (``p2pshard certs client|admin`` or
+    ``request``/``sign``); its name and kind are read from the certificate, never configured.
+    It listens on a free port of ``bind_host``, because the answer comes back over a link the
+    node opens to it. The file, ``client.toml``::
+
+        cluster_name = "shop"
+        bind_host = "10.0.0.9"          # where this host is reachable from the nodes
+        # canonical_host = "ops.shop.internal"   # what nodes dial, when not bind_host
+
+        [tls]
+        ca_file = "certs/ops/ca.pem"
+        cert_file = "certs/ops/client.pem"
+        key_file = "certs/ops/client-key.pem"
+
+    The layout is that of :class:`NodeConfig` (``[transport]`` too); ``P2PSHARD_*`` environment
+    variables, which are meant for nodes, do not apply. :meth:`load` also reads a node's file,
+    and a command then presents that node's certificate.
+
+    Example:
+        >>> client = ClientConfig(
+        ...     cluster_name="shop",
+        ...     tls=TlsFiles(
+        ...         ca_file=Path("ca.pem"), cert_file=Path("ops.pem"), key_file=Path("ops.key")
+        ...     ),
+        ... )
+        >>> client.bind_host
+        '127.0.0.1'
+    """
+
+    cluster_name: str = attrs.field(validator=_check_name)
+    """The cluster's name (required)."""
+
+    tls: TlsFiles = attrs.field(validator=_instance_of(TlsFiles))
+    """The CA, this client's certificate and its key (required; ``[tls]`` in a file)."""
+
+    bind_host: str = attrs.field(default="127.0.0.1", validator=_check_host)
+    """The interface to listen on for answers (default ``"127.0.0.1"``)."""
+
+    canonical_host: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_check_host)
+    )
+    """The host nodes dial to answer, when it differs from ``bind_host`` (default None)."""
+
+    transport: TransportSettings = attrs.field(
+        factory=TransportSettings, validator=_instance_of(TransportSettings)
+    )
+    """How links behave (default ``TransportSettings()``); ``max_frame_size`` must let the
+    cluster's answers through."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.canonical_host is None and self.bind_host in _WILDCARD_HOSTS:
+            raise ConfigurationError(
+                f"{type(self).__name__}.canonical_host = None is invalid: it is required when "
+                f"bind_host is the wildcard {self.bind_host!r}, which nodes cannot dial"
+            )
+
+    @classmethod
+    def of_node(cls, config: NodeConfig) -> Self:
+        """The client side of a node's configuration: its cluster, TLS files and host."""
+        return cls(
+            cluster_name=config.cluster_name,
+            tls=config.tls,
+            bind_host=config.bind_host,
+            canonical_host=config.canonical_host,
+            transport=config.transport,
+        )
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None
+    ) -> Self:
+        """Read a client's TOML file, or a node's (one with ``node_name``), and validate.
+
+        ``environ`` (default ``os.environ``) applies to a node's file only, as
+        :meth:`NodeConfig.load` applies it.
+
+        Raises:
+            membership.ConfigurationError: as :meth:`NodeConfig.load`.
+        """
+        file, document = _read_document(path)
+        if "node_name" in document:
+            node = _load(NodeConfig, document, file, os.environ if environ is None else environ)
+            return cls.of_node(node)
+        return _load(cls, document, file, {})
+
+    def tls_identity(self) -> TlsIdentity:
+        """The TLS identity this client presents."""
+        return self.tls.identity(self.cluster_name)
+
+    def identity(self) -> PeerIdentity:
+        """The kind and name this client's certificate names in its cluster.
+
+        Raises:
+            membership.ConfigurationError: the certificate cannot be read or is for another
+                cluster.
+        """
+        return certificate_identity(self.tls.cert_file, self.cluster_name)
+
+
 # --- the loader ----------------------------------------------------------------------------------
+
+
+def _read_document(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
+    """The absolute path of a TOML file and its contents."""
+    file = Path(path).absolute()
+    try:
+        with file.open("rb") as f:
+            return file, tomllib.load(f)
+    except OSError as e:
+        raise ConfigurationError(
+            f"cannot read configuration file {file}: {e.strerror or e}"
+        ) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigurationError(f"configuration file {file} is not valid TOML: {e}") from None
+
+
+def _load(
+    cls: type[_T], document: Mapping[str, object], file: Path, environ: Mapping[str, str]
+) -> _T:
+    values: dict[str, _Value] = {}
+    _read_table(cls, document, "", file, values)
+    _read_environ(cls, environ, file, values)
+    return _build(cls, "", values, file)
 
 
 @attrs.frozen

@@ -44,7 +44,7 @@ from ._journal import Journal, JournalSettings, open_journal
 from ._lease import TRIO_CLOCK, LeaseBackend, LeaseClock, Leases, LeaseSettings
 from ._lease_sqlite import SqliteLeaseBackend
 from ._sharding import Sharding
-from ._status import StatusService
+from ._status import MemberCommandService, StatusService
 
 logger = logging.getLogger("p2pshard.node")
 
@@ -68,6 +68,7 @@ class Node:
     _replicators: dict[str, Replicator] = attrs.Factory(dict)
     _sharding: Sharding | None = None
     _status: StatusService | None = None
+    _member_commands: MemberCommandService | None = None
     _leases: Leases | None = None
     _journal: Journal | None = None
     _nursery: trio.Nursery | None = None
@@ -212,6 +213,7 @@ class Node:
             or self.singletons.handle(envelope)
             or self._to_replicator(envelope)
             or (self._status is not None and self._status.handle(envelope))
+            or (self._member_commands is not None and self._member_commands.handle(envelope))
         ):
             logger.debug(
                 "%s: no service handles %s from %s",
@@ -225,7 +227,8 @@ class Node:
 
         Anybody else with a certificate of the cluster may only ask to join (membership checks
         that a node speaks only for itself), read status, or, with an admin certificate, make a
-        member leave or go down; what else it sends is refused, counted and logged.
+        member leave or go down (``MemberCommand``); what else it sends is refused, counted and
+        logged.
         """
         sender = envelope.sender
         if sender is self._transport.local_address or self._cluster.is_member_link(envelope):
@@ -234,6 +237,7 @@ class Node:
         if not (
             self._cluster.handle(envelope)
             or (self._status is not None and self._status.handle(envelope))
+            or (self._member_commands is not None and self._member_commands.handle(envelope))
         ):
             self._cluster.refuse(
                 member_traffic_refusal(envelope.message, sender, envelope.identity)
@@ -280,9 +284,7 @@ def _check_role(cluster: Cluster, settings: ReplicatorSettings) -> None:
 
 
 def _tls_identity(config: NodeConfig) -> TlsIdentity:
-    return TlsIdentity(
-        config.cluster_name, config.tls.ca_file, config.tls.cert_file, config.tls.key_file
-    )
+    return config.tls.identity(config.cluster_name)
 
 
 @asynccontextmanager
@@ -546,6 +548,7 @@ async def _run(
                             leases,
                         )
                         node._status = StatusService(transport, cluster, node._sharding, nursery)
+                        node._member_commands = MemberCommandService(transport, cluster, nursery)
                         try:
                             yield node
                         except Exception:

@@ -1,4 +1,4 @@
-"""``p2pshard status``: what a running node knows of its cluster and its entity types.
+"""``p2pshard status``, ``leave`` and ``down``: a running node's view, and admin commands.
 
 Theory of operation. A :class:`StatusRequest` reaches a node like any other message; the node's
 :class:`StatusService` (hooked into ``Node._dispatch``) answers the sender with a
@@ -9,11 +9,18 @@ entity count, and the regions that did not answer in time). Gathering the cluste
 other nodes, so each request is answered from a task in the node's nursery, not from the link
 task that delivered it; a few requests at most are answered at once and the rest are dropped.
 
-The asking side (:func:`probe_nodes`) is a client transport: a TCP transport with the mutual TLS
-identity of a node's configuration (the CA, certificate and key it names, so it presents that
-node's name: the certificate decides the name a peer accepts), listening on a free port because
-the answer comes back over a link the node opens to it. ``p2pshard remove-sharding-data`` uses
-the same probe to make sure no node of the cluster is running before it touches a store.
+A :class:`MemberCommand` asks a node to make a member leave or go down (``p2pshard leave|down``).
+The node's :class:`MemberCommandService` carries it out only when the link it came over has an
+``admin`` certificate (``Envelope.identity``, which the TLS handshake verified; nothing in the
+message itself can claim it) and answers a :class:`MemberCommandReply` either way, saying what it
+did or why it refused. A ``client`` or ``node`` certificate may read the status and nothing else.
+
+The asking side (:func:`open_client`, :func:`probe_nodes`, :func:`command_member`) is a client
+transport: a TCP transport with the mutual TLS identity of a :class:`ClientConfig` (a client's
+or an admin's certificate, or a node's when the configuration is a node's), whose name and kind
+are read from the certificate, listening on a free port because the answer comes back over a
+link the node opens to it. ``p2pshard remove-sharding-data`` uses the same probe to make sure no
+node of the cluster is running before it touches a store.
 
 Once the answer to a client that is not a member has left, the node forgets the client's
 address (``Transport.forget``), so it does not keep reconnecting to a port that is gone.
@@ -36,7 +43,10 @@ from membership import (
     Address,
     ConfigurationError,
     Envelope,
+    IdentityKind,
+    MemberStatus,
     MessageTooLarge,
+    PeerIdentity,
     SendQueueFull,
     SerializationError,
     Transport,
@@ -47,9 +57,9 @@ from membership import (
 from membership._cluster import Cluster
 from membership._member import NOT_UP, Member
 from membership._tcp import TcpTransport, open_tcp_transport
-from membership._tls import TlsIdentity
+from membership._tls import TlsIdentity, identity_text
 
-from ._config import NodeConfig
+from ._config import ClientConfig, NodeConfig
 from ._region import RegionStatistics
 from ._sharding import Sharding
 
@@ -93,6 +103,12 @@ def _check_seconds(instance: object, attribute: attrs.Attribute[Any], value: obj
 
 
 _optional_node = attrs.validators.optional(_of(UniqueAddress))
+
+MEMBER_ACTIONS = ("leave", "down")
+"""What a :class:`MemberCommand` may ask for."""
+
+_LEAVABLE = frozenset({MemberStatus.JOINING, MemberStatus.WEAKLY_UP, MemberStatus.UP})
+_LEAVING = frozenset({MemberStatus.LEAVING, MemberStatus.EXITING})
 
 
 @message(name="p2pshard.status.Request")
@@ -156,6 +172,29 @@ class StatusReply:
     leader: UniqueAddress | None = attrs.field(validator=_optional_node)
     oldest: UniqueAddress | None = attrs.field(validator=_optional_node)
     entity_types: tuple[EntityTypeStatus, ...] = attrs.field(validator=_tuple_of(EntityTypeStatus))
+
+
+@message(name="p2pshard.status.MemberCommand")
+@attrs.frozen(kw_only=True)
+class MemberCommand:
+    """Asks a node to make the member at ``address`` leave (gracefully) or go down.
+
+    Carried out only if the link it comes over has an ``admin`` certificate.
+    """
+
+    request_id: int = attrs.field(validator=_check_request_id)
+    action: str = attrs.field(validator=attrs.validators.in_(MEMBER_ACTIONS))
+    address: Address = attrs.field(validator=_of(Address))
+
+
+@message(name="p2pshard.status.MemberCommandReply")
+@attrs.frozen(kw_only=True)
+class MemberCommandReply:
+    """A node's answer to :class:`MemberCommand`: whether it did it, and what it did or why not."""
+
+    request_id: int = attrs.field(validator=_check_request_id)
+    ok: bool = attrs.field(validator=_of(bool))
+    text: str = attrs.field(validator=_of(str))
 
 
 # --- the node side -------------------------------------------------------------------------------
@@ -259,6 +298,104 @@ class StatusService:
         )
 
 
+class MemberCommandService:
+    """Carries out :class:`MemberCommand` for admins. ``Node._dispatch`` passes it every message."""
+
+    def __init__(self, transport: Transport, cluster: Cluster, nursery: trio.Nursery) -> None:
+        self._transport = transport
+        self._cluster = cluster
+        self._nursery = nursery
+
+    def handle(self, envelope: Envelope) -> bool:
+        """Take a member command (answered at once); False if it is not one."""
+        command = envelope.message
+        if type(command) is not MemberCommand:
+            return False
+        ok, text = self.apply(command, envelope.identity)
+        # A refusal by kind is worth a warning: someone without the right certificate tried.
+        refused_kind = envelope.identity.kind is not IdentityKind.ADMIN
+        log = logger.warning if refused_kind else logger.info
+        log(
+            "%s: %s %s from %s (%s): %s",
+            self._transport.local_address,
+            command.action,
+            command.address,
+            identity_text(envelope.identity),
+            envelope.sender,
+            text,
+        )
+        reply = MemberCommandReply(request_id=command.request_id, ok=ok, text=text)
+        asker = envelope.sender
+        try:
+            # Queued now, before this node could stop (asked to leave or go down itself): the
+            # transport flushes what is queued when it closes.
+            self._transport.send_nowait(asker, reply)
+        except (SendQueueFull, TransportClosed, SerializationError) as exc:
+            logger.warning(
+                "%s: cannot answer the member command of %s: %s",
+                self._transport.local_address,
+                asker,
+                exc,
+            )
+        if _member_at(self._cluster, asker.address) is None:
+            with contextlib.suppress(RuntimeError):  # the nursery is closing: the node stops
+                self._nursery.start_soon(self._forget, asker.address)
+        return True
+
+    def apply(self, command: MemberCommand, identity: PeerIdentity) -> tuple[bool, str]:
+        """Carry out ``command`` if ``identity`` may ask for it; whether it was, and a text.
+
+        Only an ``admin`` identity may make members leave or go down.
+        """
+        if identity.kind is not IdentityKind.ADMIN:
+            return False, (
+                f"refused: leave/down needs an admin certificate; {identity.name!r} is a "
+                f"{identity.kind.value}"
+            )
+        cluster = self._cluster
+        if cluster.statistics().phase != "member":
+            return False, (
+                f"{cluster.self_address} is not a member of the cluster now; ask a member"
+            )
+        member = _member_at(cluster, command.address)
+        if member is None:
+            known = ", ".join(f"{m.node.name} at {m.node.address}" for m in cluster.members)
+            return False, f"no member at {command.address} (members: {known or 'none'})"
+        status = member.status
+        node = member.node
+        if command.action == "leave":
+            if status in _LEAVING:
+                return True, f"{node} is leaving already ({status.name})"
+            if status not in _LEAVABLE:
+                return False, f"{node} is {status.name}: it cannot leave any more"
+            cluster.leave(node.address)
+            done = MemberStatus.LEAVING
+            what = "it hands its shards and singletons over, then is removed"
+        else:
+            if status is MemberStatus.DOWN:
+                return True, f"{node} is Down already"
+            cluster.down(node)
+            done = MemberStatus.DOWN
+            what = "it is removed once the others no longer reach it; if it runs, it stops"
+        after = _member_at(cluster, command.address)
+        if after is None or after.status is not done:
+            now = "removed" if after is None else after.status.name
+            return False, f"{node} could not be marked {done.name} (it is {now})"
+        return True, f"{node} marked {done.name}: {what}"
+
+    async def _forget(self, client: Address) -> None:
+        """A command-line client: once it has the answer, stop linking to its port."""
+        with contextlib.suppress(TransportClosed):
+            await self._transport.forget(client, flush_timeout=FORGET_AFTER)
+
+
+def _member_at(cluster: Cluster, address: Address) -> Member | None:
+    for member in cluster.members:
+        if member.node.address == address:
+            return member
+    return None
+
+
 def _member_infos(members: Iterable[Member]) -> tuple[MemberInfo, ...]:
     members = list(members)
     by_age = sorted((m for m in members if m.up_number != NOT_UP), key=Member.age_key)
@@ -296,37 +433,46 @@ class Probe:
     linked: bool
 
 
-def client_identity(config: NodeConfig) -> TlsIdentity:
-    """The TLS identity of ``config``'s node, which a command presents to the cluster."""
-    return TlsIdentity(
-        config.cluster_name, config.tls.ca_file, config.tls.cert_file, config.tls.key_file
-    )
+def client_identity(config: NodeConfig | ClientConfig) -> TlsIdentity:
+    """The TLS identity in ``config``, which a command presents to the cluster."""
+    return config.tls.identity(config.cluster_name)
 
 
 @asynccontextmanager
 async def open_client(
-    config: NodeConfig, *, bind_host: str | None = None
+    config: ClientConfig | NodeConfig, *, bind_host: str | None = None
 ) -> AsyncIterator[TcpTransport]:
-    """A transport with ``config``'s identity, listening on a free port for answers.
+    """A transport with ``config``'s certificate, listening on a free port for answers.
 
-    It binds ``bind_host`` (default: the config's ``bind_host``) and advertises the config's
-    canonical host, where the nodes can reach the host this runs on.
+    Its name and kind (node, client or admin) are those its certificate names. It binds
+    ``bind_host`` (default: the config's ``bind_host``) and advertises the config's canonical
+    host, where the nodes can reach the host this runs on.
+
+    Example:
+        >>> async def members(config: ClientConfig, node: Address) -> None:
+        ...     async with open_client(config) as transport:
+        ...         (probe,) = await probe_nodes(transport, [node], timeout=5, stats_timeout=2)
+        ...         print(probe.reply)
 
     Raises:
-        ConfigurationError: unreadable certificate files.
+        ConfigurationError: unreadable certificate files, or a certificate for another cluster.
         OSError: the host cannot be bound.
     """
+    if isinstance(config, NodeConfig):
+        config = ClientConfig.of_node(config)
+    identity = config.identity()
     host = bind_host or config.bind_host
     advertised = config.canonical_host if bind_host is None and config.canonical_host else host
     settings = attrs.evolve(
         config.transport, shutdown_flush_timeout=min(config.transport.shutdown_flush_timeout, 0.5)
     )
     async with open_tcp_transport(
-        client_identity(config),
-        config.node_name,
+        config.tls_identity(),
+        identity.name,
         Address(host, 0),
         canonical=Address(advertised, 0),
         settings=settings,
+        kind=identity.kind,
     ) as transport:
         yield transport
 
@@ -363,6 +509,46 @@ async def probe_nodes(
         linked = peer is not None and (peer.connected or peer.connects > 0)
         probes.append(Probe(target, replies.get(target), linked))
     return probes
+
+
+@attrs.frozen
+class CommandAnswer:
+    """What came back from the node asked to carry out a member command."""
+
+    target: Address
+    reply: MemberCommandReply | None
+    linked: bool
+
+
+async def command_member(
+    transport: Transport,
+    target: Address,
+    action: str,
+    address: Address,
+    *,
+    timeout: float,  # noqa: ASYNC109 - the whole exchange
+) -> CommandAnswer:
+    """Ask the node at ``target`` to make the member at ``address`` leave or go down.
+
+    Waits up to ``timeout`` for the answer; the node decides by the certificate of ``transport``.
+
+    Example:
+        >>> async def leave(transport: Transport, node: Address) -> None:
+        ...     answer = await command_member(transport, node, "leave", node, timeout=5)
+        ...     print(answer.reply.text if answer.reply else "no answer")
+    """
+    request_id = secrets.randbits(62) + 1
+    command = MemberCommand(request_id=request_id, action=action, address=address)
+    reply = None
+    with trio.move_on_after(timeout):
+        await transport.send(target, command)
+        while reply is None:
+            message = (await transport.receive()).message
+            if isinstance(message, MemberCommandReply) and message.request_id == request_id:
+                reply = message
+    peer = transport.statistics().peer(target)
+    linked = peer is not None and (peer.connected or peer.connects > 0)
+    return CommandAnswer(target, reply, linked)
 
 
 # --- rendering -----------------------------------------------------------------------------------

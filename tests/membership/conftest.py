@@ -19,7 +19,7 @@ from membership import (
     TransportSettings,
     message,
 )
-from membership._certs import create_certificate, create_cluster_ca
+from membership._certs import create_certificate, create_cluster_ca, identity_file_names
 from membership._tcp import open_tcp_transport
 from membership._tls import TlsIdentity
 
@@ -46,13 +46,12 @@ class CertSet:
         self, node: str, *, cluster: str | None = None, kind: IdentityKind = IdentityKind.NODE
     ) -> TlsIdentity:
         """Credentials for ``node`` (of identity ``kind``); made on first use, signed by this CA."""
-        files = self.root / f"{cluster or self.cluster}-{kind.value}-{node}"
-        if not (files / "node.pem").exists():
+        out = self.root / f"{cluster or self.cluster}-{kind.value}-{node}"
+        cert_name, key_name = identity_file_names(kind)
+        if not (out / cert_name).exists():
             identity = PeerIdentity(kind, node)
-            create_certificate(identity, self.root / "ca", files, cluster=cluster)
-        return TlsIdentity(
-            self.cluster, files / "ca.pem", files / "node.pem", files / "node-key.pem"
-        )
+            create_certificate(identity, self.root / "ca", out, cluster=cluster)
+        return TlsIdentity(self.cluster, out / "ca.pem", out / cert_name, out / key_name)
 
 
 @pytest.fixture(scope="session")

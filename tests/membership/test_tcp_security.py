@@ -6,20 +6,25 @@ Raw TLS clients here play the hostile or broken peer; the node under test is a r
 
 from __future__ import annotations
 
+import re
 import ssl
 import struct
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 
 import attrs
 import msgpack
 import pytest
 import trio
+import trio.testing
+from cryptography import x509
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from membership import (
     Address,
+    ConfigurationError,
     IdentityKind,
     PeerIdentity,
     Transport,
@@ -29,8 +34,8 @@ from membership import (
     message,
 )
 from membership._framing import FrameDecoder, encode_frame
-from membership._tcp import Hello, HelloAck, open_tcp_transport
-from membership._tls import TlsIdentity
+from membership._tcp import Hello, HelloAck, TcpTransport, open_tcp_transport
+from membership._tls import DenyList, TlsIdentity
 
 from .conftest import CLUSTER, CertSet, Seq
 
@@ -486,3 +491,197 @@ async def test_an_error_in_the_block_comes_out_as_itself(certs: CertSet) -> None
     with pytest.raises(ZeroDivisionError):
         async with node(certs, "server"):
             1 / 0  # noqa: B018
+
+
+# --- deny lists, reloaded TLS settings and CA rotation ------------------------------------------
+
+
+def denying(identity: TlsIdentity, *entries: str) -> TlsIdentity:
+    return attrs.evolve(identity, deny=DenyList.parse(entries))
+
+
+def serial_of(identity: TlsIdentity) -> int:
+    return x509.load_pem_x509_certificate(identity.cert_file.read_bytes()).serial_number
+
+
+async def exchange(sender: Transport, receiver: Transport, n: int) -> None:
+    """``sender`` sends Seq(n); ``receiver`` gets it (its inbox holds nothing else)."""
+    await sender.send(receiver.local_address.address, Seq(n))
+    with trio.fail_after(10):
+        envelope = await receiver.receive()
+    assert (envelope.message, envelope.sender) == (Seq(n), sender.local_address)
+
+
+def failures_to(transport: Transport, other: Transport) -> int:
+    peer = transport.statistics().peer(other.local_address.address)
+    return 0 if peer is None else peer.connect_failures
+
+
+@pytest.mark.parametrize("by", ["identity", "serial"])
+async def test_a_denied_peer_is_refused_when_it_connects(certs: CertSet, by: str) -> None:
+    mallory_id = certs.identity("mallory")
+    entry = "node:mallory" if by == "identity" else f"serial:{serial_of(mallory_id):x}"
+    server_id = denying(certs.identity("server"), entry)
+    async with (
+        open_tcp_transport(server_id, "server", LOCAL) as server,
+        open_tcp_transport(mallory_id, "mallory", LOCAL) as mallory,
+        node(certs, "good") as good,
+    ):
+        await mallory.send(server.local_address.address, Seq(0))
+        await wait_until(lambda: failures_to(mallory, server) >= 1)
+        assert server.statistics().handshakes_refused >= 1
+        assert server.statistics().messages_received == 0
+        await assert_serves(server, good)
+
+
+async def test_a_node_does_not_link_to_a_denied_peer_either(certs: CertSet) -> None:
+    server_id = denying(certs.identity("server"), "node:target")
+    async with (
+        open_tcp_transport(server_id, "server", LOCAL) as server,
+        node(certs, "target") as target,
+    ):
+        await server.send(target.local_address.address, Seq(0))
+        await wait_until(lambda: failures_to(server, target) >= 1)
+        # Refused by the side that connected, after the TLS handshake: counted as refused.
+        assert server.statistics().handshakes_refused >= 1
+        assert server.connected_peers() == []
+        assert target.statistics().messages_received == 0
+
+
+async def test_reload_closes_the_open_links_of_a_newly_denied_peer_both_ways(
+    certs: CertSet,
+) -> None:
+    server_id = certs.identity("server")
+    async with (
+        open_tcp_transport(server_id, "server", LOCAL) as server,
+        node(certs, "peer") as peer,
+        node(certs, "good") as good,
+    ):
+        for n, other in enumerate((peer, good)):
+            await exchange(other, server, n)
+            await exchange(server, other, n)
+        assert server.statistics().inbound_links == 2
+        assert len(server.connected_peers()) == 2
+
+        assert server.reload_tls(denying(server_id, "node:peer")) == 2
+        await wait_until(lambda: server.statistics().inbound_links == 1)
+        await wait_until(lambda: server.connected_peers() == [good.local_address])
+        # Neither way comes back: the peer's new links are refused, and so are the server's.
+        await peer.send(server.local_address.address, Seq(10))
+        await server.send(peer.local_address.address, Seq(10))
+        await wait_until(lambda: failures_to(peer, server) >= 1 and failures_to(server, peer) >= 1)
+        assert server.statistics().messages_received == 2
+        assert peer.statistics().messages_received == 1
+        # The other peer's links were left alone.
+        assert good.statistics().peers[0].connects == 1
+        await exchange(good, server, 20)
+        await exchange(server, good, 20)
+
+
+async def test_reload_judges_a_link_whose_set_up_began_before_it(certs: CertSet) -> None:
+    server_id = certs.identity("server")
+    async with open_tcp_transport(server_id, "server", LOCAL) as server:
+        address = server.local_address.address
+        stream = await tls_client(address, certs.identity("late"))
+        # The server has checked the certificate and now waits for the hello.
+        await trio.testing.wait_all_tasks_blocked()
+        server.reload_tls(denying(server_id, "node:late"))
+        hello = Hello(cluster=CLUSTER, sender=UniqueAddress(Address("127.0.0.1", 1), "late", 1))
+        await stream.send_all(
+            encode_frame(_wire.encode(hello)) + encode_frame(_wire.encode(Seq(0)))
+        )
+        # The hello was good when it came, so it got its answer; then the registration of the
+        # link found the new deny list, and the link ended.
+        decoder, frames = FrameDecoder(1 << 20), []
+        with trio.fail_after(10):
+            try:
+                while data := await stream.receive_some(1024):
+                    frames += decoder.feed(data)[0]
+            except trio.BrokenResourceError:
+                pass
+        await trio.aclose_forcefully(stream)
+        assert [type(_wire.decode(f).message) for f in frames] == [HelloAck]
+        await wait_until(lambda: server.statistics().handshakes_refused == 1)
+        assert server.statistics().messages_received == 0
+        assert server.statistics().inbound_links == 0
+
+
+async def test_a_bad_reload_is_refused_and_changes_nothing(certs: CertSet, tmp_path: Path) -> None:
+    server_id = denying(certs.identity("server"), "node:mallory")
+    missing = tmp_path / "missing.pem"
+    bad = [
+        (attrs.evolve(server_id, ca_files=(missing,), deny=DenyList()), "does not exist"),
+        (
+            attrs.evolve(certs.identity("someone-else"), deny=DenyList()),
+            "is for node:someone-else, but this node is node:server: restart it",
+        ),
+        (
+            attrs.evolve(certs.identity("server", kind=IdentityKind.ADMIN), deny=DenyList()),
+            "is for admin:server, but this node is node:server",
+        ),
+        (attrs.evolve(server_id, cluster="another"), "for cluster 'another', not"),
+    ]
+    async with (
+        open_tcp_transport(server_id, "server", LOCAL) as server,
+        node(certs, "good") as good,
+        node(certs, "mallory") as mallory,
+    ):
+        await exchange(good, server, 0)
+        await exchange(server, good, 0)
+        for identity, reason in bad:
+            with pytest.raises(ConfigurationError, match=re.escape(reason)):
+                server.reload_tls(identity)
+        # The old deny list still holds, and the good links are still up.
+        await mallory.send(server.local_address.address, Seq(0))
+        await wait_until(lambda: failures_to(mallory, server) >= 1)
+        await exchange(good, server, 1)
+        await exchange(server, good, 1)
+        assert good.statistics().peers[0].connects == 1
+        assert server.statistics().peers[0].connects == 1
+
+
+@pytest.mark.parametrize("form", ["bundle", "ca_files"])
+async def test_a_cluster_moves_to_a_new_ca_without_a_gap(
+    certs: CertSet, other_certs: CertSet, tmp_path: Path, form: str
+) -> None:
+    # certs is the old CA, other_certs the new one (same cluster name, another key).
+    old_ca, new_ca = certs.root / "ca" / "ca.pem", other_certs.root / "ca" / "ca.pem"
+
+    def trusting(identity: TlsIdentity, *cas: Path) -> TlsIdentity:
+        if form == "ca_files":
+            return attrs.evolve(identity, ca_file=cas[0], ca_files=cas[1:])
+        bundle = tmp_path / f"bundle-{len(cas)}.pem"
+        bundle.write_bytes(b"".join(ca.read_bytes() for ca in cas))
+        return attrs.evolve(identity, ca_file=bundle)
+
+    async with AsyncExitStack() as stack:
+
+        async def start(identity: TlsIdentity, name: str) -> TcpTransport:
+            return await stack.enter_async_context(open_tcp_transport(identity, name, LOCAL))
+
+        # During the change everyone trusts both CAs; "a" and "c" still have old certificates,
+        # "b" has a new one already. Every pair links, both ways.
+        a = await start(trusting(certs.identity("a"), old_ca, new_ca), "a")
+        b = await start(trusting(other_certs.identity("b"), old_ca, new_ca), "b")
+        c = await start(trusting(certs.identity("c"), old_ca, new_ca), "c")
+        for n, (x, y) in enumerate([(a, b), (b, a), (a, c), (c, a), (b, c), (c, b)]):
+            await exchange(x, y, n)
+
+        # "a" gets its new certificate and stops trusting the old CA: its links with "c",
+        # whose certificate only the old CA signed, close; those with "b" stay.
+        assert a.reload_tls(trusting(other_certs.identity("a"), new_ca)) == 2
+        await wait_until(lambda: a.connected_peers() == [b.local_address])
+        await wait_until(lambda: a.statistics().inbound_links == 1)
+        await exchange(a, b, 10)
+        await exchange(b, a, 11)
+        # New links with old certificates are refused, both ways.
+        refused = a.statistics().handshakes_refused
+        await c.send(a.local_address.address, Seq(12))
+        await a.send(c.local_address.address, Seq(12))
+        await wait_until(lambda: failures_to(a, c) >= 1 and failures_to(c, a) >= 1)
+        assert a.statistics().handshakes_refused > refused
+        # A node that trusts only the new CA links to "a", which now presents its new certificate.
+        d = await start(other_certs.identity("d"), "d")
+        await exchange(d, a, 13)
+        await exchange(a, d, 14)
+        assert c.statistics().messages_received == 2

@@ -1,4 +1,5 @@
-"""Node identity after the TLS handshake, TLS contexts, and the hello check that follows."""
+"""Node identity after the TLS handshake, TLS contexts, trusted CAs, deny lists, and the hello
+check that follows."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import Any
 
 import attrs
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from membership import (
     Address,
@@ -20,7 +23,15 @@ from membership import (
 )
 from membership._identity import identity_uri, parse_identity_uri
 from membership._tcp import Hello, HelloAck, check_hello
-from membership._tls import TlsIdentity, peer_identity, peer_node_name
+from membership._tls import (
+    DenyList,
+    TlsIdentity,
+    certificate_identity,
+    issued_by_any,
+    peer_identity,
+    peer_node_name,
+    peer_serial,
+)
 
 from .conftest import CLUSTER, CertSet
 
@@ -181,3 +192,138 @@ def test_check_hello_refuses_a_name_other_than_the_certificates() -> None:
         HandshakeError, match="names node 'node-a' but the certificate is for 'node-b'"
     ):
         check_hello(hello, cluster=CLUSTER, certificate_name="node-b")
+
+
+# --- several trusted CAs ---------------------------------------------------------------------
+
+
+def der(path: Path) -> bytes:
+    return x509.load_pem_x509_certificate(path.read_bytes()).public_bytes(
+        serialization.Encoding.DER
+    )
+
+
+def test_a_bundle_and_extra_ca_files_are_all_trusted(
+    certs: CertSet, other_certs: CertSet, tmp_path: Path
+) -> None:
+    old, new = certs.root / "ca" / "ca.pem", other_certs.root / "ca" / "ca.pem"
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_bytes(old.read_bytes() + new.read_bytes())
+    own = certs.identity("node-a")
+    for identity in (
+        attrs.evolve(own, ca_file=bundle),
+        attrs.evolve(own, ca_file=old, ca_files=(new,)),
+    ):
+        trusted = identity.trusted_certificates()
+        assert len(trusted) == 2
+        assert identity.server_context().cert_store_stats()["x509_ca"] == 2
+        # Both CAs are trusted; the old one alone trusts only its own certificates.
+        assert issued_by_any(der(certs.identity("node-b").cert_file), trusted)
+        assert issued_by_any(der(other_certs.identity("node-b").cert_file), trusted)
+    only_old = own.trusted_certificates()
+    assert len(only_old) == 1
+    assert not issued_by_any(der(other_certs.identity("node-b").cert_file), only_old)
+
+
+def test_ca_files_are_paths_and_each_must_exist(certs: CertSet, tmp_path: Path) -> None:
+    identity = attrs.evolve(certs.identity("node-a"), ca_files=[str(tmp_path / "missing.pem")])
+    assert identity.ca_files == (tmp_path / "missing.pem",)
+    assert identity.trust_files == (identity.ca_file, tmp_path / "missing.pem")
+    message = f"TLS CA file {str(tmp_path / 'missing.pem')!r} does not exist"
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        identity.client_context()
+    with pytest.raises(ConfigurationError, match="cannot read the CA file"):
+        identity.trusted_certificates()
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate")
+    with pytest.raises(
+        ConfigurationError, match=re.escape(f"cannot load the CA file {str(garbage)!r}")
+    ):
+        attrs.evolve(identity, ca_files=(garbage,)).trusted_certificates()
+
+
+# --- what a certificate file says of itself ---------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", list(IdentityKind))
+def test_certificate_identity_reads_the_kind_and_name_from_the_file(
+    certs: CertSet, kind: IdentityKind
+) -> None:
+    identity = certs.identity("ops", kind=kind)
+    assert certificate_identity(identity.cert_file, CLUSTER) == PeerIdentity(kind, "ops")
+    assert identity.certificate_identity() == PeerIdentity(kind, "ops")
+
+
+def test_certificate_identity_refuses_another_cluster_or_no_certificate(
+    certs: CertSet, tmp_path: Path
+) -> None:
+    other = certs.identity("n", cluster="other")
+    with pytest.raises(
+        ConfigurationError,
+        match=re.escape(
+            f"the certificate {str(other.cert_file)!r} is not usable: it is for "
+            f"p2pshard://other/n, not for cluster '{CLUSTER}'"
+        ),
+    ):
+        certificate_identity(other.cert_file, CLUSTER)
+    with pytest.raises(ConfigurationError, match="cannot read the certificate"):
+        certificate_identity(tmp_path / "missing.pem", CLUSTER)
+    (tmp_path / "x.pem").write_text("nope")
+    with pytest.raises(ConfigurationError, match="is not a PEM certificate"):
+        certificate_identity(tmp_path / "x.pem", CLUSTER)
+
+
+def test_peer_serial_reads_the_hex_serial() -> None:
+    assert peer_serial({"serialNumber": "0A1B"}) == 0x0A1B
+    for bad in (None, {}, {"serialNumber": "xyz"}):
+        with pytest.raises(HandshakeError, match="no readable serial number"):
+            peer_serial(bad)
+
+
+# --- deny lists --------------------------------------------------------------------------------
+
+ALICE = PeerIdentity(IdentityKind.ADMIN, "alice")
+NODE_7 = PeerIdentity(IdentityKind.NODE, "node-7")
+
+
+def test_a_deny_list_names_serials_and_identities() -> None:
+    deny = DenyList.parse(["serial:0A:1B:2c", "serial:ff", "admin:alice", "node:node-7"])
+    assert deny.serials == {0x0A1B2C, 0xFF}
+    assert deny.identities == {ALICE, NODE_7}
+    assert deny.entries() == ("serial:ff", "serial:a1b2c", "admin:alice", "node:node-7")
+    assert len(deny) == 4
+    assert DenyList.parse(deny.entries()) == deny
+
+
+def test_a_deny_list_refuses_by_serial_or_by_identity_and_says_which_entry() -> None:
+    deny = DenyList.parse(["serial:a1b2c", "admin:alice"])
+    assert deny.reason(ALICE, 5) == (
+        "admin:alice (certificate serial 5) is denied by the entry 'admin:alice'"
+    )
+    assert deny.reason(NODE_7, 0xA1B2C) == (
+        "node:node-7 (certificate serial a1b2c) is denied by the entry 'serial:a1b2c'"
+    )
+    assert deny.reason(NODE_7, 5) is None
+    # The kind is part of the identity: a client named alice is not the admin alice.
+    assert deny.reason(PeerIdentity(IdentityKind.CLIENT, "alice"), 5) is None
+    assert DenyList().reason(ALICE, 5) is None
+
+
+@pytest.mark.parametrize(
+    ("entry", "error"),
+    [
+        ("alice", "expected 'serial:<hex>' (a certificate's serial number) or '<kind>:<name>'"),
+        ("root:alice", "(kind node, client, admin)"),
+        ("serial:", "a serial is hexadecimal digits"),
+        ("serial:0x1f", "a serial is hexadecimal digits"),
+        ("serial:xyz", "a serial is hexadecimal digits"),
+        ("admin:", "admin name '' is invalid"),
+        ("node:bad name", "node name 'bad name' is invalid"),
+    ],
+)
+def test_a_bad_deny_entry_is_refused_naming_it(entry: str, error: str) -> None:
+    with pytest.raises(
+        ConfigurationError, match=re.escape(f"deny entry {entry!r} is invalid")
+    ) as info:
+        DenyList.parse(["admin:ok", entry])
+    assert error in str(info.value)

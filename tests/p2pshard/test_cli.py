@@ -56,6 +56,66 @@ def test_certs_init_and_node_write_keys_with_mode_0600(
     assert san.get_values_for_type(x509.UniformResourceIdentifier) == ["p2pshard://shop/n1"]
 
 
+@pytest.mark.parametrize("kind", ["client", "admin"])
+def test_certs_client_and_admin_make_certificates_of_their_kind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    assert main(["certs", "init", "--cluster", "shop", "--out", str(tmp_path / "ca")]) == 0
+    out_dir = tmp_path / "ops"
+    assert main(["certs", kind, "ops", "--ca", str(tmp_path / "ca"), "--out", str(out_dir)]) == 0
+    out = capsys.readouterr().out
+    assert f"{kind} 'ops' of cluster 'shop'" in out
+    assert stat.S_IMODE((out_dir / f"{kind}-key.pem").stat().st_mode) == 0o600
+    cert = x509.load_pem_x509_certificate((out_dir / f"{kind}.pem").read_bytes())
+    assert f"serial {cert.serial_number:x})" in out
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.UniformResourceIdentifier) == [
+        f"p2pshard://shop/{kind}/ops"
+    ]
+
+
+def test_certs_request_here_and_sign_where_the_ca_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ca, here = tmp_path / "ca", tmp_path / "alice"
+    assert main(["certs", "init", "--cluster", "shop", "--out", str(ca)]) == 0
+    request = ["certs", "request", "alice", "--kind", "admin", "--cluster", "shop"]
+    assert main([*request, "--out", str(here)]) == 0
+    out = capsys.readouterr().out
+    assert f"key {here / 'admin-key.pem'} (mode 0600, keep it here)" in out
+    assert "p2pshard certs sign admin.csr --ca CA_DIR --out admin.pem" in out
+    assert stat.S_IMODE((here / "admin-key.pem").stat().st_mode) == 0o600
+    sign = ["certs", "sign", str(here / "admin.csr"), "--ca", str(ca)]
+    assert main([*sign, "--out", str(here / "admin.pem"), "--days", "30"]) == 0
+    out = capsys.readouterr().out
+    cert = x509.load_pem_x509_certificate((here / "admin.pem").read_bytes())
+    assert "signed admin 'alice' of cluster 'shop'" in out
+    assert "  identity     p2pshard://shop/admin/alice\n" in out
+    assert "  key          ECDSA P-256\n" in out
+    assert f"  serial       {cert.serial_number:x}  (deny it with serial:" in out
+    assert f"send back {here / 'admin.pem'} and the CA certificate {ca / 'ca.pem'}" in out
+    # The same request again would overwrite the certificate: refused without --force.
+    assert main([*sign, "--out", str(here / "admin.pem")]) == 2
+    assert "admin.pem already exists" in capsys.readouterr().err
+    # A request for another cluster is refused with the reason, and nothing is written.
+    assert main(["certs", "init", "--cluster", "other", "--out", str(tmp_path / "other")]) == 0
+    capsys.readouterr()
+    other = ["certs", "sign", str(here / "admin.csr"), "--ca", str(tmp_path / "other")]
+    assert main([*other, "--out", str(tmp_path / "x.pem")]) == 2
+    err = capsys.readouterr().err
+    assert "p2pshard certs: error: refusing to sign" in err
+    assert "it is for cluster 'shop' (p2pshard://shop/admin/alice), but this CA signs for" in err
+    assert not (tmp_path / "x.pem").exists()
+
+
+def test_certs_request_needs_a_kind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["certs", "request", "x", "--kind", "root", "--cluster", "c", "--out", str(tmp_path)])
+    assert info.value.code == 2
+    assert "argument --kind: invalid choice: 'root'" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_cli_errors_name_the_problem_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -443,3 +503,64 @@ def time_wait_port() -> int:
     with socket.socket() as probe, pytest.raises(OSError, match="Address already in use"):
         probe.bind(("127.0.0.1", port))
     return port
+
+
+def test_sighup_reloads_the_deny_list_and_keeps_the_old_one_when_the_new_is_bad(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real node process: a client is served, then denied after SIGHUP; a bad file is not
+    taken."""
+    assert main(["certs", "init", "--cluster", "c", "--out", str(tmp_path / "ca")]) == 0
+    for kind, name in (("node", "n"), ("client", "ops"), ("client", "other")):
+        args = ["certs", kind, name, "--ca", str(tmp_path / "ca"), "--out", str(tmp_path / name)]
+        assert main(args) == 0
+    port = free_port_block(1)
+    config = tmp_path / "node.toml"
+    node_toml = (
+        f'cluster_name = "c"\nnode_name = "n"\nbind_port = {port}\nself_join = true\n'
+        '[tls]\nca_file = "n/ca.pem"\ncert_file = "n/node.pem"\nkey_file = "n/node-key.pem"\n'
+    )
+    config.write_text(node_toml)
+    for name in ("ops", "other"):
+        (tmp_path / f"{name}.toml").write_text(
+            f'cluster_name = "c"\n[tls]\nca_file = "{name}/ca.pem"\n'
+            f'cert_file = "{name}/client.pem"\nkey_file = "{name}/client-key.pem"\n'
+        )
+    log = tmp_path / "node.log"
+
+    def status(client: str) -> int:
+        capsys.readouterr()
+        config = str(tmp_path / f"{client}.toml")
+        return main(["status", "--node", f"127.0.0.1:{port}", "--config", config, "--json"])
+
+    with log.open("w") as out:
+        child = subprocess.Popen([*PYTHON, "node", "--config", str(config)], stderr=out)
+    try:
+        wait_for_lines([log], "SIGHUP reloads [tls]", limit=30)
+        assert status("ops") == 0
+        assert '"name": "n"' in capsys.readouterr().out
+
+        config.write_text(node_toml + 'deny = ["client ops"]\n')
+        child.send_signal(signal.SIGHUP)
+        wait_for_lines([log], "is refused: tls.deny = ('client ops',) is invalid", limit=30)
+        assert status("ops") == 0  # the old settings stay
+
+        config.write_text(
+            node_toml.replace("node_name", "shutdown_timeout = 3\nnode_name")
+            + 'deny = ["client:ops"]\n'
+        )
+        child.send_signal(signal.SIGHUP)
+        wait_for_lines([log], "SIGHUP: applied [tls]", limit=30)
+        text = log.read_text()
+        assert "changes more than [tls]; the rest applies at the next start" in text
+        assert status("ops") == 1
+        assert "cannot link to it" in capsys.readouterr().err
+        assert status("other") == 0  # only the denied client is refused
+        assert "client:ops (certificate serial" in log.read_text()
+        assert child.poll() is None
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=30) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()

@@ -1,4 +1,4 @@
-"""``p2pshard status`` and ``p2pshard remove-sharding-data`` against real TCP nodes.
+"""``p2pshard status``, ``leave``, ``down`` and ``remove-sharding-data`` against real TCP nodes.
 
 The nodes run in the test's own trio run, over TCP with mutual TLS on 127.0.0.1, with
 certificates and configuration files from :class:`p2pshard._localcluster.LocalCluster` and faster
@@ -20,7 +20,8 @@ import trio
 
 from crdt import ReplicatorSettings, WriteLocal
 from crdt._store import Append, DurableStore
-from membership import ClusterSettings, MemberStatus
+from membership import ClusterSettings, IdentityKind, MemberStatus, PeerIdentity
+from membership._certs import create_certificate
 from membership._tcp import open_tcp_transport
 from p2pshard import (
     EntityContext,
@@ -32,9 +33,10 @@ from p2pshard import (
     message,
 )
 from p2pshard._cli import main
+from p2pshard._config import ClientConfig
 from p2pshard._localcluster import LocalCluster
 from p2pshard._node import open_node
-from p2pshard._status import client_identity
+from p2pshard._status import client_identity, open_client
 from tests.p2pshard.test_cli import free_port_block
 
 FAST = ClusterSettings(
@@ -327,3 +329,173 @@ async def test_remove_sharding_data_refuses_when_a_node_links_but_does_not_answe
             assert silent.statistics().messages_received >= 1  # the request reached it
     assert code == 2, out + err
     assert f"a node at {config.bind_address} (it accepted a link but did not answer)" in err
+
+
+# --- client and admin certificates -----------------------------------------------------------
+
+
+def client_config(data_dir: Path, kind: IdentityKind, name: str, cluster: str = "local") -> Path:
+    """A client's configuration file with a ``kind`` certificate from the cluster's CA."""
+    out = data_dir / f"{kind.value}-{name}"
+    files = create_certificate(PeerIdentity(kind, name), data_dir / "ca", out, cluster=cluster)
+    path = data_dir / f"{kind.value}-{name}.toml"
+    path.write_text(
+        f'cluster_name = "{cluster}"\n[tls]\nca_file = "{files.ca_file}"\n'
+        f'cert_file = "{files.cert_file}"\nkey_file = "{files.key_file}"\n'
+    )
+    return path
+
+
+def all_up(nodes: Sequence[Node], count: int) -> bool:
+    return all(
+        len(node.cluster.members) == count
+        and all(m.status is MemberStatus.UP for m in node.cluster.members)
+        for node in nodes
+    )
+
+
+async def test_status_with_a_client_certificate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configs = prepare(tmp_path, 2)
+    client = client_config(tmp_path, IdentityKind.CLIENT, "ops")
+    with trio.fail_after(LIMIT):
+        # The kind and name come from the certificate: nothing in the file can claim more.
+        async with open_client(ClientConfig.load(client)) as transport:
+            assert transport.identity == PeerIdentity(IdentityKind.CLIENT, "ops")
+        async with running(configs) as nodes:
+            first = str(nodes[0].address.address)
+            code, out, err = await cli(capsys, "status", "--node", first, "--config", str(client))
+            assert code == 0, err
+            assert "MEMBER" in out
+            assert "node-1" in out
+            assert "node-2" in out
+            code, out, err = await cli(
+                capsys, "status", "--node", first, "--config", str(client), "--json"
+            )
+            assert code == 0, err
+            assert {m["name"] for m in json.loads(out)["members"]} == {"node-1", "node-2"}
+            assert all_up(nodes, 2)
+
+
+async def test_status_with_a_certificate_of_another_cluster_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prepare(tmp_path, 1)
+    stranger = client_config(tmp_path, IdentityKind.CLIENT, "ops", cluster="other")
+    stranger.write_text(stranger.read_text().replace('"other"', '"local"', 1))
+    code, _, err = await cli(
+        capsys, "status", "--node", "127.0.0.1:25520", "--config", str(stranger)
+    )
+    assert code == 2
+    assert "is not usable: it is for p2pshard://other/client/ops, not for cluster 'local'" in err
+
+
+async def test_leave_and_down_need_an_admin_certificate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configs = prepare(tmp_path, 2)
+    refused = {
+        "ops": (client_config(tmp_path, IdentityKind.CLIENT, "ops"), "client"),
+        "node-9": (client_config(tmp_path, IdentityKind.NODE, "node-9"), "node"),  # no member
+        "node-1": (configs[0], "node"),  # a member's own certificate
+    }
+    with trio.fail_after(LIMIT):
+        async with running(configs) as nodes:
+            target = str(nodes[1].address.address)
+            for name, (config, kind) in refused.items():
+                for action in ("leave", "down"):
+                    code, out, err = await cli(capsys, action, target, "--config", str(config))
+                    assert code == 1, out
+                    assert out == ""
+                    assert (
+                        f"p2pshard {action}: error: {target} answered: refused: leave/down needs "
+                        f"an admin certificate; {name!r} is a {kind}"
+                    ) in err
+            assert all_up(nodes, 2)  # nothing changed
+            assert not any(node.terminated.is_set() for node in nodes)
+
+
+async def test_an_admin_makes_members_leave_and_go_down(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configs = prepare(tmp_path, 3)
+    admin = str(client_config(tmp_path, IdentityKind.ADMIN, "alice"))
+    with trio.fail_after(LIMIT):
+        async with running(configs) as (first, second, third):
+            # Leave, asked of the member that leaves.
+            code, out, err = await cli(
+                capsys, "leave", str(third.address.address), "--config", admin
+            )
+            assert code == 0, err
+            assert out.startswith(f"{third.address} marked LEAVING: it hands its shards")
+            await third.terminated.wait()
+            assert third.cluster.termination_reason == "removed from the cluster"
+            while len(first.cluster.members) != 2:  # noqa: ASYNC110 - polls a view
+                await trio.sleep(0.05)
+            # Down, asked of another member: the downed one, still running, stops.
+            ask_first = ("--node", str(first.address.address), "--config", admin)
+            code, out, err = await cli(capsys, "down", str(second.address.address), *ask_first)
+            assert code == 0, err
+            assert out.startswith(f"{second.address} marked DOWN")
+            await second.terminated.wait()
+            assert second.cluster.termination_reason == "downed"
+            while [m.node for m in first.cluster.members] != [first.address]:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+            # A member that is not there any more.
+            code, out, err = await cli(capsys, "leave", str(third.address.address), *ask_first)
+            assert code == 1
+            assert (
+                f"{first.address.address} answered: no member at {third.address.address} "
+                f"(members: node-1 at {first.address.address})"
+            ) in err
+            # A downed node that still runs answers that it is no member now.
+            ask_second = ("--node", str(second.address.address), "--config", admin)
+            code, out, err = await cli(capsys, "leave", str(first.address.address), *ask_second)
+            assert code == 1
+            assert f"{second.address} is not a member of the cluster now; ask a member" in err
+            # Asking where no node runs: no answer, and a hint to ask another member.
+            gone = f"127.0.0.1:{free_port_block(1)}"
+            code, out, err = await cli(capsys, "down", gone, "--config", admin, "--timeout", "1")
+            assert code == 1
+            assert f"no answer from {gone} within 1 s: cannot link to it" in err
+            assert "ask another one with --node HOST:PORT" in err
+            assert not first.terminated.is_set()
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["leave", "nonsense"], "ADDRESS 'nonsense' is invalid: expected HOST:PORT"),
+        (["down", "127.0.0.1:1", "--node", "x:0"], "--node 'x:0' is invalid"),
+        (["leave", "127.0.0.1:1", "--timeout", "0"], "--timeout 0.0 is invalid"),
+    ],
+)
+def test_leave_and_down_with_bad_arguments_exit_2(
+    argv: list[str], error: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*argv, "--config", str(tmp_path / "none.toml")]) == 2
+    assert error in capsys.readouterr().err
+    assert main(["leave", "127.0.0.1:1", "--config", str(tmp_path / "none.toml")]) == 2
+    assert "cannot read configuration file" in capsys.readouterr().err
+
+
+async def test_remove_sharding_data_checks_with_a_client_certificate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (path,) = prepare(tmp_path, 1, durable=True)
+    config = NodeConfig.load(path, environ={})
+    DurableStore(config.replicator.durable_path or tmp_path / "none").close()
+    client = client_config(tmp_path, IdentityKind.CLIENT, "ops")
+    remove = ("remove-sharding-data", "--config", str(path), "--all-types")
+    with trio.fail_after(LIMIT):
+        async with running([path]) as (node,):
+            code, out, err = await cli(
+                capsys, *remove, "--probe-timeout", "3", "--client-config", str(client)
+            )
+            assert code == 2, out + err
+            assert f"{node.address} (at {node.address.address}) answered" in err
+    stranger = client_config(tmp_path, IdentityKind.CLIENT, "x", cluster="other")
+    code, out, err = await cli(capsys, *remove, "--client-config", str(stranger))
+    assert code == 2
+    assert f"--client-config {stranger} is for cluster 'other', but the node's is 'local'" in err

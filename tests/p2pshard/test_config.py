@@ -8,11 +8,19 @@ from typing import Literal
 import attrs
 import pytest
 
-from membership import Address, ConfigurationError, TransportSettings
+from membership import (
+    Address,
+    ConfigurationError,
+    IdentityKind,
+    PeerIdentity,
+    TransportSettings,
+)
+from membership._certs import create_certificate, create_cluster_ca
 from membership._cluster_core import ClusterSettings
 from membership._failure_detector import FailureDetectorSettings
 from membership._sbr import SplitBrainResolverSettings
-from p2pshard import NodeConfig, TlsFiles
+from membership._tls import DenyList
+from p2pshard import ClientConfig, NodeConfig, TlsFiles
 
 TLS = TlsFiles(
     ca_file=Path("/pki/ca.pem"), cert_file=Path("/pki/node-1.pem"), key_file=Path("/pki/node-1.key")
@@ -923,3 +931,164 @@ def test_literals_must_be_strings_and_table_keys_too(
 ) -> None:
     with pytest.raises(TypeError, match=expected):
         cls.load(write(tmp_path, MINIMAL), environ={})
+
+
+# --- [tls]: several CAs and a deny list -----------------------------------------------------------
+
+
+def test_tls_takes_more_cas_and_a_deny_list(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        MINIMAL
+        + 'ca_files = ["new-ca.pem", "/pki/other.pem"]\n'
+        + 'deny = ["serial:0A:1b", "admin:alice", "node:node-7"]\n',
+    )
+    assert config.tls.ca_files == (tmp_path / "new-ca.pem", Path("/pki/other.pem"))
+    assert config.tls.deny == ("serial:0A:1b", "admin:alice", "node:node-7")
+    identity = config.tls.identity(config.cluster_name)
+    assert identity.trust_files == (
+        Path("/pki/ca.pem"),
+        tmp_path / "new-ca.pem",
+        Path("/pki/other.pem"),
+    )
+    assert identity.deny == DenyList.parse(["serial:a1b", "admin:alice", "node:node-7"])
+    assert (identity.cluster, identity.cert_file, identity.key_file) == (
+        "shop",
+        Path("/pki/node-1.pem"),
+        Path("/pki/node-1.key"),
+    )
+    assert NodeConfig.load(write(tmp_path / "again", config.to_toml()), environ={}) == config
+
+
+def test_tls_defaults_to_one_ca_and_no_deny_list(tmp_path: Path) -> None:
+    tls = load(tmp_path, MINIMAL).tls
+    assert (tls.ca_files, tls.deny) == ((), ())
+    assert tls.identity("shop").deny == DenyList()
+
+
+def test_env_sets_more_cas_and_the_deny_list(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        MINIMAL,
+        P2PSHARD_TLS__CA_FILES="/pki/a.pem,/pki/b.pem",
+        P2PSHARD_TLS__DENY="admin:eve, serial:ff",
+    )
+    assert config.tls.ca_files == (Path("/pki/a.pem"), Path("/pki/b.pem"))
+    assert config.tls.deny == ("admin:eve", "serial:ff")
+
+
+@pytest.mark.parametrize(
+    ("entry", "error"),
+    [
+        ("eve", "expected 'serial:<hex>'"),
+        ("root:eve", "expected 'serial:<hex>'"),
+        ("serial:zz", "a serial is hexadecimal digits"),
+        ("client:bad name", "client name 'bad name' is invalid"),
+    ],
+)
+def test_a_bad_deny_entry_is_refused_at_load(tmp_path: Path, entry: str, error: str) -> None:
+    message = load_error(tmp_path, MINIMAL + f'deny = ["admin:ok", "{entry}"]\n')
+    assert message.startswith(
+        f"tls.deny = ('admin:ok', {entry!r}) is invalid: deny entry {entry!r} is invalid: {error}"
+    )
+    assert message.endswith(f"(in {tmp_path / 'node.toml'})")
+
+
+def test_bad_tls_lists_in_code_are_refused() -> None:
+    with pytest.raises(ConfigurationError, match=r"TlsFiles\.ca_files = \['x'\] is invalid"):
+        attrs.evolve(TLS, ca_files=["x"])  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"TlsFiles\.deny = \['admin:a'\] is invalid"):
+        attrs.evolve(TLS, deny=["admin:a"])  # type: ignore[arg-type]
+
+
+# --- the client configuration -------------------------------------------------------------------
+
+CLIENT = """\
+cluster_name = "shop"
+
+[tls]
+ca_file = "ca.pem"
+cert_file = "ops/client.pem"
+key_file = "ops/client-key.pem"
+"""
+
+
+def client_file(directory: Path, text: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "client.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_a_client_file_needs_only_the_cluster_and_its_tls_files(tmp_path: Path) -> None:
+    client = ClientConfig.load(client_file(tmp_path, CLIENT))
+    assert client == ClientConfig(
+        cluster_name="shop",
+        tls=TlsFiles(
+            ca_file=tmp_path / "ca.pem",
+            cert_file=tmp_path / "ops" / "client.pem",
+            key_file=tmp_path / "ops" / "client-key.pem",
+        ),
+    )
+    assert (client.bind_host, client.canonical_host) == ("127.0.0.1", None)
+    assert client.transport == TransportSettings()
+
+
+def test_the_client_file_in_the_docstring_loads(tmp_path: Path) -> None:
+    doc = ClientConfig.__doc__
+    assert doc is not None
+    lines = doc.split("``client.toml``::\n", 1)[1].splitlines()
+    block = []
+    for line in lines:
+        if line.strip() and not line.startswith(" " * 8):
+            break
+        block.append(line)
+    client = ClientConfig.load(client_file(tmp_path, textwrap.dedent("\n".join(block))))
+    assert client.bind_host == "10.0.0.9"
+    assert client.tls.cert_file == tmp_path / "certs" / "ops" / "client.pem"
+
+
+def test_environment_variables_do_not_apply_to_a_client_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Meant for a node run from the same shell: they neither change nor break a client.
+    monkeypatch.setenv("P2PSHARD_BIND_PORT", "2553")
+    monkeypatch.setenv("P2PSHARD_BIND_HOST", "10.1.1.1")
+    assert ClientConfig.load(client_file(tmp_path, CLIENT)).bind_host == "127.0.0.1"
+
+
+def test_a_client_file_with_a_node_key_is_refused_naming_it(tmp_path: Path) -> None:
+    path = client_file(tmp_path, 'seed_nodes = ["10.0.0.1:25520"]\n' + CLIENT)
+    with pytest.raises(ConfigurationError, match=r"unknown key 'seed_nodes' at the top level of"):
+        ClientConfig.load(path)
+    path = client_file(tmp_path, 'bind_host = "0.0.0.0"\n' + CLIENT)
+    with pytest.raises(
+        ConfigurationError, match="canonical_host = None is invalid: it is required"
+    ):
+        ClientConfig.load(path)
+
+
+def test_a_nodes_file_serves_as_a_client_file(tmp_path: Path) -> None:
+    path = write(tmp_path, 'bind_host = "10.0.0.5"\n' + MINIMAL)
+    client = ClientConfig.load(path, environ={"P2PSHARD_CANONICAL_HOST": "n1.shop.internal"})
+    assert client == ClientConfig(
+        cluster_name="shop",
+        tls=TLS,
+        bind_host="10.0.0.5",
+        canonical_host="n1.shop.internal",
+    )
+
+
+@pytest.mark.parametrize("kind", list(IdentityKind))
+def test_a_client_is_who_its_certificate_says(tmp_path: Path, kind: IdentityKind) -> None:
+    create_cluster_ca("shop", tmp_path / "ca")
+    files = create_certificate(PeerIdentity(kind, "ops"), tmp_path / "ca", tmp_path / "ops")
+    client = ClientConfig(
+        cluster_name="shop",
+        tls=TlsFiles(ca_file=files.ca_file, cert_file=files.cert_file, key_file=files.key_file),
+    )
+    assert client.identity() == PeerIdentity(kind, "ops")
+    assert client.tls_identity().cert_file == files.cert_file
+    other = attrs.evolve(client, cluster_name="other")
+    with pytest.raises(ConfigurationError, match="not for cluster 'other'"):
+        other.identity()
