@@ -64,6 +64,10 @@ SUBSCRIBER_BUFFER = 10_000
 
 _MEMBERSHIP_MESSAGES = (Heartbeat, HeartbeatRsp, *CLUSTER_MESSAGES)
 
+PRUNE_INTERVAL = 5.0
+"""Seconds between two sweeps of the transport's links: a link to an address that is neither a
+member's nor a seed's (nor otherwise in use) is forgotten after a sweep that found it idle."""
+
 SBR_TICK = 1.0
 """Seconds between split brain resolver ticks (Akka: 1 s)."""
 
@@ -419,14 +423,20 @@ class Cluster:
             interval = self._fd_settings.heartbeat_interval
             reaper = self._fd_settings.unreachable_nodes_reaper_interval
             next_heartbeat = next_reap = next_sbr = now
+            next_prune = now + PRUNE_INTERVAL
             while not self.terminated.is_set():
-                deadline = min(self._core.next_deadline(), next_heartbeat, next_reap, next_sbr)
+                deadline = min(
+                    self._core.next_deadline(), next_heartbeat, next_reap, next_sbr, next_prune
+                )
                 with trio.move_on_at(deadline):
                     await self._wakeup.wait()
                 self._wakeup = trio.Event()
                 now = trio.current_time()
                 if now >= self._core.next_deadline():
                     self._apply(self._core.tick(now))
+                if now >= next_prune:
+                    next_prune = now + PRUNE_INTERVAL
+                    self._transport.prune(self._core.addresses_in_use())
                 if self._core.phase is not Phase.MEMBER:
                     next_heartbeat = next_reap = next_sbr = now + interval
                     continue

@@ -442,6 +442,19 @@ class ClusterCore:
             return min(self._next_gossip, self._next_leader_actions, self._islands.next_deadline())
         return float("inf")
 
+    def addresses_in_use(self) -> set[Address]:
+        """The addresses this node has reason to reach.
+
+        Members' (removed ones are not), the seed nodes', where it joins or is asked to let
+        someone in, and where it probes for islands. The transport forgets links to any other
+        address once idle (``Transport.prune``).
+        """
+        addresses = {m.node.address for m in self.gossip.members}
+        addresses |= self._islands.addresses() | set(self._candidates) | set(self._deferred_joins)
+        if self._join_target is not None:
+            addresses.add(self._join_target)
+        return addresses
+
     def sightings(self, now: float) -> list[Sighting]:
         """Other clusters of this name seen lately (see ``_islands``)."""
         return self._islands.sightings(now)

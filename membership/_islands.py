@@ -207,6 +207,10 @@ class IslandFinder:
         """The addresses probed besides the seed nodes, sorted."""
         return sorted(self._contacts)
 
+    def addresses(self) -> set[Address]:
+        """Every address this finder may probe now: seeds, contacts and watched ones."""
+        return set(self.seeds) | set(self._contacts) | set(self._watched)
+
     # ---- sightings ----
 
     def observe(

@@ -26,7 +26,7 @@ from __future__ import annotations
 import abc
 import collections
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from typing import NamedTuple
 
 import attrs
@@ -167,6 +167,8 @@ class Outbox:
         """Set when the transport closes: link tasks stop waiting and wind down."""
         self.retry_now = trio.Event()
         """Set to cut a reconnect wait short (another link just came up: a heal, perhaps)."""
+        self.idle_mark: tuple[int, int, int] | None = None
+        """What was sent and queued at the last ``Transport.prune`` that did not keep it."""
         self.closed = False
         self.connected = False
         self.peer: UniqueAddress | None = None
@@ -457,6 +459,32 @@ class Transport(abc.ABC):
             del self._outboxes[address]
             self._recent_to = _NOWHERE
             outbox.close()
+
+    def prune(self, keep: Collection[Address]) -> list[Address]:
+        """Close and forget the links to addresses not in ``keep`` that idled since last time.
+
+        Call it periodically with the addresses this node has reason to reach (members, seeds):
+        a link to any other address (a visitor that was answered, a member that was removed) is
+        closed once nothing was sent to it between two calls, what is still queued for it is
+        dropped, and it is never dialled again unless something is sent there anew. Returns
+        the addresses forgotten.
+        """
+        forgotten: list[Address] = []
+        for address, outbox in list(self._outboxes.items()):
+            if address in keep:
+                outbox.idle_mark = None
+                continue
+            mark = (outbox.frames_sent, outbox.send_queue_full, len(outbox.frames))
+            if outbox.idle_mark != mark:
+                outbox.idle_mark = mark
+                continue
+            del self._outboxes[address]
+            outbox.close()
+            forgotten.append(address)
+        if forgotten:
+            self._recent_to = _NOWHERE
+            logger.debug("%s: forgot the links to %s", self._local, forgotten)
+        return forgotten
 
     def on_link_up(self, callback: Callable[[Address], None]) -> None:
         """Call ``callback(address)`` (which must not block) whenever a link to a peer comes up.

@@ -11,8 +11,8 @@ import trio
 import trio.testing
 
 from membership import Address, LinkConditions, SimNetwork, deterministic_scheduling
-from membership._cluster import Cluster
-from membership._cluster_core import ClusterSettings
+from membership._cluster import PRUNE_INTERVAL, Cluster
+from membership._cluster_core import ClusterSettings, InitJoin
 from membership._events import ClusterEvent, MemberEvent, MemberRemoved, UnreachableMember
 from membership._failure_detector import FailureDetectorSettings
 from membership._member import MemberStatus
@@ -197,6 +197,34 @@ async def test_the_minority_leaders_decision_stops_its_whole_side_at_once(
             c.net.partition([addr(1), addr(2)], [addr(3), addr(4), addr(5)])
         assert c.nodes[1].termination_reason == c.nodes[2].termination_reason == "downed"
         assert abs(stopped[2] - stopped[1]) < 0.1, stopped  # one decision, one moment
+
+
+async def test_a_node_that_left_is_never_dialled_again_nor_a_visitor_once_answered(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with sim_cluster(seed=17) as c:
+        for i in range(1, 4):
+            await c.start(i, seeds=(1, 2))
+        await wait_until(lambda: all_up(c, (1, 2, 3)))
+        gone = addr(3)
+        c.nodes[3].leave()
+        await wait_until(lambda: all_up(c, (1, 2)))
+        await c.stopped[3].wait()
+        async with c.net.transport(addr(9), "visitor") as visitor:  # asks once, then goes
+            await visitor.send(addr(1), InitJoin(sender=visitor.local_address))
+            await wait_until(lambda: visitor.statistics().messages_received == 1)
+        await trio.sleep(2 * PRUNE_INTERVAL + 1)
+        for i in (1, 2):
+            stats = c.nodes[i]._transport.statistics()
+            assert stats.peer(gone) is None, i
+            assert stats.peer(addr(9)) is None, i
+        before = c.net.statistics().frames_sent
+        await trio.sleep(60)
+        for i in (1, 2):
+            stats = c.nodes[i]._transport.statistics()
+            assert stats.peer(gone) is None
+            assert stats.peer(addr(9)) is None
+        assert c.net.statistics().frames_sent > before  # the cluster itself goes on talking
 
 
 async def test_one_way_partition_is_resolved_without_a_split(

@@ -303,3 +303,39 @@ async def test_forget_a_peer_that_is_gone_drops_its_queue_after_the_timeout(
     with trio.fail_after(20):
         await a.forget(gone, flush_timeout=0.5)
     assert a.statistics().peer(gone) is None
+
+
+async def test_prune_forgets_links_not_kept_once_they_idled_between_two_calls(
+    harness: Harness,
+) -> None:
+    a = await harness.start("node-a")
+    b = await harness.start("node-b")
+    c = await harness.start("node-c")
+    kept, visitor = b.local_address.address, c.local_address.address
+    for to in (kept, visitor):
+        await a.send(to, Seq(1))
+    await receive_n(b, 1)
+    await receive_n(c, 1)
+    assert a.prune({kept}) == []  # the first sweep only marks the visitor's link
+    await a.send(visitor, Seq(2))  # it was used since: kept another round
+    await receive_n(c, 1)
+    assert a.prune({kept}) == []
+    assert a.prune({kept}) == [visitor]
+    assert a.statistics().peer(visitor) is None
+    assert a.statistics().peer(kept) is not None
+    for _ in range(3):
+        assert a.prune({kept}) == []  # a member's link is never pruned, used or not
+    await a.send(visitor, Seq(3))  # a later send links again
+    assert [e.message for e in await receive_n(c, 1)] == [Seq(3)]
+
+
+async def test_prune_drops_what_waits_for_a_gone_visitor(harness: Harness) -> None:
+    a = await harness.start("node-a")
+    c = await harness.start("node-c")
+    gone = c.local_address.address
+    await harness.stop(c)
+    for i in range(5):
+        a.send_nowait(gone, Seq(i))
+    assert a.prune(set()) == []
+    assert a.prune(set()) == [gone]  # nothing left the queue between the sweeps
+    assert a.statistics().peer(gone) is None
