@@ -23,6 +23,7 @@ from ._errors import MessageTooLarge as MessageTooLarge
 from ._errors import ProtocolError as ProtocolError
 from ._errors import SendQueueFull as SendQueueFull
 from ._errors import SerializationError as SerializationError
+from ._errors import TooManyRefused as TooManyRefused
 from ._errors import TransportClosed as TransportClosed
 from ._errors import TransportError as TransportError
 from ._errors import TruncatedFrame as TruncatedFrame

@@ -89,6 +89,14 @@ class FrameDecodeError(ProtocolError):
     """A frame's envelope could not be decoded (bad version byte, bad header, not msgpack)."""
 
 
+class TooManyRefused(ProtocolError):
+    """A peer's messages were refused faster than the transport allows: its link is closed.
+
+    Refused means not allowed to the identity of its link; the rate is
+    ``TransportSettings.refused_messages_per_second`` after ``refused_messages_burst``.
+    """
+
+
 class MessageDecodeError(ProtocolError):
     """A well-framed message could not be turned back into an object.
 

@@ -82,6 +82,29 @@ class TransportSettings:
     handshake_timeout: float = attrs.field(default=5.0, validator=in_range(0.001, 3600))
     """Seconds for the TLS handshake plus the hello exchange, both directions (default 5)."""
 
+    max_pending_handshakes: int = attrs.field(
+        default=256, validator=in_range(1, 1 << 20, integer=True)
+    )
+    """Connections accepted but not yet through the handshake, from all peers together
+    (default 256). One more is closed at once: idle or slow connections cannot take every file
+    descriptor and the memory of a node, and each is dropped after ``handshake_timeout``."""
+
+    max_pending_handshakes_per_host: int = attrs.field(
+        default=16, validator=in_range(1, 1 << 20, integer=True)
+    )
+    """The same, per source address (default 16): one host cannot take the whole budget."""
+
+    refused_messages_per_second: float = attrs.field(default=100.0, validator=in_range(0.01, 1e9))
+    """A link whose messages the node refuses for who sent them (a non-member's member
+    traffic, forged membership messages) faster than this on average, beyond
+    ``refused_messages_burst``, is closed (default 100/s)."""
+
+    refused_messages_burst: int = attrs.field(
+        default=1000, validator=in_range(1, 1 << 30, integer=True)
+    )
+    """How many refused messages a link may send at once before that rate applies
+    (default 1000)."""
+
     reconnect_backoff_min: float = attrs.field(default=0.1, validator=in_range(0.0, 3600))
     """First wait before reconnecting a failed link, doubled after each failure (default 0.1 s)."""
 

@@ -64,6 +64,7 @@ from ._errors import (
     ConfigurationError,
     FrameDecodeError,
     FrameTooLarge,
+    TooManyRefused,
     TransportError,
 )
 from ._framing import HEADER_SIZE, encode_frame
@@ -752,7 +753,7 @@ class _Link:
                     f"{target.settings.max_frame_size}"
                 )
             await target._deliver_frames([payload], source, self.source.identity)
-        except (FrameDecodeError, FrameTooLarge) as exc:
+        except (FrameDecodeError, FrameTooLarge, TooManyRefused) as exc:
             # The receiver closes the link, as over TCP: what was in flight behind this frame is
             # lost and the link reconnects.
             target._count_link_error(exc, source)

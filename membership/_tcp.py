@@ -27,7 +27,9 @@ the new settings again as it is registered, so none slips through in between.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import random
 import secrets
 import ssl
@@ -43,6 +45,7 @@ from ._address import Address, UniqueAddress
 from ._errors import ConfigurationError, HandshakeError, ProtocolError
 from ._framing import FrameDecoder, encode_frame
 from ._identity import IdentityKind, PeerIdentity
+from ._memory import TRIM_INTERVAL, give_memory_back
 from ._settings import TransportSettings
 from ._tls import (
     DenyList,
@@ -68,6 +71,15 @@ reader spends a read that finds nothing and a re-arm of its wait on the socket. 
 bought nothing measurable once replies stopped going through a link writer task.
 A streaming peer fills every read, so its link pays none of this."""
 
+
+ACCEPT_RETRY_MIN = 0.05
+"""First wait after an accept failed for lack of file descriptors or memory (doubling)."""
+ACCEPT_RETRY_MAX = 1.0
+"""The longest such wait."""
+TRIM_AFTER_BURST = 32
+"""Once this many handshakes were pending at once and all are over, free heap memory goes back
+to the operating system (see ``_memory``)."""
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 RETRY_HINT_INTERVAL = 0.5
 """Seconds between two "a link came up: retry the others now" hints (see ``_retry_others``)."""
@@ -131,6 +143,14 @@ class _OpenLink:
         return f"{way} {self.peer} ({identity_text(self.identity)}, serial {self.serial:x})"
 
 
+def _peer_host(tcp: trio.SocketStream) -> str:
+    """The source address of an accepted connection (what the per-host budget counts)."""
+    try:
+        return str(tcp.socket.getpeername()[0])
+    except OSError:
+        return "unknown"
+
+
 def _is_tls_failure(exc: BaseException) -> bool:
     """A TLS error other than the peer just going away (ragged EOF or reset)."""
     cause = exc.__cause__
@@ -163,6 +183,13 @@ class TcpTransport(Transport):
         self._random = random.Random()
         self._links_running = 0
         self._link_exited = trio.Event()
+        self._pending_total = 0
+        """Accepted connections whose handshake is not over yet."""
+        self._pending_by_host: dict[str, int] = {}
+        self._burst = 0
+        """The most handshakes pending at once since memory was last given back."""
+        self._last_trim = float("-inf")
+        self._trimming = False
         self._attempts: dict[Outbox, tuple[trio.CancelScope, float]] = {}
         """Connect attempts under way: their scope and when they started."""
         self._last_retry_hint = float("-inf")
@@ -297,9 +324,103 @@ class TcpTransport(Transport):
         *,
         task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        await trio.serve_listeners(self._accept, listeners, task_status=task_status)
+        async with trio.open_nursery() as nursery:
+            for listener in listeners:
+                nursery.start_soon(self._accept_loop, listener, nursery)
+            task_status.started(listeners)
 
-    async def _accept(self, tcp: trio.SocketStream) -> None:
+    async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        """Accept connections, within the budget of pending handshakes.
+
+        When the process is out of file descriptors or memory (``EMFILE``, ``ENFILE``,
+        ``ENOBUFS``, ``ENOMEM``), it waits, longer each time up to a second, and says so once
+        per interval rather than failing or spinning.
+        """
+        wait = ACCEPT_RETRY_MIN
+        while True:
+            try:
+                tcp = await listener.accept()
+            except OSError as exc:
+                if exc.errno not in _OUT_OF_RESOURCES:
+                    raise
+                self._counters.accepts_failed += 1
+                self._refusals.refuse(
+                    "accept-failed",
+                    f"{self._local}: cannot accept connections: {os.strerror(exc.errno or 0)}; "
+                    f"retrying in {wait:g} s (open connections waiting for a handshake: "
+                    f"{self._pending_total})",
+                    trio.current_time(),
+                    level=logging.ERROR,
+                )
+                await trio.sleep(wait)
+                wait = min(wait * 2, ACCEPT_RETRY_MAX)
+                continue
+            wait = ACCEPT_RETRY_MIN
+            host = _peer_host(tcp)
+            refusal = self._pending_refusal(host)
+            if refusal is not None:
+                self._counters.connections_refused_busy += 1
+                self._refusals.refuse("busy", f"{self._local}: {refusal}", trio.current_time())
+                await trio.aclose_forcefully(tcp)
+                continue
+            self._handshake_started(host)
+            nursery.start_soon(self._accept, tcp, host)
+
+    def _pending_refusal(self, host: str) -> str | None:
+        """Why a new connection from ``host`` is closed at once, if it is."""
+        settings = self._settings
+        if self._pending_total >= settings.max_pending_handshakes:
+            return (
+                f"closed a connection from {host}: {self._pending_total} connections wait for "
+                f"their handshake (max_pending_handshakes)"
+            )
+        pending = self._pending_by_host.get(host, 0)
+        if pending >= settings.max_pending_handshakes_per_host:
+            return (
+                f"closed a connection from {host}: {pending} of its connections wait for their "
+                "handshake (max_pending_handshakes_per_host)"
+            )
+        return None
+
+    def _handshake_done(self, host: str) -> None:
+        self._pending_total -= 1
+        left = self._pending_by_host[host] - 1
+        if left:
+            self._pending_by_host[host] = left
+        else:
+            del self._pending_by_host[host]
+        if self._pending_total == 0 and self._burst >= TRIM_AFTER_BURST and not self._trimming:
+            # A burst of handshakes is over: what its connections took, the heap keeps.
+            self._trimming = True
+            self._nursery.start_soon(self._trim)
+
+    async def _trim(self) -> None:
+        """Give the heap back once ``TRIM_INTERVAL`` passed since the last time."""
+        try:
+            await trio.sleep_until(self._last_trim + TRIM_INTERVAL)
+            if self._pending_total == 0:
+                self._burst, self._last_trim = 0, trio.current_time()
+                give_memory_back()
+        finally:
+            self._trimming = False
+
+    def _handshake_started(self, host: str) -> None:
+        self._pending_total += 1
+        self._pending_by_host[host] = self._pending_by_host.get(host, 0) + 1
+        self._burst = max(self._burst, self._pending_total)
+
+    async def _accept(self, tcp: trio.SocketStream, host: str) -> None:
+        try:
+            accepted = await self._handshake_in(tcp)
+        finally:
+            self._handshake_done(host)
+        if accepted is not None:
+            await self._read_link(*accepted)
+
+    async def _handshake_in(
+        self, tcp: trio.SocketStream
+    ) -> tuple[TlsLink, _OpenLink, FrameDecoder, list[bytes], str] | None:
+        """TLS, the certificate's identity, the hello: the link, or None if refused (logged)."""
         try:
             where = "{}:{}".format(*tcp.socket.getpeername()[:2])
         except OSError:
@@ -332,10 +453,17 @@ class TcpTransport(Transport):
                 trio.current_time(),
             )
             link.close(notify=False)
-            return
+            return None
         except BaseException:
             link.close(notify=False)  # cancelled mid-handshake: leave no socket open
             raise
+        return link, entry, decoder, rest, where
+
+    async def _read_link(
+        self, link: TlsLink, entry: _OpenLink, decoder: FrameDecoder, rest: list[bytes], where: str
+    ) -> None:
+        """Deliver what an accepted link carries until it ends or breaks the protocol."""
+        peer, identity = entry.peer, entry.identity
         self._inbound_links += 1
         self._retry_others()
         logger.debug("%s: accepted a link from %s (%s) at %s", self._local, peer, identity, where)

@@ -40,6 +40,7 @@ from ._errors import (
     MessageDecodeError,
     ProtocolError,
     SendQueueFull,
+    TooManyRefused,
     TransportClosed,
     TruncatedFrame,
 )
@@ -125,6 +126,14 @@ class TransportStatistics:
     """Well-framed messages of an unknown type or with rejected fields: dropped, link kept."""
     messages_dropped_wrong_incarnation: int
     """Messages addressed to another incarnation (uid) of this node: dropped."""
+    connections_refused_busy: int = 0
+    """Connections closed as soon as accepted: too many were waiting for their handshake, from
+    all peers or from that host (``max_pending_handshakes``, ``..._per_host``)."""
+    accepts_failed: int = 0
+    """Accepts that failed for lack of file descriptors or memory (retried after a wait)."""
+    links_closed_refused: int = 0
+    """Links closed because their messages were refused faster than
+    ``refused_messages_per_second`` allows."""
 
     def peer(self, address: Address) -> PeerStatistics | None:
         """The statistics of one peer, or None if nothing was ever sent to it."""
@@ -146,6 +155,9 @@ class _Counters:
     links_closed_tls_error: int = 0
     messages_dropped_undecodable: int = 0
     messages_dropped_wrong_incarnation: int = 0
+    connections_refused_busy: int = 0
+    accepts_failed: int = 0
+    links_closed_refused: int = 0
 
 
 class Outbox:
@@ -326,7 +338,9 @@ class Transport(abc.ABC):
         self._closed = False
         self._inbound_links = 0
         self._received_without_yield = 0
-        self._handler: Callable[[Envelope], None] | None = None
+        self._handler: Callable[[Envelope], bool | None] | None = None
+        self._refused_budgets: dict[UniqueAddress, list[float]] = {}
+        """Per sender: refused messages it may still send now, and when that was counted."""
         self._link_listeners: list[Callable[[Address], None]] = []
         self._encoder = _wire.FrameEncoder(settings.max_frame_size)
 
@@ -500,13 +514,15 @@ class Transport(abc.ABC):
             except Exception:
                 logger.exception("%s: a link listener failed on %s", self._local, address)
 
-    def set_handler(self, handler: Callable[[Envelope], None] | None) -> None:
+    def set_handler(self, handler: Callable[[Envelope], bool | None] | None) -> None:
         """Deliver received messages by calling ``handler`` instead of queueing them.
 
         The handler runs in the link's task as each message is decoded, so it must not block;
         it saves the trip through the inbox and another task (the node's dispatcher uses it).
-        An exception in it is logged and the message counts as delivered. ``None`` goes back to
-        the inbox (``receive`` and ``async for``).
+        It returns False for a message it refused (for who sent it): a link whose messages are
+        refused faster than ``refused_messages_per_second`` is closed. An exception in it is
+        logged and the message counts as delivered. ``None`` goes back to the inbox
+        (``receive`` and ``async for``).
         """
         self._handler = handler
 
@@ -587,6 +603,43 @@ class Transport(abc.ABC):
             trio.current_time(),
         )
 
+    def _count_refused(self, sender: UniqueAddress) -> None:
+        """One more message from ``sender`` was refused for who sent it: close its link if too many.
+
+        A message of an unknown type is not counted: a newer node may send those in numbers.
+
+        A token bucket per sender: ``refused_messages_burst`` at once, then
+        ``refused_messages_per_second``.
+
+        Raises:
+            TooManyRefused: the sender went over; the caller's link closes.
+        """
+        settings = self._settings
+        now = trio.current_time()
+        budget = self._refused_budgets.get(sender)
+        if budget is None:
+            if len(self._refused_budgets) >= 1024:  # forget the senders back to a full budget
+                burst = float(settings.refused_messages_burst)
+                rate = settings.refused_messages_per_second
+                self._refused_budgets = {
+                    k: v
+                    for k, v in self._refused_budgets.items()
+                    if v[0] + (now - v[1]) * rate < burst
+                }
+            budget = self._refused_budgets[sender] = [float(settings.refused_messages_burst), now]
+        tokens = min(
+            float(settings.refused_messages_burst),
+            budget[0] + (now - budget[1]) * settings.refused_messages_per_second,
+        )
+        if tokens < 1.0:
+            budget[0], budget[1] = 0.0, now
+            raise TooManyRefused(
+                f"{sender} sent refused messages faster than refused_messages_per_second "
+                f"({settings.refused_messages_per_second:g}/s after a burst of "
+                f"{settings.refused_messages_burst})"
+            )
+        budget[0], budget[1] = tokens - 1.0, now
+
     def _drop_for_another_incarnation(self, to_uid: int, sender: UniqueAddress) -> None:
         self._counters.messages_dropped_wrong_incarnation += 1
         logger.debug(
@@ -625,9 +678,12 @@ class Transport(abc.ABC):
             handler = self._handler
             if handler is not None:
                 try:
-                    handler(envelope)
+                    taken = handler(envelope)
                 except Exception:
                     self._log_handler_failure(envelope)
+                    continue
+                if taken is False:
+                    self._count_refused(sender)
                 continue
             try:
                 try:
@@ -645,6 +701,8 @@ class Transport(abc.ABC):
             self._counters.links_closed_truncated += 1
         elif isinstance(exc, FrameDecodeError):
             self._counters.links_closed_undecodable += 1
+        elif isinstance(exc, TooManyRefused):
+            self._counters.links_closed_refused += 1
         self._refusals.refuse(
             "bad-frame", f"{self._local}: closed the link from {peer}: {exc}", trio.current_time()
         )
@@ -714,6 +772,9 @@ class Transport(abc.ABC):
             links_closed_tls_error=c.links_closed_tls_error,
             messages_dropped_undecodable=c.messages_dropped_undecodable,
             messages_dropped_wrong_incarnation=c.messages_dropped_wrong_incarnation,
+            connections_refused_busy=c.connections_refused_busy,
+            accepts_failed=c.accepts_failed,
+            links_closed_refused=c.links_closed_refused,
         )
 
     def connected_peers(self) -> list[UniqueAddress]:

@@ -201,10 +201,14 @@ class Node:
         """The transport's counters: links, frames, refused handshakes, dropped messages."""
         return self._transport.statistics()
 
-    def _dispatch(self, envelope: Envelope) -> None:
-        """Hand one received message to the service it belongs to (runs in the link task)."""
-        if envelope.sender is not self._trusted and not self._admit(envelope):
-            return
+    def _dispatch(self, envelope: Envelope) -> bool | None:
+        """Hand one received message to the service it belongs to (runs in the link task).
+
+        Returns False when the message was refused for who sent it (the transport closes a
+        link that sends too many of those).
+        """
+        if envelope.sender is not self._trusted:
+            return self._dispatch_untrusted(envelope)
         # Sharding first: entity messages are nearly all the traffic, and no two services take
         # the same message type, so the order decides only how many are asked.
         if not (
@@ -221,19 +225,21 @@ class Node:
                 type(envelope.message).__name__,
                 envelope.sender,
             )
+        return None
 
-    def _admit(self, envelope: Envelope) -> bool:
-        """Whether a member sent ``envelope`` (then every service may take it).
+    def _dispatch_untrusted(self, envelope: Envelope) -> bool | None:
+        """A message from a sender not (yet) known to be a member over its own link.
 
-        Anybody else with a certificate of the cluster may only ask to join (membership checks
-        that a node speaks only for itself), read status, or, with an admin certificate, make a
-        member leave or go down (``MemberCommand``); what else it sends is refused, counted and
-        logged.
+        A member's is dispatched as any, and its sender remembered. Anybody else with a
+        certificate of the cluster may only ask to join (membership checks that a node speaks
+        only for itself), read status, or, with an admin certificate, make a member leave or go
+        down (``MemberCommand``); what else it sends is refused, counted and logged.
         """
         sender = envelope.sender
         if sender is self._transport.local_address or self._cluster.is_member_link(envelope):
             self._trusted = sender
-            return True
+            return self._dispatch(envelope)
+        refused_before = self._cluster.refusals.total()
         if not (
             self._cluster.handle(envelope)
             or (self._status is not None and self._status.handle(envelope))
@@ -242,7 +248,7 @@ class Node:
             self._cluster.refuse(
                 member_traffic_refusal(envelope.message, sender, envelope.identity)
             )
-        return False
+        return self._cluster.refusals.total() == refused_before
 
     def _forget_trusted(self) -> None:
         self._trusted = None

@@ -6,7 +6,9 @@ Raw TLS clients here play the hostile or broken peer; the node under test is a r
 
 from __future__ import annotations
 
+import os
 import re
+import resource
 import ssl
 import struct
 from collections.abc import AsyncIterator, Callable
@@ -685,3 +687,70 @@ async def test_a_cluster_moves_to_a_new_ca_without_a_gap(
         await exchange(d, a, 13)
         await exchange(a, d, 14)
         assert c.statistics().messages_received == 2
+
+
+async def idle_connection(address: Address, source: str) -> trio.socket.SocketType:
+    """A TCP connection from ``source`` (a loopback address) that never says a word."""
+    sock = trio.socket.socket()
+    await sock.bind((source, 0))
+    await sock.connect((address.host, address.port))
+    return sock
+
+
+async def test_connections_waiting_for_a_handshake_are_capped_in_all_and_per_host(
+    certs: CertSet, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = TransportSettings(
+        max_pending_handshakes=6, max_pending_handshakes_per_host=4, handshake_timeout=30
+    )
+    async with node(certs, "server", settings) as server, node(certs, "good") as good:
+        address = server.local_address.address
+        idle = [await idle_connection(address, "127.0.0.2") for _ in range(10)]
+        await wait_until(lambda: server.statistics().connections_refused_busy == 6)
+        idle += [await idle_connection(address, "127.0.0.3") for _ in range(3)]
+        # Two fit in the budget in all (6): the third is refused although its host has room.
+        await wait_until(lambda: server.statistics().connections_refused_busy == 7)
+        for sock in idle[:4]:  # the first host's pending ones go: room again
+            sock.close()
+        await assert_serves(server, good, 3)  # a good peer (127.0.0.1) links and is served
+        for sock in idle:
+            sock.close()
+    lines = [r.getMessage() for r in caplog.records if "wait for their handshake" in r.getMessage()]
+    assert 1 <= len(lines) <= 2, lines
+    assert "max_pending_handshakes_per_host" in lines[0]
+
+
+async def test_out_of_file_descriptors_the_accept_loop_waits_and_says_so_once(
+    certs: CertSet, caplog: pytest.LogCaptureFixture
+) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    async with node(certs, "server") as server, node(certs, "good") as good:
+        address = server.local_address.address
+        await assert_serves(server, good)
+        hogs: list[int] = []
+        try:
+            while True:  # take every descriptor this process may have
+                hogs.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError:
+            pass
+        try:
+            clients = []
+            for _ in range(3):
+                os.close(hogs.pop())  # room for the client's socket only
+                clients.append(await idle_connection(address, "127.0.0.4"))
+            await wait_until(lambda: server.statistics().accepts_failed >= 3)
+            with trio.move_on_after(1.0):
+                await trio.sleep_forever()  # the loop waits, it does not spin
+            failed = server.statistics().accepts_failed
+        finally:
+            for fd in hogs:
+                os.close(fd)
+        for sock in clients:
+            sock.close()
+        await assert_serves(server, good)  # once descriptors are back, all is as before
+    assert failed < 40, failed  # backing off to a second, not every 0.1 s
+    lines = [r for r in caplog.records if "cannot accept connections" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+    assert lines[0].exc_info is None  # a line, not a traceback
+    assert "Too many open files" in lines[0].getMessage()
+    assert (soft, hard) == resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -394,7 +394,7 @@ async def test_a_stale_lease_holder_is_fenced_off_and_no_acknowledged_event_is_l
         for j in others:
             sim.net.set_link(addr(owner), addr(j), held)
             sim.net.set_link(addr(j), addr(owner), held)
-        leases.pause(str(addr(owner)), paused_at + 60.0)
+        leases.pause(str(sim.nodes[owner].address), paused_at + 60.0)
 
         # The others down the owner and take the shard over with a larger token.
         ref = sim.regions[others[0]].entity_ref("lobby")
