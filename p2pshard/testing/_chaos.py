@@ -29,8 +29,8 @@ last two came keep their runs. The seed nodes are every node by default (``seed_
 sometimes a random subset in a random order, never every node) are what real deployments look
 like. With ``seed_restarts`` above 0, a partition (``partition``, ``isolate``, ``seed-partition``)
 whose losing side holds a seed node crashes one such seed node, with that probability, and
-restarts it while the partition holds or right around the heal. :data:`REALISTIC` turns all of
-it on.
+restarts it while the partition holds or right around the heal (then its links take 1 to 8 s to
+come up, as TCP links reconnecting). :data:`REALISTIC` turns all of it on.
 
 A node that is downed exits (as ``p2pshard node`` does) and a supervisor starts it again a few
 seconds later. Meanwhile :class:`CounterWorkload` clients send numbered messages through every
@@ -204,7 +204,9 @@ class ChaosSettings:
     seed_restarts: float = attrs.field(default=0.0, validator=in_range(0, 1))
     """The probability that a partition whose losing side (the minority, the isolated node)
     holds a running seed node crashes one of those seed nodes during the partition and starts
-    it again while the partition holds or within 1.5 s of the heal (default 0: never)."""
+    it again while the partition holds or within 1.5 s of the heal; in the second case its links
+    take 1 to 8 s more to come up, as TCP links reconnecting after a partition (default 0:
+    never)."""
     duplicate: float = attrs.field(default=0.0, validator=in_range(0, 1))
     """Test-only: the probability that a link delivers a frame twice. TCP never does; the
     checkers must then catch messages handled twice."""
@@ -559,19 +561,36 @@ class Scenario:
         if restart_after is not None:
             self.sim.nursery.start_soon(self.restart_later, i, restart_after)
 
-    def restart_seed(self, i: int, *, crash_at: float, restart_at: float, when: str) -> None:
-        """In ``crash_at`` s, crash seed node ``i`` if it runs; start it again at ``restart_at``."""
+    def restart_seed(
+        self, i: int, *, crash_at: float, restart_at: float, when: str, reconnect: float = 0.0
+    ) -> None:
+        """In ``crash_at`` s, crash seed node ``i`` if it runs; start it again at ``restart_at``.
+
+        With ``reconnect``, the restarted node's links take that long to come up: what it sends
+        and what is sent to it meanwhile waits and arrives when they do, as over TCP links that
+        reconnect with a back-off after a partition.
+        """
 
         async def crash_then_restart() -> None:
+            sim = self.sim
             await trio.sleep(crash_at)
-            if i not in self.sim.nodes or i in self.down:
+            if i not in sim.nodes or i in self.down:
                 return  # downed and exited meanwhile: its supervisor restarts it
-            self.sim.history.fault(
-                f"seed-restart n{i}: crashed, back in {restart_at - crash_at:.1f}s ({when})"
+            links = f", links up {reconnect:.1f}s later" if reconnect else ""
+            sim.history.fault(
+                f"seed-restart n{i}: crashed, back in {restart_at - crash_at:.1f}s ({when}{links})"
             )
             self.down.add(i)
-            self.sim.crash(i)
-            await self.restart_later(i, restart_at - crash_at)
+            sim.crash(i)
+            await trio.sleep(restart_at - crash_at)
+            if reconnect:
+                up = trio.current_time() + reconnect
+                held = attrs.evolve(
+                    sim.links, delay_sampler=lambda rng: max(up - trio.current_time(), 0.001)
+                )
+                sim.set_links(i, held, among=self.nodes)
+                sim.nursery.start_soon(_links_back, sim, i, self.nodes, reconnect)
+            await self.restart_later(i, 0.0)
 
         self.sim.nursery.start_soon(crash_then_restart)
 
@@ -802,11 +821,15 @@ async def _inject(scenario: Scenario, kind: str, live: list[int]) -> None:
     if scenario.settings.seed_restarts and seeds and rng.random() < scenario.settings.seed_restarts:
         i = rng.choice(seeds)
         crash_at = rng.uniform(0.5, 0.8 * lasting)
+        reconnect = 0.0
         if rng.random() < 0.5 and lasting - crash_at > 1.5:
             restart_at, when = rng.uniform(crash_at + 1.0, lasting - 0.5), "while cut off"
         else:
             restart_at, when = max(crash_at + 0.5, lasting + rng.uniform(-1.5, 1.5)), "at the heal"
-        scenario.restart_seed(i, crash_at=crash_at, restart_at=restart_at, when=when)
+            reconnect = rng.uniform(1.0, 8.0)
+        scenario.restart_seed(
+            i, crash_at=crash_at, restart_at=restart_at, when=when, reconnect=reconnect
+        )
     await trio.sleep(lasting)
     sim.heal()
 
@@ -824,6 +847,11 @@ def _seed_minority(scenario: Scenario, live: list[int]) -> list[int]:
     others = [i for i in live if i not in seeds]
     size = rng.randint(max(1, len(seeds)), most)
     return sorted(seeds + rng.sample(others, min(len(others), size - len(seeds))))
+
+
+async def _links_back(sim: SimCluster, i: int, nodes: list[int], delay: float) -> None:
+    await trio.sleep(delay)
+    sim.set_links(i, sim.links, among=nodes)
 
 
 async def _unskew_later(sim: SimCluster, i: int, delay: float) -> None:
