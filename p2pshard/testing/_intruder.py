@@ -184,8 +184,8 @@ class Intruder:
 
     # ---- looking at the effects ----
 
-    def _view(self, target: int, victim: int) -> tuple[UniqueAddress, UniqueAddress] | None:
-        """(target's incarnation, victim's) if the target sees the victim Up and reachable."""
+    def _view(self, target: int, victim: int) -> _Before | None:
+        """What the target sees, if it sees the victim's running incarnation Up and reachable."""
         sim = self.sim
         if target not in sim.nodes or victim not in sim.nodes:
             return None
@@ -196,28 +196,39 @@ class Intruder:
             return None
         if any(m.node == victim_node for m in cluster.unreachable):
             return None
-        return sim.nodes[target].address, victim_node
+        members = {m.node: m.status for m in cluster.members}
+        return _Before(sim.nodes[target].address, victim_node, members)
 
     def _check_kept(
         self,
-        before: tuple[UniqueAddress, UniqueAddress] | None,
+        before: _Before | None,
         target: int,
         victim: int,
         statuses: tuple[MemberStatus, ...],
         cause: str,
     ) -> None:
-        """The target still sees the victim as before; a victim that is the target still runs."""
+        """The target still sees the victim as before; a victim that is the target still runs.
+
+        When the target dropped other members too in the meantime (an island giving way downs
+        all its members at once), the change is not the intruder's doing for sure: not counted.
+        """
         if before is None:
             return  # the target did not see the victim Up and reachable: nothing to compare
-        target_node, victim_node = before
         node = self.sim.nodes.get(target)
-        if node is None or node.address != target_node or node.terminated.is_set():
+        if node is None or node.address != before.target or node.terminated.is_set():
             if target == victim:
                 self._found(f"n{victim} shut itself down {SETTLE:g} s after {cause}")
             return
-        member = next((m for m in node.cluster.members if m.node == victim_node), None)
-        status = MemberStatus.REMOVED if member is None else member.status
-        if status in statuses:
+        now = {m.node: m.status for m in node.cluster.members}
+        others = [
+            member
+            for member, status in before.members.items()
+            if member != before.victim
+            and now.get(member, MemberStatus.REMOVED) != status
+            and now.get(member, MemberStatus.REMOVED) not in _LIVE
+        ]
+        status = now.get(before.victim, MemberStatus.REMOVED)
+        if status in statuses and not others:
             self._found(f"n{target} sees n{victim} {status.value} {SETTLE:g} s after {cause}")
 
     def _check_no_fake_member(self, made: list[UniqueAddress], cause: str) -> None:
@@ -255,6 +266,15 @@ class Intruder:
 
     def _found(self, what: str) -> None:
         self.found.append(Violation(INTRUDER_IGNORED, f"{trio.current_time():.1f} {what}"))
+
+
+@attrs.frozen
+class _Before:
+    """What an attack's target saw before it: its own incarnation, the victim's, every member."""
+
+    target: UniqueAddress
+    victim: UniqueAddress
+    members: dict[UniqueAddress, MemberStatus]
 
 
 def _names(nodes: list[UniqueAddress]) -> str:
