@@ -301,10 +301,28 @@ def _parser() -> argparse.ArgumentParser:
     )
     chaos.add_argument(
         "--faults",
-        help="comma-separated fault kinds to draw from (default: all of partition, isolate, "
-        "bridge, one-way, flaky, slow, crash, pause, skew; with --real: kill, pause, pause-long, "
-        "partition, isolate, one-way, bridge, slow, flaky; --real --quick: kill, pause, "
-        "pause-long, isolate, one-way, flaky)",
+        help="comma-separated fault kinds to draw from (default: partition, isolate, bridge, "
+        "one-way, flaky, slow, crash, pause, skew; also seed-partition, intruder; with --real: "
+        "kill, pause, pause-long, partition, isolate, one-way, bridge, slow, flaky; --real "
+        "--quick: kill, pause, pause-long, isolate, one-way, flaky)",
+    )
+    chaos.add_argument(
+        "--seed-layout",
+        help="which nodes are seed nodes: all (the default), first-1, first-2, first-3, or "
+        "drawn (per seed: the first one to three nodes or a random subset, never all); not "
+        "with --real",
+    )
+    chaos.add_argument(
+        "--seed-restarts",
+        type=float,
+        help="probability that a partition whose losing side holds a seed node crashes that "
+        "seed node and restarts it while cut off or at the heal (default 0); not with --real",
+    )
+    chaos.add_argument(
+        "--realistic",
+        action="store_true",
+        help="as hard as real hosts: --seed-layout drawn --seed-restarts 0.5 and every fault "
+        "kind, the intruder too (the options given still apply on top); not with --real",
     )
     chaos.add_argument(
         "--message-interval",
@@ -382,18 +400,24 @@ def _chaos(args: argparse.Namespace) -> int:
     import os
     import time
 
+    import attrs
+
     from .testing import ChaosSettings, run_chaos, run_seeds, summarize
-    from .testing._chaos import FAULTS
+    from .testing._chaos import REALISTIC
 
     if args.real:
         return _chaos_real(args)
     if args.quick or args.dir is not None:
         raise ConfigurationError("--quick and --dir go with --real")
-    faults = FAULTS if args.faults is None else tuple(k.strip() for k in args.faults.split(","))
+    base = REALISTIC if args.realistic else ChaosSettings()
+    faults = base.faults
+    if args.faults is not None:
+        faults = tuple(k.strip() for k in args.faults.split(","))
     workloads = ChaosSettings().workloads
     if args.workloads is not None:
         workloads = tuple(k.strip() for k in args.workloads.split(","))
-    settings = ChaosSettings(
+    settings = attrs.evolve(
+        base,
         workloads=workloads,
         nodes=5 if args.nodes is None else args.nodes,
         duration=30.0 if args.duration is None else args.duration,
@@ -401,6 +425,8 @@ def _chaos(args: argparse.Namespace) -> int:
         faults=faults,
         use_lease=not args.no_lease,
         message_interval=args.message_interval,
+        seed_layout=base.seed_layout if args.seed_layout is None else args.seed_layout,
+        seed_restarts=base.seed_restarts if args.seed_restarts is None else args.seed_restarts,
     )
     if args.seeds < 1:
         raise ConfigurationError(f"--seeds {args.seeds} is invalid: must be at least 1")
@@ -408,6 +434,7 @@ def _chaos(args: argparse.Namespace) -> int:
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
         report = run_chaos(args.seed, settings)
         print(f"seed {report.seed}: trace {report.trace_hash}")
+        print(f"seed nodes: {', '.join(report.seed_nodes)}")
         print("faults:")
         for fault in report.faults:
             print(f"  {fault}")
@@ -465,6 +492,11 @@ def _chaos_real(args: argparse.Namespace) -> int:
 
     if args.workloads is not None:
         raise ConfigurationError("--workloads goes with the simulated cluster, not --real")
+    if args.seed_layout is not None or args.seed_restarts is not None or args.realistic:
+        raise ConfigurationError(
+            "--seed-layout, --seed-restarts and --realistic go with the simulated cluster, "
+            "not --real"
+        )
     base = RealChaosSettings.quick() if args.quick else RealChaosSettings()
     faults = (
         base.faults if args.faults is None else tuple(k.strip() for k in args.faults.split(","))

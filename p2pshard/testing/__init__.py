@@ -11,6 +11,8 @@ invariants a sharded application relies on:
 - after the faults heal, every node agrees on membership and shard homes, every shard answers,
   and the replicas converge;
 - at most one instance of a singleton at a time;
+- after the faults heal, the running nodes form one cluster, not islands of the same name;
+- a node that is not a member (the ``intruder`` fault) changes nothing by what it sends;
 - with the chat-like fan-out workload, every member's copy of a room is a prefix of the room's
   log and holds every post the room acknowledged.
 
@@ -37,13 +39,17 @@ Example:
     seed=1
 """
 
+from ._chaos import CLASSIC_FAULTS as CLASSIC_FAULTS
 from ._chaos import FAULTS as FAULTS
+from ._chaos import REALISTIC as REALISTIC
+from ._chaos import SEED_LAYOUTS as SEED_LAYOUTS
 from ._chaos import WORKLOADS as WORKLOADS
 from ._chaos import ChaosHung as ChaosHung
 from ._chaos import ChaosReport as ChaosReport
 from ._chaos import ChaosSettings as ChaosSettings
 from ._chaos import Scenario as Scenario
 from ._chaos import ScenarioBody as ScenarioBody
+from ._chaos import draw_seed_nodes as draw_seed_nodes
 from ._chaos import random_schedule as random_schedule
 from ._chaos import run_chaos as run_chaos
 from ._chaos import run_scenario as run_scenario
@@ -56,6 +62,8 @@ from ._checkers import check_agreement_views as check_agreement_views
 from ._checkers import check_convergence_digests as check_convergence_digests
 from ._checkers import check_fan_out as check_fan_out
 from ._checkers import check_history as check_history
+from ._checkers import check_no_fakes as check_no_fakes
+from ._checkers import check_one_cluster as check_one_cluster
 from ._checkers import check_sender_order as check_sender_order
 from ._checkers import check_single_activation as check_single_activation
 from ._checkers import check_single_singleton as check_single_singleton

@@ -16,26 +16,53 @@ fault at a time, chosen from ``settings.faults``:
 - ``crash``: one node dies at once and is started again later, as a new incarnation;
 - ``pause``: everything to and from one node, and its lease calls, waits (a long GC pause);
 - ``skew``: the clock one node's leases read runs 0.8 ``safety_margin / ttl`` slower to
-  ``safety_margin / ttl`` faster than the lease backend's, while later faults come and go.
+  ``safety_margin / ttl`` faster than the lease backend's, while later faults come and go;
+- ``seed-partition``: a minority holding seed nodes (all of them if they fit) cut off for 8 to
+  40 s: long enough for the split brain resolver to down it and for its nodes to restart while
+  they cannot reach the rest, as when the seed nodes end up on the losing side on real hosts;
+- ``intruder``: a node that is not a member sends forged ``Join``, ``Down``, ``Leave``, gossip and
+  heartbeats (``p2pshard.testing._intruder``); what it achieved breaks ``intruder-ignored``.
+
+The default ``faults`` are the first nine (:data:`CLASSIC_FAULTS`), so that seeds pinned before the
+last two came keep their runs. The seed nodes are every node by default (``seed_layout="all"``);
+``"first-1"`` to ``"first-3"`` and ``"drawn"`` (per seed: the first one, two or three nodes, or
+sometimes a random subset in a random order, never every node) are what real deployments look
+like. With ``seed_restarts`` above 0, a partition (``partition``, ``isolate``, ``seed-partition``)
+whose losing side holds a seed node crashes one such seed node, with that probability, and
+restarts it while the partition holds or right around the heal (then its links take 1 to 8 s to
+come up, as TCP links reconnecting). :data:`REALISTIC` turns all of it on.
 
 A node that is downed exits (as ``p2pshard node`` does) and a supervisor starts it again a few
 seconds later. Meanwhile :class:`CounterWorkload` clients send numbered messages through every
 node: to counters, and with the ``fan-out`` workload also to chat-like rooms that copy every post
 to their members' inboxes (``p2pshard.testing._fanout``). After the schedule every fault is
 lifted and the cluster is left quiet; then the checkers run: the history invariants (the fan-out
-copies among them), membership and shard-home agreement, every shard answering through every
-node, and replica convergence.
+copies among them), membership and shard-home agreement, one cluster rather than islands,
+every shard answering through every node, replica convergence, and that nothing an intruder
+announced stuck.
+
+A run that hangs (a task that never lets the mock clock move on) is stopped after
+:data:`WALL_LIMIT` real seconds: :func:`run_chaos` raises :class:`ChaosHung` naming the seed,
+again every few seconds if something swallowed it, and as a last resort dumps every thread's
+stack and ends the process; :func:`run_seeds` runs each seed in a child process that it kills
+when it overruns, and reports the seed as a ``run-finishes`` violation while the others go on.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
+import faulthandler
 import functools
 import logging
 import multiprocessing
+import multiprocessing.connection
+import os
 import random
 import signal
+import sys
+import threading
+import time
+import traceback
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -44,9 +71,11 @@ import trio
 import trio.testing
 
 from membership import (
+    Address,
     ConfigurationError,
     LinkConditions,
     SplitBrainResolverSettings,
+    UniqueAddress,
     deterministic_scheduling,
 )
 from membership._member import MemberStatus
@@ -60,18 +89,38 @@ from .._settings import ShardingSettings
 from ._checkers import (
     AGREEMENT,
     INVARIANTS,
+    RUN_FINISHES,
     Violation,
     check_agreement_views,
     check_convergence_digests,
     check_history,
+    check_no_fakes,
+    check_one_cluster,
 )
 from ._fanout import INBOX, ROOM, inbox_entity, room_entity, room_members
 from ._history import History
+from ._intruder import Intruder
 from ._sim import SimCluster, node_address, node_name, simulated_cluster
 from ._workload import COUNTER, CounterWorkload, Read, counter_entity, singleton_probe
 
-FAULTS = ("partition", "isolate", "bridge", "one-way", "flaky", "slow", "crash", "pause", "skew")
+CLASSIC_FAULTS = (
+    "partition",
+    "isolate",
+    "bridge",
+    "one-way",
+    "flaky",
+    "slow",
+    "crash",
+    "pause",
+    "skew",
+)
+"""The fault kinds a schedule draws from by default: every kind but the last two of FAULTS."""
+
+FAULTS = (*CLASSIC_FAULTS, "seed-partition", "intruder")
 """Every fault kind a schedule can draw from."""
+
+SEED_LAYOUTS = ("all", "first-1", "first-2", "first-3", "drawn")
+"""Which nodes are seed nodes: every one, the first one to three, or drawn per seed."""
 
 WORKLOADS = ("counter", "fan-out")
 """The workloads a run can drive: counters, and rooms fanning posts out to inboxes."""
@@ -82,6 +131,13 @@ PROBE = "chaos-probe"
 WALL_LIMIT = 120
 """Real seconds one run may take before it fails as hung (a task that never lets the mock clock
 move on, such as a busy loop, stops simulated time)."""
+
+HUNG_RETRY = 10
+"""Real seconds between further :class:`ChaosHung` raised into a hung run that swallowed one."""
+
+HUNG_EXIT = 60
+"""Real seconds after ``WALL_LIMIT`` when a run that still hangs ends its whole process, with
+every thread's stack on standard error (the one stop that no task can swallow)."""
 
 
 def one_or_more_of(allowed: tuple[str, ...]) -> Any:
@@ -99,6 +155,17 @@ def one_or_more_of(allowed: tuple[str, ...]) -> Any:
 
 def _names(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
+
+
+def _one_of(allowed: tuple[str, ...]) -> Any:
+    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if value not in allowed:
+            raise ConfigurationError(
+                f"{type(instance).__name__}.{attribute.name} = {value!r} is invalid: choose one "
+                f"of {', '.join(allowed)}"
+            )
+
+    return check
 
 
 DAY = 86400.0
@@ -123,8 +190,23 @@ class ChaosSettings:
     use_lease: bool = True
     """Shard and singleton leases; without them single activation is not guaranteed."""
     faults: tuple[str, ...] = attrs.field(
-        default=FAULTS, converter=_names, validator=one_or_more_of(FAULTS)
+        default=CLASSIC_FAULTS, converter=_names, validator=one_or_more_of(FAULTS)
     )
+    """The fault kinds the schedule draws from (default :data:`CLASSIC_FAULTS`; every kind is in
+    :data:`FAULTS`)."""
+    seed_layout: str = attrs.field(default="all", validator=_one_of(SEED_LAYOUTS))
+    """Which nodes are the seed nodes, in every node's configuration: ``all`` (default, every
+    node, in order: a restarted node finds the cluster through whichever node it reaches),
+    ``first-1``, ``first-2``, ``first-3`` (nodes 1 to k), or ``drawn``: per seed, the first one,
+    two or three nodes, or (one time in four) a random subset of 1 to ``nodes - 1`` nodes in a
+    random order; never every node. The first seed node is the one that forms a new cluster when
+    no other seed node answers."""
+    seed_restarts: float = attrs.field(default=0.0, validator=in_range(0, 1))
+    """The probability that a partition whose losing side (the minority, the isolated node)
+    holds a running seed node crashes one of those seed nodes during the partition and starts
+    it again while the partition holds or within 1.5 s of the heal; in the second case its links
+    take 1 to 8 s more to come up, as TCP links reconnecting after a partition (default 0:
+    never)."""
     duplicate: float = attrs.field(default=0.0, validator=in_range(0, 1))
     """Test-only: the probability that a link delivers a frame twice. TCP never does; the
     checkers must then catch messages handled twice."""
@@ -141,6 +223,19 @@ class ChaosSettings:
     """Test-only: at this time, start a live entity's shard on a second node too, skipping its
     lease. The single-activation checker must catch it."""
 
+    def __attrs_post_init__(self) -> None:
+        if self.seed_layout.startswith("first-") and int(self.seed_layout[6:]) > self.nodes:
+            raise ConfigurationError(
+                f"ChaosSettings.seed_layout = {self.seed_layout!r} is invalid with {self.nodes} "
+                "nodes: name at most as many seed nodes as there are nodes"
+            )
+
+
+REALISTIC = ChaosSettings(seed_layout="drawn", seed_restarts=0.5, faults=FAULTS)
+"""The settings that make a run as hard as real hosts: seed nodes drawn per seed, seed nodes
+restarted during partitions, every fault kind (the intruder too). Combine with others through
+``attrs.evolve``."""
+
 
 @attrs.frozen
 class ChaosReport:
@@ -154,6 +249,8 @@ class ChaosReport:
     sent: int
     acknowledged: int
     trace_hash: str
+    seed_nodes: tuple[str, ...] = ()
+    """The seed nodes of the run, in configuration order (the first one forms the cluster)."""
 
     @property
     def ok(self) -> bool:
@@ -171,10 +268,15 @@ class ChaosReport:
             parts.append(f"--message-interval {s.message_interval:g}")
         if not s.use_lease:
             parts.append("--no-lease")
-        if s.faults != FAULTS:
+        default = ChaosSettings()
+        if s.faults != default.faults:
             parts.append(f"--faults {','.join(s.faults)}")
-        if s.workloads != ChaosSettings().workloads:
+        if s.workloads != default.workloads:
             parts.append(f"--workloads {','.join(s.workloads)}")
+        if s.seed_layout != default.seed_layout:
+            parts.append(f"--seed-layout {s.seed_layout}")
+        if s.seed_restarts != default.seed_restarts:
+            parts.append(f"--seed-restarts {s.seed_restarts:g}")
         return " ".join(parts)
 
 
@@ -215,20 +317,16 @@ def run_scenario(
             seed, body, settings, split_brain_resolver, sharding, configure, stop_message
         )
 
-    def hung(signum: int, frame: object) -> None:
-        raise ChaosHung(
-            f"seed {seed}: not done after {WALL_LIMIT} s of real time: a task that never lets "
-            "the mock clock move on (a busy loop)?"
-        )
-
-    previous = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(WALL_LIMIT)
-    try:
-        with deterministic_scheduling(seed):
-            return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+    with _watchdog(seed):
+        try:
+            with deterministic_scheduling(seed):
+                return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+        except BaseException as exc:
+            hung = _hung_in(exc)
+            if hung is None or hung is exc:
+                raise
+            # Raised inside a task, it comes wrapped in the nurseries' groups: say it plainly.
+            raise ChaosHung(str(hung)) from exc
 
 
 class ChaosHung(BaseException):
@@ -238,22 +336,183 @@ class ChaosHung(BaseException):
     """
 
 
+@contextlib.contextmanager
+def _watchdog(seed: int) -> Iterator[None]:
+    """Stop a hung run: ChaosHung after WALL_LIMIT s, again every HUNG_RETRY s, then exit.
+
+    The alarm signal reaches only the main thread; elsewhere only the last resort is armed.
+    """
+    limit = WALL_LIMIT
+    raised = 0
+
+    def hung(signum: int, frame: object) -> None:
+        nonlocal raised
+        raised += 1
+        signal.alarm(HUNG_RETRY)  # in case something swallows this one
+        message = (
+            f"seed {seed}: not done after {limit + (raised - 1) * HUNG_RETRY} s of real time: a "
+            "task that never lets the mock clock move on (a busy loop)?"
+        )
+        if raised == 1:
+            print(
+                f"{message} The process ends in {HUNG_EXIT} s unless the run stops.",
+                file=sys.stderr,
+                flush=True,
+            )
+        raise ChaosHung(message)
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGALRM, hung) if main else None
+    if main:
+        signal.alarm(limit)
+    # The one stop nothing can swallow: a thread of the interpreter's own, which prints every
+    # thread's stack and ends the process, even while the main thread is stuck in native code.
+    faulthandler.dump_traceback_later(limit + HUNG_EXIT, exit=True, file=2)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        if main:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+
+
+def _hung_in(exc: BaseException) -> ChaosHung | None:
+    """The ChaosHung that ``exc`` is or holds (in exception groups), if any."""
+    if isinstance(exc, ChaosHung):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _hung_in(inner)
+            if found is not None:
+                return found
+    return None
+
+
+KILL_AFTER = 10
+"""Real seconds past ``WALL_LIMIT + HUNG_EXIT`` when :func:`run_seeds` kills a seed's process
+that has not ended itself."""
+
+
 def run_seeds(
     seeds: Iterable[int], settings: ChaosSettings | None = None, *, jobs: int = 1
 ) -> Iterator[ChaosReport]:
-    """Run many seeds, in ``jobs`` processes; yields reports in seed order.
+    """Run many seeds, each in a child process, ``jobs`` at a time; yields reports in seed order.
 
-    Each run's own log output is silenced (the report carries what matters).
+    Each run's own log output is silenced (the report carries what matters). A seed whose run
+    raises, hangs past ``WALL_LIMIT`` or whose process dies yields a report with one
+    ``run-finishes`` violation that says what happened (and where it was running, for a hang);
+    the other seeds go on. A hung seed's process is killed ``WALL_LIMIT + HUNG_EXIT +
+    KILL_AFTER`` real seconds after it started at the latest, after a dump of its stack on
+    standard error.
     """
     settings = settings or ChaosSettings()
-    seeds = list(seeds)
-    if jobs <= 1:
-        for seed in seeds:
-            yield _run_quietly(seed, settings)
-        return
+    order = list(seeds)
     context = multiprocessing.get_context("fork")
-    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
-        yield from pool.map(_run_quietly, seeds, [settings] * len(seeds))
+    pending = list(enumerate(order))
+    pending.reverse()
+    running: dict[int, _Child] = {}
+    done: dict[int, ChaosReport] = {}
+    try:
+        for n in range(len(order)):
+            while n not in done:
+                while pending and len(running) < max(1, jobs):
+                    index, started = pending.pop()
+                    running[index] = _Child.start(context, started, settings)
+                _wait_for_children(running, done, settings)
+            yield done.pop(n)
+    finally:
+        for child in running.values():
+            child.process.kill()
+            child.process.join()
+
+
+@attrs.define(eq=False)
+class _Child:
+    """One seed's run in a forked process, and the end of the pipe its report comes through."""
+
+    seed: int
+    process: Any
+    reports: multiprocessing.connection.Connection
+    deadline: float
+
+    @classmethod
+    def start(cls, context: Any, seed: int, settings: ChaosSettings) -> _Child:
+        reports, send = context.Pipe(duplex=False)
+        process = context.Process(
+            target=_child_main, args=(seed, settings, send), name=f"chaos seed {seed}", daemon=True
+        )
+        process.start()
+        send.close()  # so that the pipe reads as closed once the child is gone
+        deadline = time.monotonic() + WALL_LIMIT + HUNG_EXIT + KILL_AFTER
+        return cls(seed, process, reports, deadline)
+
+
+def _wait_for_children(
+    running: dict[int, _Child], done: dict[int, ChaosReport], settings: ChaosSettings
+) -> None:
+    """Wait until a child reports, dies or overruns, and put its report in ``done``."""
+    now = time.monotonic()
+    timeout = max(0.0, min(child.deadline for child in running.values()) - now)
+    ready = multiprocessing.connection.wait([c.reports for c in running.values()], timeout)
+    for index, child in list(running.items()):
+        if child.reports in ready:
+            try:
+                report: ChaosReport = child.reports.recv()
+            except EOFError:
+                child.process.join()
+                report = _failed(
+                    child.seed,
+                    settings,
+                    f"its process ended without a report (exit code {child.process.exitcode}; "
+                    "a stack dump on standard error says where it was if it hung)",
+                )
+        elif time.monotonic() >= child.deadline:
+            os.kill(child.process.pid, signal.SIGUSR1)  # the child dumps its stacks
+            child.process.join(1.0)
+            child.process.kill()
+            report = _failed(
+                child.seed,
+                settings,
+                f"killed after {WALL_LIMIT + HUNG_EXIT + KILL_AFTER} s of real time (its "
+                "stacks are on standard error)",
+            )
+        else:
+            continue
+        child.process.join()
+        child.reports.close()
+        del running[index]
+        done[index] = report
+
+
+def _child_main(seed: int, settings: ChaosSettings, reports: Any) -> None:
+    faulthandler.register(signal.SIGUSR1, file=2, all_threads=True)
+    try:
+        report = _run_quietly(seed, settings)
+    except ChaosHung as exc:
+        report = _failed(seed, settings, f"{exc} It was running {_where(exc)}.")
+    except BaseException as exc:  # reported as this seed's failure; the other seeds go on
+        report = _failed(seed, settings, f"raised {_where(exc)}")
+    reports.send(report)
+    reports.close()
+
+
+def _failed(seed: int, settings: ChaosSettings, detail: str) -> ChaosReport:
+    named = detail if detail.startswith(f"seed {seed}: ") else f"seed {seed}: {detail}"
+    return ChaosReport(seed, settings, (Violation(RUN_FINISHES, named),), (), 0, 0, 0, "")
+
+
+def _where(exc: BaseException) -> str:
+    """For a hang: the innermost frames the alarm interrupted. Else: the whole traceback."""
+    if not isinstance(exc, ChaosHung):
+        return "".join(traceback.format_exception(exc)).rstrip()
+    if isinstance(exc.__cause__, BaseException):
+        exc = _hung_in(exc.__cause__) or exc
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.name != "hung"][-3:]
+    where = " < ".join(
+        f"{f.name} ({os.path.basename(f.filename)}:{f.lineno})" for f in reversed(frames)
+    )
+    return where or "(no frame recorded)"
 
 
 def _run_quietly(seed: int, settings: ChaosSettings) -> ChaosReport:
@@ -284,6 +543,10 @@ class Scenario:
     backend: MemoryLeaseBackend
     down: set[int] = attrs.field(factory=set)
     """Nodes crashed or exited that will be started again."""
+    seeds: tuple[int, ...] = ()
+    """The seed nodes, in configuration order."""
+    intruder: Intruder | None = None
+    """The ``intruder`` fault's attacker (one per run, attached only during its faults)."""
 
     @property
     def nodes(self) -> list[int]:
@@ -297,6 +560,39 @@ class Scenario:
         self.sim.crash(i)
         if restart_after is not None:
             self.sim.nursery.start_soon(self.restart_later, i, restart_after)
+
+    def restart_seed(
+        self, i: int, *, crash_at: float, restart_at: float, when: str, reconnect: float = 0.0
+    ) -> None:
+        """In ``crash_at`` s, crash seed node ``i`` if it runs; start it again at ``restart_at``.
+
+        With ``reconnect``, the restarted node's links take that long to come up: what it sends
+        and what is sent to it meanwhile waits and arrives when they do, as over TCP links that
+        reconnect with a back-off after a partition.
+        """
+
+        async def crash_then_restart() -> None:
+            sim = self.sim
+            await trio.sleep(crash_at)
+            if i not in sim.nodes or i in self.down:
+                return  # downed and exited meanwhile: its supervisor restarts it
+            links = f", links up {reconnect:.1f}s later" if reconnect else ""
+            sim.history.fault(
+                f"seed-restart n{i}: crashed, back in {restart_at - crash_at:.1f}s ({when}{links})"
+            )
+            self.down.add(i)
+            sim.crash(i)
+            await trio.sleep(restart_at - crash_at)
+            if reconnect:
+                up = trio.current_time() + reconnect
+                held = attrs.evolve(
+                    sim.links, delay_sampler=lambda rng: max(up - trio.current_time(), 0.001)
+                )
+                sim.set_links(i, held, among=self.nodes)
+                sim.nursery.start_soon(_links_back, sim, i, self.nodes, reconnect)
+            await self.restart_later(i, 0.0)
+
+        self.sim.nursery.start_soon(crash_then_restart)
 
     async def restart_later(self, i: int, delay: float) -> None:
         """Start node ``i`` again after ``delay`` seconds, unless it runs by then."""
@@ -380,10 +676,11 @@ async def _scenario(
         sim.exit_when_terminated = True
         sim.split_brain_resolver = split_brain_resolver
         sim.configure = configure
-        # Every node is a seed node (as Akka advises for a fixed set of hosts): a restarted node
-        # then finds the cluster through whichever node it can reach.
-        sim.seeds = tuple(node_address(i) for i in range(1, settings.nodes + 1))
-        scenario = Scenario(sim, rng, settings, backend)
+        # Their own generators, so that the old settings draw nothing more from ``rng``.
+        seeds = draw_seed_nodes(settings, random.Random(f"{seed}/seed-nodes"))
+        sim.seeds = tuple(node_address(i) for i in seeds)
+        intruder = Intruder(sim, random.Random(f"{seed}/intruder"))
+        scenario = Scenario(sim, rng, settings, backend, seeds=seeds, intruder=intruder)
         nodes = scenario.nodes
 
         def on_exit(i: int) -> None:
@@ -421,7 +718,8 @@ async def _scenario(
             sim.skew(i, 1.0)
         await trio.sleep(settings.quiet)
         violations = check_history(history)
-        violations += await _check_cluster(sim, nodes, settings)
+        violations += intruder.found
+        violations += await _check_cluster(sim, nodes, settings, intruder.fakes)
         report = ChaosReport(
             seed,
             settings,
@@ -431,16 +729,38 @@ async def _scenario(
             len(history.messages),
             history.acknowledged_count(),
             sim.net.trace_hash(),
+            tuple(node_name(i) for i in seeds),
         )
         for i in sim.live:
             sim.crash(i)
         return report
 
 
+def draw_seed_nodes(settings: ChaosSettings, rng: random.Random) -> tuple[int, ...]:
+    """The seed node numbers for ``settings.seed_layout``, in configuration order.
+
+    Example:
+        >>> draw_seed_nodes(ChaosSettings(seed_layout="first-2"), random.Random(1))
+        (1, 2)
+    """
+    n, layout = settings.nodes, settings.seed_layout
+    if layout == "all":
+        return tuple(range(1, n + 1))
+    if layout.startswith("first-"):
+        return tuple(range(1, int(layout[6:]) + 1))
+    if rng.random() < 0.25:  # what a hand-written list of hosts may look like
+        return tuple(rng.sample(range(1, n + 1), rng.randint(1, n - 1)))
+    return tuple(range(1, min(rng.choice((1, 2, 3)), n - 1) + 1))
+
+
 async def _inject(scenario: Scenario, kind: str, live: list[int]) -> None:
     sim, rng, nodes = scenario.sim, scenario.rng, scenario.nodes
     lasting = rng.uniform(2.0, 15.0)
     history = sim.history
+    if kind == "intruder":
+        assert scenario.intruder is not None
+        await scenario.intruder.session()
+        return
     if kind == "crash":
         scenario.crash(rng.choice(live), restart_after=rng.uniform(3.0, 12.0))
         return
@@ -471,14 +791,24 @@ async def _inject(scenario: Scenario, kind: str, live: list[int]) -> None:
         await trio.sleep(lasting)
         sim.set_links(i, sim.links, among=nodes)
         return
+    losing: list[int] = []
     if kind == "partition":
         minority = sorted(rng.sample(live, rng.randint(1, len(nodes) // 2)))
         sim.partition(minority, [i for i in nodes if i not in minority])
         history.fault(f"partition {minority} for {lasting:.1f}s")
+        losing = minority
+    elif kind == "seed-partition":
+        lasting = rng.uniform(8.0, 40.0)
+        minority = _seed_minority(scenario, live)
+        sim.partition(minority, [i for i in nodes if i not in minority])
+        seeds = [i for i in scenario.seeds if i in minority]
+        history.fault(f"seed-partition {minority} (seeds {seeds}) for {lasting:.1f}s")
+        losing = minority
     elif kind == "isolate":
         i = rng.choice(live)
         sim.partition(i, [j for j in nodes if j != i])
         history.fault(f"isolate n{i} for {lasting:.1f}s")
+        losing = [i]
     elif kind == "bridge":
         a, b, c = rng.sample(live, 3)
         sim.partition(a, c)
@@ -487,8 +817,41 @@ async def _inject(scenario: Scenario, kind: str, live: list[int]) -> None:
         i = rng.choice(live)
         sim.partition(i, [j for j in nodes if j != i], one_way=True)
         history.fault(f"one-way: n{i} cannot reach the others for {lasting:.1f}s")
+    seeds = [i for i in losing if i in scenario.seeds and i in live]
+    if scenario.settings.seed_restarts and seeds and rng.random() < scenario.settings.seed_restarts:
+        i = rng.choice(seeds)
+        crash_at = rng.uniform(0.5, 0.8 * lasting)
+        reconnect = 0.0
+        if rng.random() < 0.5 and lasting - crash_at > 1.5:
+            restart_at, when = rng.uniform(crash_at + 1.0, lasting - 0.5), "while cut off"
+        else:
+            restart_at, when = max(crash_at + 0.5, lasting + rng.uniform(-1.5, 1.5)), "at the heal"
+            reconnect = rng.uniform(1.0, 8.0)
+        scenario.restart_seed(
+            i, crash_at=crash_at, restart_at=restart_at, when=when, reconnect=reconnect
+        )
     await trio.sleep(lasting)
     sim.heal()
+
+
+def _seed_minority(scenario: Scenario, live: list[int]) -> list[int]:
+    """A minority of running nodes that holds the running seed nodes.
+
+    As many seed nodes as fit in a minority (the first one always), topped up with other running
+    nodes to a random size.
+    """
+    rng, most = scenario.rng, scenario.settings.nodes // 2
+    seeds = [i for i in scenario.seeds if i in live]
+    if len(seeds) > most:
+        seeds = [seeds[0], *rng.sample(seeds[1:], most - 1)]
+    others = [i for i in live if i not in seeds]
+    size = rng.randint(max(1, len(seeds)), most)
+    return sorted(seeds + rng.sample(others, min(len(others), size - len(seeds))))
+
+
+async def _links_back(sim: SimCluster, i: int, nodes: list[int], delay: float) -> None:
+    await trio.sleep(delay)
+    sim.set_links(i, sim.links, among=nodes)
 
 
 async def _unskew_later(sim: SimCluster, i: int, delay: float) -> None:
@@ -516,9 +879,13 @@ async def _double_activation(sim: SimCluster, at: float) -> None:
 
 
 async def _check_cluster(
-    sim: SimCluster, nodes: list[int], settings: ChaosSettings
+    sim: SimCluster, nodes: list[int], settings: ChaosSettings, fakes: dict[str, Address]
 ) -> list[Violation]:
-    """(iv) and (vi): after the quiet period, the live nodes agree, answer, and converge."""
+    """(iv), (vi), (viii), (ix): after the quiet period, the live nodes agree.
+
+    They agree on members and shard homes, form one cluster, answer, converge, and nothing an
+    intruder announced stuck.
+    """
     missing = [i for i in nodes if i not in sim.nodes]
     found: list[Violation] = []
     if missing:
@@ -544,6 +911,24 @@ async def _check_cluster(
         if i in sim.regions
     }
     found += check_agreement_views(members, homes, [node_name(i) for i in live])
+
+    def label(node: UniqueAddress) -> str:
+        return node.name if node in running else f"{node.name} (incarnation {node.uid:x}, gone)"
+
+    found += check_one_cluster(
+        {
+            node_name(i): [
+                label(m.node) for m in sim.nodes[i].cluster.members if m.status is MemberStatus.UP
+            ]
+            for i in live
+        },
+        [node_name(i) for i in live],
+    )
+    found += check_no_fakes(
+        {node_name(i): [m.node.name for m in sim.nodes[i].cluster.members] for i in live},
+        {node_name(i): [str(p.address) for p in sim.nodes[i].statistics().peers] for i in live},
+        {name: str(address) for name, address in fakes.items()},
+    )
     keys = sorted({key for i in live for key in sim.nodes[i].replicator.keys()})  # noqa: SIM118
     found += check_convergence_digests(
         {node_name(i): {key: sim.nodes[i].replicator.digest(key) for key in keys} for i in live}

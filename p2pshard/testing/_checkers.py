@@ -3,13 +3,16 @@
 The history checkers (single activation, acknowledged messages kept exactly once, per-sender
 order, at most one singleton) read only the record, so they apply the same way to a simulated run
 and to real processes whose records were merged on one clock. The live checks (membership and
-shard homes agree, every shard answers, replicas converge) look at the nodes of a
-:class:`~p2pshard.testing.SimCluster` after the faults have healed and the cluster was quiet.
+shard homes agree, one cluster and not islands, every shard answers, replicas converge, nothing an
+intruder announced stuck) look at the nodes of a :class:`~p2pshard.testing.SimCluster` after the
+faults have healed and the cluster was quiet; each takes plain views (names, sets), so it can be
+shown to catch what it must on views made by hand.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 
 import attrs
 
@@ -22,6 +25,9 @@ AGREEMENT = "agreement"
 SINGLE_SINGLETON = "single-singleton"
 CONVERGENCE = "convergence"
 FAN_OUT = "fan-out"
+ONE_CLUSTER = "one-cluster"
+INTRUDER_IGNORED = "intruder-ignored"
+RUN_FINISHES = "run-finishes"
 
 INVARIANTS = (
     SINGLE_ACTIVATION,
@@ -31,8 +37,12 @@ INVARIANTS = (
     SINGLE_SINGLETON,
     CONVERGENCE,
     FAN_OUT,
+    ONE_CLUSTER,
+    INTRUDER_IGNORED,
+    RUN_FINISHES,
 )
-"""Every invariant name, in report order."""
+"""Every invariant name, in report order. ``run-finishes`` is not about the cluster: a seed whose
+run hung (or raised) is reported under it, so that the other seeds' reports still come."""
 
 
 @attrs.frozen
@@ -238,3 +248,85 @@ def check_fan_out(history: History) -> list[Violation]:
                     )
                 )
     return found
+
+
+def check_one_cluster(
+    views: Mapping[str, Iterable[str]], running: Iterable[str]
+) -> list[Violation]:
+    """(viii) After heal and quiet the running nodes form one cluster, not islands.
+
+    ``views`` maps each running node to the members it sees Up (as labels: a running
+    incarnation by its node name, anything else by a label that no running node has, such as
+    ``"n3 (stopped incarnation)"``). Every running node must see the same set, and that set must
+    be exactly the running nodes: a node missing from it is outside the cluster, and an Up member
+    that runs nowhere (a stale incarnation, a fake member) is a member that is not there. When
+    nodes disagree, the violation groups them by what they see, one group per cluster.
+    """
+    live = sorted(set(running), key=_node_key)
+    groups: dict[frozenset[str], list[str]] = {}
+    for node in sorted(views, key=_node_key):
+        groups.setdefault(frozenset(views[node]), []).append(node)
+    if len(groups) > 1:
+        clusters = "; ".join(
+            f"{_listed(nodes)} see Up {_listed(view)}"
+            for view, nodes in sorted(groups.items(), key=lambda g: _node_key(g[1][0]))
+        )
+        return [Violation(ONE_CLUSTER, f"{len(groups)} clusters after the quiet: {clusters}")]
+    if not groups:
+        return []
+    [(view, nodes)] = groups.items()
+    missing = [node for node in live if node not in view]
+    stray = sorted(view - set(live), key=_node_key)
+    if not missing and not stray:
+        return []
+    parts = [f"{_listed(nodes)} see Up {_listed(view)}"]
+    if missing:
+        parts.append(f"running but not Up in it: {_listed(missing)}")
+    if stray:
+        parts.append(f"Up in it but not running: {_listed(stray)}")
+    return [Violation(ONE_CLUSTER, "one view, but not of the running nodes: " + "; ".join(parts))]
+
+
+def check_no_fakes(
+    members: Mapping[str, Iterable[str]],
+    dialled: Mapping[str, Iterable[str]],
+    fakes: Mapping[str, str],
+) -> list[Violation]:
+    """(ix) Nothing an intruder announced stuck: no fake member, no fake address dialled.
+
+    ``fakes`` maps each node name the intruder made up to the address it gave it; ``members``
+    maps each running node to the names of the members it knows (any status), ``dialled`` to
+    the addresses (as text) it keeps an outbound link or queue for. A fake name among the
+    members means a forged Join or gossip was believed; a fake address among the dialled ones
+    means the node answers (and will keep trying to reach) an address only the intruder named.
+    """
+    found = []
+    addresses = {address: name for name, address in fakes.items()}
+    for node in sorted(members, key=_node_key):
+        listed = sorted(set(members[node]) & set(fakes), key=_node_key)
+        if listed:
+            found.append(
+                Violation(INTRUDER_IGNORED, f"{node} lists fake members {_listed(listed)}")
+            )
+    for node in sorted(dialled, key=_node_key):
+        called = sorted(set(dialled[node]) & set(addresses))
+        if called:
+            named = ", ".join(f"{address} ({addresses[address]})" for address in called)
+            found.append(
+                Violation(
+                    INTRUDER_IGNORED, f"{node} dials addresses only the intruder named: {named}"
+                )
+            )
+    return found
+
+
+def _node_key(name: str) -> tuple[str, int, str]:
+    """Sort ``n2`` before ``n10``."""
+    match = re.match(r"(\D*)(\d+)(.*)", name)
+    if match is None:
+        return (name, -1, "")
+    return (match.group(1), int(match.group(2)), match.group(3))
+
+
+def _listed(names: Iterable[str]) -> str:
+    return "[" + ", ".join(sorted(names, key=_node_key)) + "]"
