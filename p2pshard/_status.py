@@ -55,6 +55,7 @@ from membership import (
     message,
 )
 from membership._cluster import Cluster
+from membership._islands import Sighting, Verdict
 from membership._member import NOT_UP, Member
 from membership._tcp import TcpTransport, open_tcp_transport
 from membership._tls import TlsIdentity, identity_text
@@ -160,6 +161,23 @@ class EntityTypeStatus:
     """Why the cluster stats are missing, if they are."""
 
 
+@message(name="p2pshard.status.OtherCluster")
+@attrs.frozen(kw_only=True)
+class OtherCluster:
+    """Another cluster of this cluster's name that the answering node saw lately (an island)."""
+
+    oldest: UniqueAddress = attrs.field(validator=_of(UniqueAddress))
+    """Its oldest Up member."""
+    size: int = attrs.field(validator=_of(int))
+    """Its size as its members say."""
+    vouched: int = attrs.field(validator=_of(int))
+    """How many of its members were heard from lately."""
+    addresses: tuple[Address, ...] = attrs.field(validator=_tuple_of(Address))
+    """Where it was seen."""
+    verdict: str = attrs.field(validator=_of(str))
+    """``ours wins``, ``ours loses`` or ``undecided`` (the facts have not held long enough)."""
+
+
 @message(name="p2pshard.status.Reply")
 @attrs.frozen(kw_only=True)
 class StatusReply:
@@ -172,6 +190,10 @@ class StatusReply:
     leader: UniqueAddress | None = attrs.field(validator=_optional_node)
     oldest: UniqueAddress | None = attrs.field(validator=_optional_node)
     entity_types: tuple[EntityTypeStatus, ...] = attrs.field(validator=_tuple_of(EntityTypeStatus))
+    other_clusters: tuple[OtherCluster, ...] = attrs.field(
+        default=(), validator=_tuple_of(OtherCluster)
+    )
+    """Other clusters of the same name seen lately (new: an older node sends none)."""
 
 
 @message(name="p2pshard.status.MemberCommand")
@@ -295,6 +317,7 @@ class StatusService:
             leader=cluster.leader,
             oldest=None if oldest is None else oldest.node,
             entity_types=tuple(types[name] for name in sorted(types)),
+            other_clusters=tuple(_other_cluster(s) for s in cluster.other_clusters()),
         )
 
 
@@ -394,6 +417,17 @@ def _member_at(cluster: Cluster, address: Address) -> Member | None:
         if member.node.address == address:
             return member
     return None
+
+
+def _other_cluster(sighting: Sighting) -> OtherCluster:
+    verdict = {None: "undecided", Verdict.WINS: "ours wins", Verdict.LOSES: "ours loses"}
+    return OtherCluster(
+        oldest=sighting.oldest,
+        size=sighting.size,
+        vouched=sighting.vouched,
+        addresses=sighting.addresses,
+        verdict=verdict[sighting.verdict],
+    )
 
 
 def _member_infos(members: Iterable[Member]) -> tuple[MemberInfo, ...]:
@@ -580,6 +614,16 @@ def reply_json(reply: StatusReply) -> dict[str, Any]:
         "unreachable": [node_json(n) for n in reply.unreachable],
         "leader": node_json(reply.leader),
         "oldest": node_json(reply.oldest),
+        "other_clusters": [
+            {
+                "oldest": node_json(o.oldest),
+                "size": o.size,
+                "vouched": o.vouched,
+                "addresses": [str(a) for a in o.addresses],
+                "verdict": o.verdict,
+            }
+            for o in reply.other_clusters
+        ],
         "entity_types": [
             {
                 "type_name": t.type_name,
@@ -650,6 +694,13 @@ def reply_text(reply: StatusReply) -> str:
             for m in reply.members
         ],
     )
+    for other in reply.other_clusters:
+        lines += [
+            "",
+            f"another cluster of this name: oldest {other.oldest}, {other.size} members "
+            f"({other.vouched} heard from) at {', '.join(map(str, other.addresses))}; "
+            f"{other.verdict}",
+        ]
     if not reply.entity_types:
         lines += ["", "no entity types started on this node"]
     for t in reply.entity_types:
