@@ -34,6 +34,7 @@ missing, for a skip reason (``scripts/test.sh`` installs both packages when run 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import re
@@ -66,7 +67,6 @@ COMMAND_TIMEOUT = 30.0
 _SBIN = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
 _counter = itertools.count()
 _NAME = re.compile(rf"^{re.escape(PREFIX)}(\d+)-(?:probe|\d+-(?:hub|\d+))$")
-_probed: str | bool | None = False  # False: not probed yet
 
 
 class NetnsError(Exception):
@@ -97,7 +97,6 @@ def netns_unavailable() -> str | None:
         >>> if reason is not None:  # doctest: +SKIP
         ...     pytest.skip(reason)
     """
-    global _probed
     if not sys.platform.startswith("linux"):
         return "network namespaces exist on Linux only"
     if os.geteuid() != 0:
@@ -108,18 +107,20 @@ def netns_unavailable() -> str | None:
                 f"network namespace tests need {tool!r}: install Debian's {package} "
                 "(scripts/test.sh does, as root)"
             )
-    if _probed is False:
-        name = f"{PREFIX}{os.getpid()}-probe"
-        try:
-            _run(["ip", "netns", "add", name])
-        except NetnsError as exc:
-            _probed = f"cannot make a network namespace here: {exc}"
-        else:
-            _probed = None
-            with contextlib.suppress(NetnsError):
-                _run(["ip", "netns", "del", name])
-    assert _probed is not False
-    return _probed
+    return _namespace_refused()
+
+
+@functools.cache
+def _namespace_refused() -> str | None:
+    """Why a namespace cannot be made here (tried once per process), or None."""
+    name = f"{PREFIX}{os.getpid()}-probe"
+    try:
+        _run(["ip", "netns", "add", name])
+    except NetnsError as exc:
+        return f"cannot make a network namespace here: {exc}"
+    with contextlib.suppress(NetnsError):
+        _run(["ip", "netns", "del", name])
+    return None
 
 
 def _run(command: Sequence[str], *, stdin: str | None = None) -> str:

@@ -614,14 +614,18 @@ class NetnsCluster:
             f"not within {within:g} s: {what}; data in {self.data_dir}\n{self.describe()}"
         )
 
-    async def converged(self, nodes: Iterable[int], within: float) -> bool:
-        """Whether ``nodes`` come to form one cluster (:meth:`one_cluster`) within ``within`` s."""
-        wanted = list(nodes)
+    async def holds_within(self, condition: Callable[[], bool], within: float) -> bool:
+        """Whether ``condition()`` comes to hold within ``within`` seconds (polled)."""
         try:
-            await self.wait_until(lambda: self.one_cluster(wanted), "", within)
+            await self.wait_until(condition, "", within)
         except NetnsTimeout:
             return False
         return True
+
+    async def converged(self, nodes: Iterable[int], within: float) -> bool:
+        """Whether ``nodes`` come to form one cluster (:meth:`one_cluster`) within ``within`` s."""
+        wanted = list(nodes)
+        return await self.holds_within(lambda: self.one_cluster(wanted), within)
 
     async def wait_one_cluster(
         self, nodes: Iterable[int] | None = None, *, within: float = 60.0
@@ -657,6 +661,21 @@ class NetnsCluster:
         run = self.current[i]
         await self.wait_until(lambda: run.started_at is not None, f"{run.label} starts", within)
         return run
+
+    async def wait_hosting(self, i: int, *, within: float) -> set[str]:
+        """Wait until node ``i``'s current process runs entities; the keys of those it runs.
+
+        A node that joined last gets shards by rebalancing, a few a round, so this may take a
+        few rounds.
+
+        Raises:
+            NetnsTimeout: it ran none within ``within`` seconds.
+        """
+        run = self.current[i]
+        await self.wait_until(
+            lambda: bool(self.incarnations_of(run)), f"{run.label} runs entities", within
+        )
+        return self.incarnations_of(run)
 
     async def status(self, i: int, *, via: int, wait: float = 5.0) -> dict[str, Any] | None:
         """``p2pshard status --json`` for node ``i``, run in node ``via``'s namespace.
@@ -702,7 +721,7 @@ class NetnsCluster:
                 open_.discard(str(event["key"]))
         return open_
 
-    def starts_after(self, key: str, t: float, *, not_on: str) -> list[tuple[str, float]]:
+    def starts_after(self, key: str, t: float, not_on: str) -> list[tuple[str, float]]:
         """(process, time) of every start of entity ``key`` after ``t`` on another node."""
         return [
             (run.label, float(event["t"]))
