@@ -10,9 +10,13 @@ is still drawn from the pytest-xdist worker and a per-process counter so that lo
 concurrent runs do not look alike.
 
 Faults are nftables rules in the node namespaces, which drop packets silently as a cut cable or
-a firewall does (the sender sees nothing; TCP retransmits; handshakes time out). Each node
-namespace has one table, ``inet p2pshard``, with a set of addresses its packets may not go to,
-checked on the output hook. So "A's packets to B are dropped" is one element in A's set, and:
+a firewall on the way does: the sender's packets leave and are lost, its kernel retransmits with
+the usual back-off, its handshakes time out. So the rules sit at the *receiving* end: each node
+namespace has one table, ``inet p2pshard``, with a set of source addresses whose packets its
+input hook drops. (A drop on the sender's output hook is not silent: the sender's kernel learns
+of it at once, ``sendto`` fails with EPERM, and TCP retransmits every half second without
+back-off, so links come back far sooner than after a real outage.) "A's packets to B are
+dropped" is one element, A's address, in B's set, and:
 
 - :meth:`NetnsNetwork.partition`: every packet between two groups is dropped, both ways;
 - :meth:`NetnsNetwork.one_way`: A's packets to B are dropped, B's to A pass (TCP between them
@@ -20,6 +24,11 @@ checked on the output hook. So "A's packets to B are dropped" is one element in 
   sees something different: A's SYNs are lost, B's SYNs arrive and their answers are lost);
 - :meth:`NetnsNetwork.bridge`: A and C cannot reach each other, both reach B;
 - :meth:`NetnsNetwork.heal`: every set emptied.
+
+TCP in the node namespaces retransmits SYNs with the classic exponential back-off (1, 2, 4 s
+...): recent kernels can make the first few retransmissions linear, one second apart
+(``net.ipv4.tcp_syn_linear_timeouts``, per namespace); it is set to 0 where it exists, so that
+how soon a link comes back after a heal does not depend on the host's kernel.
 
 Namespaces are named ``p2ps-<pid>-<n>-hub`` and ``p2ps-<pid>-<n>-<i>`` (the pid of the process
 that made them). The context manager removes them on the way out, after killing anything still
@@ -58,12 +67,15 @@ NODE_INTERFACE = "eth0"
 TABLE = "p2pshard"
 """The nftables table (family ``inet``) in each node namespace."""
 
-DROP_SET = "drop_to"
-"""The set of addresses a node namespace's packets are dropped to."""
+DROP_SET = "drop_from"
+"""The set of source addresses whose packets a node namespace drops on arrival."""
 
 COMMAND_TIMEOUT = 30.0
 """Seconds one ``ip`` or ``nft`` command may take."""
 
+_CLASSIC_SYN_BACKOFF = (
+    "f=/proc/sys/net/ipv4/tcp_syn_linear_timeouts; if [ -e $f ]; then echo 0 > $f; fi"
+)
 _SBIN = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
 _counter = itertools.count()
 _NAME = re.compile(rf"^{re.escape(PREFIX)}(\d+)-(?:probe|\d+-(?:hub|\d+))$")
@@ -246,16 +258,16 @@ class NetnsNetwork:
 
     def drop(self, pairs: Iterable[tuple[int, int]]) -> None:
         """Drop node i's packets to node j for every (i, j) in ``pairs``; i == j is ignored."""
-        by_source: dict[int, set[int]] = {}
+        by_target: dict[int, set[int]] = {}
         for i, j in pairs:
             self._check(i)
             self._check(j)
             if i != j and (i, j) not in self.drops:
-                by_source.setdefault(i, set()).add(j)
-        for i, targets in sorted(by_source.items()):
-            hosts = ", ".join(self.host(j) for j in sorted(targets))
-            self._nft(i, f"add element inet {TABLE} {DROP_SET} {{ {hosts} }}\n")
-            self.drops.update((i, j) for j in targets)
+                by_target.setdefault(j, set()).add(i)
+        for j, sources in sorted(by_target.items()):
+            hosts = ", ".join(self.host(i) for i in sorted(sources))
+            self._nft(j, f"add element inet {TABLE} {DROP_SET} {{ {hosts} }}\n")
+            self.drops.update((i, j) for i in sources)
 
     def partition(self, *groups: Iterable[int]) -> None:
         """Cut the groups off from each other, both ways; nodes in no group form one more.
@@ -288,8 +300,8 @@ class NetnsNetwork:
 
     def heal(self) -> None:
         """Let every packet pass again."""
-        for i in sorted({i for i, _ in self.drops}):
-            self._nft(i, f"flush set inet {TABLE} {DROP_SET}\n")
+        for j in sorted({j for _, j in self.drops}):
+            self._nft(j, f"flush set inet {TABLE} {DROP_SET}\n")
         self.drops.clear()
 
     # -- building and removing ------------------------------------------------------------
@@ -316,13 +328,14 @@ class NetnsNetwork:
             _run(["ip", "-n", hub, "link", "set", port, "master", BRIDGE, "up"])
             _run(["ip", "-n", ns, "addr", "add", f"{self.host(i)}/24", "dev", NODE_INTERFACE])
             _run(["ip", "-n", ns, "link", "set", NODE_INTERFACE, "up"])
+            _run(["ip", "netns", "exec", ns, "sh", "-c", _CLASSIC_SYN_BACKOFF])
             self._nft(
                 i,
                 f"table inet {TABLE} {{\n"
                 f"  set {DROP_SET} {{ type ipv4_addr; }}\n"
-                "  chain output {\n"
-                "    type filter hook output priority 0; policy accept;\n"
-                f"    ip daddr @{DROP_SET} drop\n"
+                "  chain input {\n"
+                "    type filter hook input priority 0; policy accept;\n"
+                f"    ip saddr @{DROP_SET} drop\n"
                 "  }\n"
                 "}\n",
             )

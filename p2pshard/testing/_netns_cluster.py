@@ -12,7 +12,9 @@ A node process is, by default, ``python -m p2pshard.testing._real_node`` (as ``p
 --real`` runs: the node, the counter entity type, the singleton probe and workload clients,
 recording a history file), started with ``ip netns exec``; or the real ``p2pshard node`` command
 (``program="cli"``), which records nothing but its log and exit status. Every process's stdout
-and stderr go to ``<data_dir>/node-<i>/node.log``, each start marked with a ``===`` line.
+and stderr go to ``<data_dir>/node-<i>/node.log``, each start marked with a ``===`` line; what
+the test did (starts, exits, faults) goes to ``<data_dir>/events.log``, with the wall-clock time
+the node logs show.
 
 What a test can observe, all on CLOCK_MONOTONIC (shown as seconds since the cluster was opened):
 
@@ -123,6 +125,15 @@ def fast_leases(ttl: float) -> LeaseSettings:
     )
 
 
+def quick_membership() -> ClusterSettings:
+    """Membership settings for quick scenarios (change one with ``attrs.evolve``).
+
+    Gossip every 0.5 s, island probes every 2 s, and the first seed forms the cluster after 2 s
+    without an answer from another seed (default 5 s).
+    """
+    return ClusterSettings(gossip_interval=0.5, seed_probe_interval=2.0, seed_node_timeout=2.0)
+
+
 @attrs.frozen(kw_only=True)
 class NetnsClusterSettings:
     """What the node processes of one namespace run are and how they are configured.
@@ -142,10 +153,8 @@ class NetnsClusterSettings:
     the split brain resolver's timing alone."""
     leases: LeaseSettings = attrs.field(factory=lambda: fast_leases(6.0))
     """Lease timing (default a 6 s time-to-live); the backend and path are set per run."""
-    cluster: ClusterSettings = attrs.field(
-        factory=lambda: ClusterSettings(gossip_interval=0.5, seed_probe_interval=2.0)
-    )
-    """Membership settings (default: gossip every 0.5 s, island probes every 2 s)."""
+    cluster: ClusterSettings = attrs.field(factory=quick_membership)
+    """Membership settings (default :func:`quick_membership`)."""
     failure_detector: FailureDetectorSettings = attrs.field(
         factory=lambda: FailureDetectorSettings(
             heartbeat_interval=0.5, acceptable_heartbeat_pause=2.0
@@ -317,10 +326,12 @@ class NetnsCluster:
         return time.monotonic() - self.origin
 
     def note(self, text: str) -> None:
-        """Record (and print) one line of what the test did."""
+        """Record one line of what the test did: printed, and in ``<data_dir>/events.log``."""
         line = f"{self.now():6.1f} {text}"
         self.faults.append(line)
         print(line, flush=True)
+        with (self.data_dir / "events.log").open("a") as events:
+            events.write(f"{time.strftime('%H:%M:%S')} {line}\n")
 
     def write_configs(self) -> None:
         """The CA, every node's certificate and TOML file, and the lease file's place."""

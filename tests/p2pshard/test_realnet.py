@@ -26,10 +26,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import ParamSpec
 
+import attrs
 import pytest
 import trio
 
-from membership import SplitBrainResolverSettings
+from membership import SplitBrainResolverSettings, TransportSettings
+from membership._cluster_core import ClusterSettings
 from p2pshard.testing import Span, check_history, check_single_activation
 from p2pshard.testing._netns import (
     PREFIX,
@@ -45,6 +47,7 @@ from p2pshard.testing._netns_cluster import (
     check_single_cluster,
     fast_leases,
     open_netns_cluster,
+    quick_membership,
 )
 
 ISSUE = "issue 19"
@@ -65,7 +68,7 @@ MERGE = 30.0
 probes run every 2 s and need two sightings, the losing side's nodes exit, their supervisor
 starts them 1 s later, and they join: about 12 s when it works."""
 
-LEASE_TTL = 60.0
+LEASE_TTL = 40.0
 """The lease time-to-live of the lease tests: far longer than a failover (seconds), so that
 "waited for the lease to expire" and "the lease was released" cannot be confused."""
 
@@ -388,11 +391,20 @@ async def test_a_restarted_first_seed_joins_the_running_cluster_after_a_heal(
     tmp_path: Path,
 ) -> None:
     # The first seed is cut off and downed; its supervisor starts it again while the cut
-    # holds, and the network heals a second before its seed_node_timeout is up. It must join
+    # holds, and the network heals a second before its seed_node_timeout (the default 5 s) is
+    # up. Its links use the default connect timeout (5 s) and back-off, and the kernel retries
+    # the lost SYNs after 1, 2, 4 s: the one at 3 s was lost, the next would go at 7 s, so the
+    # link to the other seed is still being retried when the timeout is up. It must join
     # the cluster that runs, not form one of its own (and then, without leases, run the same
     # entities as the others until the islands merge).
-    settings = NetnsClusterSettings(nodes=5, seeds=(1, 2), use_lease=False)
-    timeout = settings.cluster.seed_node_timeout
+    timeout = ClusterSettings().seed_node_timeout  # the default, 5 s
+    settings = NetnsClusterSettings(
+        nodes=5,
+        seeds=(1, 2),
+        use_lease=False,
+        cluster=attrs.evolve(quick_membership(), seed_node_timeout=timeout),
+        transport=TransportSettings(),  # the default connect timeout and reconnect back-off
+    )
     async with open_netns_cluster(settings, tmp_path / "run") as cluster:
         await _formed(cluster)
         cluster.partition([1])
@@ -473,7 +485,7 @@ async def test_a_departing_node_releases_its_shard_leases(tmp_path: Path, how: s
     # The lease file stays reachable to everyone, so a node that is downed (cut off by the
     # network, not from its lease store) or leaves gracefully can give its shard leases back on
     # the way out. Then its entities start elsewhere as soon as the cluster moves their shards,
-    # seconds later, and not after the leases' time-to-live of a minute.
+    # seconds later, and not after the leases' time-to-live (40 s; the test allows half).
     settings = NetnsClusterSettings(nodes=5, seeds=(1, 2), leases=fast_leases(LEASE_TTL))
     async with open_netns_cluster(settings, tmp_path / "run") as cluster:
         await _formed(cluster)
