@@ -663,15 +663,19 @@ class NetnsCluster:
         await self.wait_until(lambda: run.done.is_set(), f"{run.label} exits", within)
         return run.exit_status
 
-    async def wait_started(self, i: int, *, within: float) -> NetnsRun:
-        """Wait until node ``i``'s current process began to open its node; that process.
+    async def wait_started(self, i: int, *, within: float) -> float:
+        """Wait until node ``i``'s current process began to join; the time it did.
+
+        The time is on CLOCK_MONOTONIC: the ``starting`` line, written right before the
+        process opens its node.
 
         Raises:
             NetnsTimeout: it did not within ``within`` seconds.
         """
         run = self.current[i]
         await self.wait_until(lambda: run.started_at is not None, f"{run.label} starts", within)
-        return run
+        assert run.started_at is not None
+        return run.started_at
 
     async def wait_hosting(self, i: int, *, within: float) -> set[str]:
         """Wait until node ``i``'s current process runs entities; the keys of those it runs.
