@@ -2,9 +2,10 @@
 # The whole test suite: lint, types, tests (in two pytest-xdist workers). `scripts/test.sh --slow`
 # adds soak and many-seed runs; any other arguments go to pytest (-n 0: one process). The etcd
 # lease tests start their own etcd server and the PostgreSQL journal tests their own PostgreSQL,
-# and the chat example's browser test drives a headless Chromium: when the binaries are missing
-# they are installed first from Debian's packages etcd-server, postgresql and chromium (which
-# brings a font through fontconfig).
+# the chat example's browser test drives a headless Chromium, and the network-namespace tests (run
+# as root) cut links with nftables and build their network with iproute2: when the binaries are
+# missing they are installed first from Debian's packages etcd-server, postgresql, chromium (which
+# brings a font through fontconfig), nftables and iproute2.
 source "$(dirname "$0")/_venv.sh"
 
 # Installs one of Debian's packages as root (or through sudo) for tests that run a real server,
@@ -66,6 +67,14 @@ has_chromium() {
     [ -x /usr/bin/chromium ]
 }
 
+has_nft() {
+    command -v nft || [ -x /usr/sbin/nft ]
+}
+
+has_ip() {
+    command -v ip || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ]
+}
+
 # Debian's postgresql creates a cluster "main" on port 5432; where something started it anyway
 # (systemd without the unit we disabled, an older postinst), stop it: the tests run their own.
 stop_debian_postgres_clusters() {
@@ -85,6 +94,11 @@ if ! has_postgres >/dev/null 2>&1; then
     stop_debian_postgres_clusters
 fi
 install_debian_package chromium "" "chat browser" has_chromium
+# The network-namespace tier needs root; elsewhere its tests skip, and so nothing is installed.
+if [ "$(id -u)" -eq 0 ]; then
+    install_debian_package iproute2 "" "network-namespace" has_ip
+    install_debian_package nftables nftables.service "network-namespace" has_nft
+fi
 ruff check .
 ruff format --check .
 mypy

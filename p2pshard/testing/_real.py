@@ -454,6 +454,28 @@ class ProcessRun:
     """The ``view`` and ``answers`` lines read so far."""
     popen: subprocess.Popen[bytes] | None = None
 
+    def new_events(self) -> list[dict[str, Any]]:
+        """The events of the complete lines appended to the history file since the last call.
+
+        A line the process is still writing waits for the next call; a line that does not
+        parse is skipped (:func:`read_events` counts those when the run is merged).
+        """
+        try:
+            with self.history.open("rb") as file:
+                file.seek(self.offset)
+                data = file.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        events = []
+        for line in data[:end].splitlines():
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if isinstance(event, dict) and isinstance(event.get("t"), int | float):
+                    events.append(event)
+        return events
+
 
 @attrs.frozen
 class Merged:
@@ -570,6 +592,67 @@ def merge_histories(runs: Sequence[ProcessRun], *, origin: float = 0.0) -> Merge
 # --- the run -------------------------------------------------------------------------------------
 
 
+def node_tls(name: str, ca_dir: Path, node_dir: Path, *, cluster: str) -> TlsFiles:
+    """Make node ``name``'s key and certificate in ``node_dir``, signed by the CA in ``ca_dir``."""
+    create_node_certificate(name, ca_dir, node_dir, cluster=cluster)
+    return TlsFiles(
+        ca_file=node_dir / "ca.pem",
+        cert_file=node_dir / "node.pem",
+        key_file=node_dir / "node-key.pem",
+    )
+
+
+def node_process_command(
+    config: Path,
+    history: Path,
+    *,
+    clients: int,
+    entities: int,
+    shards: int,
+    interval: float,
+    seed: int,
+    use_lease: bool,
+) -> list[str]:
+    """The command line of one node process (``p2pshard.testing._real_node``).
+
+    The process dies with this one (``--parent``): start it from the main thread, since the
+    parent-death signal follows the thread that started the child.
+    """
+    command = [
+        sys.executable,
+        "-m",
+        "p2pshard.testing._real_node",
+        "--config",
+        str(config),
+        "--history",
+        str(history),
+        "--clients",
+        str(clients),
+        "--entities",
+        str(entities),
+        "--shards",
+        str(shards),
+        "--interval",
+        str(interval),
+        "--seed",
+        str(seed),
+        "--parent",
+        str(os.getpid()),
+    ]
+    if not use_lease:
+        command.append("--no-lease")
+    return command
+
+
+def node_process_env() -> dict[str, str]:
+    """The environment of node processes: this one's, with this p2pshard first on the path."""
+    root = str(Path(__file__).resolve().parents[2])  # where this p2pshard is imported from
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))),
+    }
+
+
 def _reserve_port(stack: contextlib.ExitStack) -> int:
     """A port free on 127.0.0.1, held (bound) until ``stack`` closes.
 
@@ -664,18 +747,13 @@ class _Orchestrator:
         for i in self.nodes:
             name = f"node-{i}"
             node_dir = self.data_dir / name
-            create_node_certificate(name, ca_dir, node_dir, cluster=CLUSTER)
             config = NodeConfig(
                 cluster_name=CLUSTER,
                 node_name=name,
                 bind_host="127.0.0.1",
                 bind_port=seeds[i - 1].port,
                 seed_nodes=seeds,
-                tls=TlsFiles(
-                    ca_file=node_dir / "ca.pem",
-                    cert_file=node_dir / "node.pem",
-                    key_file=node_dir / "node-key.pem",
-                ),
+                tls=node_tls(name, ca_dir, node_dir, cluster=CLUSTER),
                 transport=TransportSettings(
                     dial_via=tuple(
                         (str(seeds[j - 1]), self.via[(i, j)]) for j in self.nodes if j != i
@@ -701,34 +779,17 @@ class _Orchestrator:
         count = sum(1 for run in self.runs if run.node == name) + 1
         history = self.data_dir / name / "history" / f"{count}.jsonl"
         s = self.settings
-        command = [
-            sys.executable,
-            "-m",
-            "p2pshard.testing._real_node",
-            "--config",
-            str(self.configs[i]),
-            "--history",
-            str(history),
-            "--clients",
-            str(s.clients_per_node),
-            "--entities",
-            str(s.entities),
-            "--shards",
-            str(s.shards),
-            "--interval",
-            str(s.message_interval),
-            "--seed",
-            str(self.seed),
-            "--parent",
-            str(os.getpid()),
-        ]
-        if not s.use_lease:
-            command.append("--no-lease")
-        root = str(Path(__file__).resolve().parents[2])  # where this p2pshard is imported from
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))),
-        }
+        command = node_process_command(
+            self.configs[i],
+            history,
+            clients=s.clients_per_node,
+            entities=s.entities,
+            shards=s.shards,
+            interval=s.message_interval,
+            seed=self.seed,
+            use_lease=s.use_lease,
+        )
+        env = node_process_env()
         log = (self.data_dir / name / "node.log").open("ab")
         log.write(f"=== {name}#{count} starts at {self.now() - self.origin:.1f}\n".encode())
         log.flush()
@@ -796,20 +857,11 @@ class _Orchestrator:
 
     def read_new(self, run: ProcessRun) -> None:
         """Read the complete lines appended to the run's history file since the last call."""
-        try:
-            with run.history.open("rb") as file:
-                file.seek(run.offset)
-                data = file.read()
-        except FileNotFoundError:
-            return
-        end = data.rfind(b"\n") + 1
-        run.offset += end
-        for line in data[:end].splitlines():
-            if b'"e":"ready"' in line:
+        for event in run.new_events():
+            if event["e"] == "ready":
                 run.ready = True
-            elif b'"e":"view"' in line or b'"e":"answers"' in line:
-                with contextlib.suppress(ValueError):
-                    run.reports.append(json.loads(line))
+            elif event["e"] in ("view", "answers"):
+                run.reports.append(event)
 
     def stop_all(self) -> None:
         """SIGKILL every node process still running and reap it (bounded)."""

@@ -16,7 +16,13 @@ the page cache keeps it: a line written is a line the orchestrator will read.
 
 The lines, by ``e`` (event):
 
+- ``starting``: the process is about to open the node (``pid``), so the node begins to join
+  now;
 - ``ready``: the node runs (``pid``, ``node``, ``uid``);
+- ``members``: the membership as this node sees it, written whenever it changed (looked at every
+  ``MEMBERS_POLL`` seconds): ``uid`` (this incarnation's, hex), ``members`` ([name, uid,
+  status] of every member but the removed ones) and ``unreachable`` (uids some member cannot
+  reach);
 - ``start`` / ``stop``: an entity incarnation (``key`` ``type/id``, ``token`` its shard lease's
   fencing token), from ``node.sharding.observe``;
 - ``log``: the entity handled (``sender``, ``seq``): the counter writes it **before** it
@@ -27,8 +33,10 @@ The lines, by ``e`` (event):
 - ``view`` and ``answers``: on SIGUSR1, the members this node sees, its region's shard homes and
   its replicas' digests; then, for one probe entity per shard, whether it answered through this
   node (the orchestrator's final checks);
-- ``exit``: the node left the cluster (downed or removed) and the process ends, as
-  ``p2pshard node`` does; the orchestrator starts it again.
+- ``leaving``: SIGTERM came: the node hands off its shards and leaves the cluster gracefully,
+  as ``p2pshard node`` does;
+- ``exit``: the node left the cluster (downed, removed, or left after SIGTERM: ``why``) and the
+  process ends, as ``p2pshard node`` does; the orchestrator starts it again.
 
 Sender names hold the pid, so that a restarted process, which counts its sequence numbers from 1
 again, is a different sender.
@@ -75,6 +83,9 @@ PING_INTERVAL = 1.0
 
 ANSWER_TIMEOUT = 10.0
 """Seconds each shard's probe entity may take to answer on SIGUSR1."""
+
+MEMBERS_POLL = 0.2
+"""Seconds between looks at the membership for ``members`` lines."""
 
 logger = logging.getLogger("p2pshard.testing.real_node")
 
@@ -217,6 +228,30 @@ async def _report(node: Node, region: ShardRegion, history: HistoryFile, shards:
     history.write("answers", answers=answers)
 
 
+def members_view(node: Node) -> dict[str, object]:
+    """The fields of a ``members`` line: this incarnation, its members, the unreachable ones."""
+    cluster = node.cluster
+    return {
+        "uid": f"{cluster.self_address.uid:x}",
+        "members": [
+            [m.node.name, f"{m.node.uid:x}", m.status.value]
+            for m in cluster.members
+            if m.status is not MemberStatus.REMOVED
+        ],
+        "unreachable": sorted(f"{m.node.uid:x}" for m in cluster.unreachable),
+    }
+
+
+async def _record_members(node: Node, history: HistoryFile) -> None:
+    last: dict[str, object] | None = None
+    while True:
+        view = members_view(node)
+        if view != last:
+            history.write("members", **view)
+            last = view
+        await trio.sleep(MEMBERS_POLL)
+
+
 async def run_node(args: argparse.Namespace) -> None:
     """Run the node and its workload until it is downed or removed."""
     config = NodeConfig.load(args.config)
@@ -225,9 +260,15 @@ async def run_node(args: argparse.Namespace) -> None:
     sharding = ShardingSettings(
         use_lease=args.use_lease, lease_retry_interval=1.0, rebalance_interval=5.0
     )
+    left_on_signal = False
     try:
-        with trio.open_signal_receiver(signal.SIGUSR1) as reports:
+        with (
+            trio.open_signal_receiver(signal.SIGUSR1) as reports,
+            trio.open_signal_receiver(signal.SIGTERM) as terms,
+        ):
+            history.write("starting", pid=os.getpid())
             async with open_node(config) as node, trio.open_nursery() as nursery:
+                nursery.start_soon(_record_members, node, history)
                 node.sharding.observe(_Observer(history))
                 region = await node.sharding.start(
                     COUNTER,
@@ -253,9 +294,22 @@ async def run_node(args: argparse.Namespace) -> None:
                         nursery.start_soon(_report, node, region, history, args.shards)
 
                 nursery.start_soon(report_on_signal)
+
+                async def leave_on_sigterm() -> None:
+                    nonlocal left_on_signal
+                    async for _ in terms:
+                        history.write("leaving", why="SIGTERM")
+                        left_on_signal = True
+                        nursery.cancel_scope.cancel()  # leaving open_node's block leaves
+                        return
+
+                nursery.start_soon(leave_on_sigterm)
                 await node.terminated.wait()  # downed or removed: the process ends
                 history.write("exit", why=str(node.cluster.termination_reason))
                 nursery.cancel_scope.cancel()
+            if left_on_signal:
+                reason = node.cluster.termination_reason or "not removed in time"
+                history.write("exit", why=f"left on SIGTERM ({reason})")
     finally:
         history.close()
 
