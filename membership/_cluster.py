@@ -32,6 +32,7 @@ from ._cluster_core import (
     ClusterCore,
     ClusterSettings,
     Effect,
+    InitJoin,
     Phase,
     Publish,
     Send,
@@ -492,6 +493,8 @@ class Cluster:
     def _send(self, to: Address | UniqueAddress, message: object) -> None:
         try:
             self._transport.send_nowait(to, message)
+            if isinstance(message, InitJoin) and isinstance(to, Address):
+                self._transport.hurry(to)  # a restarting node must hear it before it forms
         except SendQueueFull:
             logger.debug(
                 "%s: send queue to %s full; %s skipped", self._node, to, type(message).__name__

@@ -121,6 +121,11 @@ class ClusterSettings:
     seed_node_timeout: float = attrs.field(default=5.0, validator=in_range(0.001, 3600))
     """How long the first seed waits for other seeds before forming the cluster (default 5 s)."""
 
+    own_seed_listen: float = attrs.field(default=2.0, validator=in_range(0.0, 3600))
+    """How long a node whose only seed node is itself listens before it forms its cluster
+    (default 2 s; 0: at once). A running cluster of its name probes it meanwhile if it was
+    restarted while that cluster went on, and it joins that one instead of forming a second."""
+
     seed_node_retry_interval: float = attrs.field(default=1.0, validator=in_range(0.001, 60))
     """Seconds between InitJoin rounds to the seed nodes (default 1)."""
 
@@ -434,7 +439,9 @@ class ClusterCore:
         """The earliest time :meth:`tick` has something to do."""
         if self.phase is Phase.SEEDING:
             if self.seed_nodes[0] == self.self_node.address:
-                return min(self._next_seed_round, self._seeding_deadline)
+                # Not before every member that probed us had its chance to answer.
+                form_at = max([self._seeding_deadline, *self._candidates.values()])
+                return min(self._next_seed_round, form_at)
             return self._next_seed_round
         if self.phase is Phase.JOINING:
             return self._next_join_retry
@@ -480,17 +487,21 @@ class ClusterCore:
     def start(self, now: float) -> list[Effect]:
         """Begin joining through the seed nodes (nothing to do without seed nodes).
 
-        A node that is its own only seed node forms its cluster at once: there is nobody to
-        wait for.
+        A node that is its own only seed node has nobody to ask: it forms its cluster after
+        ``own_seed_listen`` rather than ``seed_node_timeout``, unless a member of a running
+        cluster of its name probes it meanwhile (it was restarted while that cluster ran on),
+        which it then joins.
         """
         if self.phase is not Phase.IDLE or not self.seed_nodes:
             return []
-        if self.seed_nodes == (self.self_node.address,):
+        self.phase = Phase.SEEDING
+        own_only = self.seed_nodes == (self.self_node.address,)
+        if own_only and self.settings.own_seed_listen == 0:
             logger.info("%s: the only seed node is this one; forming a new cluster", self.self_node)
             return self._join_self(now)
-        self.phase = Phase.SEEDING
-        self._seeding_deadline = now + self.settings.seed_node_timeout
-        self._seeding_limit = now + 2 * self.settings.seed_node_timeout
+        wait = self.settings.own_seed_listen if own_only else self.settings.seed_node_timeout
+        self._seeding_deadline = now + wait
+        self._seeding_limit = now + 2 * wait
         self._next_seed_round = now
         return self.tick(now)
 
@@ -618,7 +629,16 @@ class ClusterCore:
         me = self.self_node.address
         self._candidates = {a: until for a, until in self._candidates.items() if until > now}
         if seeds[0] == me and now >= self._seeding_deadline and not self._candidates:
-            logger.info("%s: no other seed node answered; forming a new cluster", self.self_node)
+            if seeds == (me,):
+                logger.info(
+                    "%s: the only seed node is this one, and no cluster of our name probed it; "
+                    "forming a new cluster",
+                    self.self_node,
+                )
+            else:
+                logger.info(
+                    "%s: no other seed node answered; forming a new cluster", self.self_node
+                )
             return self._join_self(now)
         if now < self._next_seed_round:
             return []

@@ -609,6 +609,16 @@ class TcpTransport(Transport):
         with trio.move_on_after(seconds):
             await outbox.retry_now.wait()
 
+    def hurry(self, address: Address) -> None:
+        """Reconnect the link to ``address`` now if it waits (see ``Transport.hurry``)."""
+        super().hurry(address)
+        outbox = self._outboxes.get(address)
+        if outbox is None or outbox.connected or outbox.closed:
+            return
+        attempt = self._attempts.get(outbox)
+        if attempt is not None and trio.current_time() - attempt[1] >= STALE_CONNECT_ATTEMPT:
+            attempt[0].cancel()
+
     def _retry_others(self, linked: Outbox | None = None) -> None:
         """A link just came up (or a peer dialled us): a partition may have healed.
 

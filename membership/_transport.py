@@ -500,6 +500,16 @@ class Transport(abc.ABC):
             logger.debug("%s: forgot the links to %s", self._local, forgotten)
         return forgotten
 
+    def hurry(self, address: Address) -> None:
+        """If the link to ``address`` waits to reconnect, try now instead (nothing otherwise).
+
+        For a message that matters more than the backoff saves: membership's probes of a
+        restarting node, which must reach it before it forms a cluster of its own.
+        """
+        outbox = self._outboxes.get(address)
+        if outbox is not None and not outbox.connected:
+            outbox.retry_now.set()
+
     def on_link_up(self, callback: Callable[[Address], None]) -> None:
         """Call ``callback(address)`` (which must not block) whenever a link to a peer comes up.
 

@@ -320,7 +320,9 @@ class NodeConfig:
     seed_nodes: tuple[Address, ...] = attrs.field(default=(), validator=_check_seed_nodes)
     """Nodes to contact to join the cluster (default none). As in Akka, the first seed node starts
     a new cluster by joining itself when it cannot reach the others. A node that is its own only
-    seed node forms its cluster at once, and later nodes join it through the same list. With no
+    seed node forms its cluster after ``cluster.own_seed_listen`` (2 s), unless a running cluster
+    of its name probes it meanwhile (then it joins that one), and later nodes join it through the
+    same list. With no
     seed nodes, set ``self_join``, or call ``node.cluster.join(address)`` after ``open_node``
     (``p2pshard node`` refuses a configuration with neither)."""
 
@@ -397,7 +399,8 @@ class NodeConfig:
                 f"{type(self).__name__}.self_join = True is invalid with seed_nodes "
                 f"({', '.join(map(str, self.seed_nodes))}): self_join forms a cluster without "
                 "asking anyone, seed nodes are whom to ask; set seed_nodes = [] or drop self_join "
-                "(a node that is its own only seed node forms its cluster at once too)"
+                "(a node that is its own only seed node forms its cluster within "
+                "cluster.own_seed_listen too)"
             )
         if self.canonical_host is None and self.bind_host in _WILDCARD_HOSTS:
             raise ConfigurationError(

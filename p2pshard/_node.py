@@ -496,6 +496,7 @@ async def _run(
     lease_clock: LeaseClock,
 ) -> AsyncIterator[Node]:
     leases: Leases | None = None
+    node: Node | None = None
     try:
         with single_error():
             async with trio.open_nursery() as nursery:
@@ -572,6 +573,8 @@ async def _run(
     finally:
         # After every task of the node ended: its entities and singletons are stopped, so
         # what they held may go to another node at once rather than when it expires.
+        if node is not None and node._sharding is not None:
+            node._sharding.end_incarnations()
         if leases is not None:
             with trio.CancelScope(shield=True):
                 await leases.release_all()

@@ -924,6 +924,11 @@ class ShardRegion:
         for entity_id, message, reply in waiting:
             self._route_nowait(shard_id, entity_id, message, reply)
 
+    def _end_incarnations(self) -> None:
+        """The node stopped: every incarnation of this region's shards is gone."""
+        for shard in self._shards.values():
+            shard.end_incarnations()
+
     def _shard_stopped(self, shard_id: ShardId) -> None:
         shard = self._shards.pop(shard_id, None)
         if shard is not None:

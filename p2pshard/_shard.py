@@ -259,6 +259,11 @@ class Shard:
         """The shard has stopped: stop watching its lease."""
         self._watching.cancel()
 
+    def end_incarnations(self) -> None:
+        """The node stopped (no task of it runs any more): every incarnation here is gone."""
+        for cell in list(self.entities.values()):
+            self._drop(cell)
+
     async def _acquire(self, lease: ShardLease) -> None:
         grant = await acquire_until_granted(
             lease,

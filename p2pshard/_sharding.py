@@ -414,6 +414,15 @@ class Sharding:
         """Stop accepting messages (the node is stopping)."""
         self._closed = True
 
+    def end_incarnations(self) -> None:
+        """The node stopped, and none of its tasks runs any more: its entities are gone.
+
+        Observers hear of every incarnation that was still live, before the node gives its
+        shard leases back (then another node may start them).
+        """
+        for region in self._regions.values():
+            region._end_incarnations()
+
     # -- asks and messages ------------------------------------------------------------------
 
     def _check_message(self, message: object) -> int:

@@ -151,13 +151,30 @@ def test_first_seed_forms_the_cluster_and_others_join_and_become_up() -> None:
     assert any(isinstance(e, MemberUp) for e in w.events[address(5)])
 
 
-def test_a_node_that_is_its_own_only_seed_forms_its_cluster_at_once() -> None:
+def test_a_node_that_is_its_own_only_seed_forms_its_cluster_after_a_short_listen() -> None:
     w = World(seed=2)
     core = w.add(1, seeds=(1,))
-    assert core.phase is Phase.MEMBER  # no seed_node_timeout to wait: nobody else to ask
-    w.run(1.5)
+    assert core.phase is Phase.SEEDING
+    assert core.next_deadline() <= 2.0  # own_seed_listen, not seed_node_timeout (5 s)
+    w.run(2.5)
     assert w.statuses(1) == {"n1": S.UP}
     assert not w.sent  # it asked nobody
+    at_once = World(seed=2).add(1, seeds=(1,), own_seed_listen=0.0)
+    assert at_once.phase is Phase.MEMBER
+
+
+def test_a_restarted_own_only_seed_joins_the_cluster_that_probes_it_instead_of_forming() -> None:
+    core = ClusterCore(
+        UniqueAddress(address(1), "n1", 9), ClusterSettings(), random.Random(1), (address(1),)
+    )
+    core.start(0.0)
+    member = UniqueAddress(address(3), "n3", 7)
+    effects = core.receive(member, InitJoin(sender=member, oldest=member, size=4), 0.5)
+    assert Send(address(3), InitJoin(sender=core.self_node)) in effects
+    core.tick(3.0)  # past own_seed_listen: it waits for the member that probed it
+    assert phase(core) is Phase.SEEDING
+    core.receive(member, InitJoinAck(sender=member, oldest=member, size=4), 3.1)
+    assert phase(core) is Phase.JOINING
 
 
 def test_non_first_seed_never_forms_its_own_cluster() -> None:

@@ -66,11 +66,6 @@ INTRUDER_SEEDS = range(300, 304)
 INTRUDER_SETTINGS = attrs.evolve(REALISTIC_CI_SETTINGS, faults=("intruder",), quiet=20.0)
 SLOW_SEEDS = range(1000, 3000)
 JOBS = 2
-PENDING = pytest.mark.xfail(
-    strict=False,
-    reason="issues 19/20: islands that hold every seed node never merge, and members act on "
-    "messages from non-members; the lead's membership fixes are pending",
-)
 
 
 def run_and_check(seeds: range, settings: ChaosSettings) -> None:
@@ -99,7 +94,6 @@ def test_every_invariant_holds_over_fan_out_seeds() -> None:
     run_and_check(FAN_OUT_SEEDS, FAN_OUT_SETTINGS)
 
 
-@PENDING
 def test_every_invariant_holds_over_the_ci_seeds_as_hard_as_real_hosts() -> None:
     """Seed subsets, seed restarts during partitions, seed partitions and the intruder."""
     run_and_check(CI_SEEDS, REALISTIC_CI_SETTINGS)
@@ -110,7 +104,6 @@ def test_every_invariant_holds_over_two_thousand_more_seeds() -> None:
     run_and_check(SLOW_SEEDS, ChaosSettings())
 
 
-@PENDING
 def test_every_invariant_holds_while_an_intruder_forges_membership_messages() -> None:
     run_and_check(INTRUDER_SEEDS, INTRUDER_SETTINGS)
 
