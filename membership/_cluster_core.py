@@ -410,6 +410,10 @@ class ClusterCore:
     are asked too (a restarted node finds the cluster that won a merge through them)."""
     _seeding_limit: float = 0.0
     """The latest a first seed node waits for other seeds, however many links come up."""
+    _final_round_at: float | None = None
+    """When a first seed node asked the other seeds one last time, past its deadline."""
+    _nacked: dict[Address, float] = attrs.field(factory=dict)
+    """While seeding: when each seed node last said it is no member (it is up, seeding too)."""
     _deferred_joins: dict[Address, tuple[UniqueAddress, frozenset[str], float]] = attrs.field(
         factory=dict
     )
@@ -501,6 +505,8 @@ class ClusterCore:
             return self._join_self(now)
         wait = self.settings.own_seed_listen if own_only else self.settings.seed_node_timeout
         self._seeding_deadline = now + wait
+        self._final_round_at = None
+        self._nacked.clear()
         self._seeding_limit = now + 2 * wait
         self._next_seed_round = now
         return self.tick(now)
@@ -629,23 +635,46 @@ class ClusterCore:
         me = self.self_node.address
         self._candidates = {a: until for a, until in self._candidates.items() if until > now}
         if seeds[0] == me and now >= self._seeding_deadline and not self._candidates:
-            if seeds == (me,):
-                logger.info(
-                    "%s: the only seed node is this one, and no cluster of our name probed it; "
-                    "forming a new cluster",
-                    self.self_node,
+            if self._final_round_at is None and self._silent_seeds(now):
+                # One last round, asked after the deadline, and a round's time to answer: a
+                # partition that healed just before the deadline gets its chance (the
+                # transport connects afresh for each round). Not when every other seed said it
+                # is no member: they are up, and looking for a cluster too.
+                self._final_round_at = now
+                self._seeding_deadline = min(
+                    now + self.settings.seed_node_retry_interval, self._seeding_limit
                 )
+                self._next_seed_round = now
             else:
-                logger.info(
-                    "%s: no other seed node answered; forming a new cluster", self.self_node
-                )
-            return self._join_self(now)
+                return self._form(now)
         if now < self._next_seed_round:
             return []
         self._next_seed_round = now + self.settings.seed_node_retry_interval
         asked = [seed for seed in seeds if seed != me]
         asked += sorted(set(self._candidates) - set(asked))
         return [Send(address, InitJoin(sender=self.self_node)) for address in asked]
+
+    def _silent_seeds(self, now: float) -> list[Address]:
+        """The other seed nodes that did not answer the last two rounds (not even a Nack)."""
+        horizon = now - 2 * self.settings.seed_node_retry_interval
+        me = self.self_node.address
+        return [
+            seed
+            for seed in self.seed_nodes
+            if seed != me and self._nacked.get(seed, float("-inf")) < horizon
+        ]
+
+    def _form(self, now: float) -> list[Effect]:
+        """Seeding is over and nobody answered: form a new cluster, this node its first member."""
+        if self.seed_nodes == (self.self_node.address,):
+            logger.info(
+                "%s: the only seed node is this one, and no cluster of our name probed it; "
+                "forming a new cluster",
+                self.self_node,
+            )
+        else:
+            logger.info("%s: no other seed node answered; forming a new cluster", self.self_node)
+        return self._join_self(now)
 
     def _join_self(self, now: float) -> list[Effect]:
         me = Member(self.self_node, roles=self.roles)
@@ -778,6 +807,8 @@ class ClusterCore:
             case InitJoinAck():
                 return self._on_init_join_ack(sender, message, now)
             case InitJoinNack():
+                if self.phase is Phase.SEEDING:
+                    self._nacked[sender.address] = now
                 return []
             case Join(node=node, roles=roles):
                 return self._on_join(node, frozenset(roles), now)

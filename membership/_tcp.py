@@ -85,6 +85,9 @@ RETRY_HINT_INTERVAL = 0.5
 """Seconds between two "a link came up: retry the others now" hints (see ``_retry_others``)."""
 STALE_CONNECT_ATTEMPT = 1.0
 """A connect attempt unanswered for this long is started afresh on such a hint."""
+HURRIED_CONNECT_ATTEMPT = 0.5
+"""``hurry`` starts afresh a connect attempt unanswered for this long: a SYN lost to a
+partition that has healed since is retransmitted by the kernel only seconds later."""
 
 
 @_wire.message(name="p2pshard.transport.Hello")
@@ -465,6 +468,7 @@ class TcpTransport(Transport):
         """Deliver what an accepted link carries until it ends or breaks the protocol."""
         peer, identity = entry.peer, entry.identity
         self._inbound_links += 1
+        self._drop_stale_link_to(peer)
         self._retry_others()
         logger.debug("%s: accepted a link from %s (%s) at %s", self._local, peer, identity, where)
         try:
@@ -609,6 +613,28 @@ class TcpTransport(Transport):
         with trio.move_on_after(seconds):
             await outbox.retry_now.wait()
 
+    def _drop_stale_link_to(self, peer: UniqueAddress) -> None:
+        """``peer`` just linked to us: a link of ours to an older incarnation there is dead.
+
+        TCP may not know for many seconds: the old process died while a partition held, so its
+        reset never came, and the next retransmission is far off. Close it, and link to the new
+        incarnation now.
+        """
+        outbox = self._outboxes.get(peer.address)
+        if outbox is None or not outbox.connected or outbox.peer in (None, peer):
+            return
+        for entry in list(self._open_links):
+            if not entry.inbound and entry.peer == outbox.peer:
+                logger.info(
+                    "%s: %s linked to us: closing the link to %s, its previous incarnation",
+                    self._local,
+                    peer,
+                    entry.peer,
+                )
+                self._open_links.discard(entry)
+                entry.link.close()
+        outbox.retry_now.set()
+
     def hurry(self, address: Address) -> None:
         """Reconnect the link to ``address`` now if it waits (see ``Transport.hurry``)."""
         super().hurry(address)
@@ -616,7 +642,7 @@ class TcpTransport(Transport):
         if outbox is None or outbox.connected or outbox.closed:
             return
         attempt = self._attempts.get(outbox)
-        if attempt is not None and trio.current_time() - attempt[1] >= STALE_CONNECT_ATTEMPT:
+        if attempt is not None and trio.current_time() - attempt[1] >= HURRIED_CONNECT_ATTEMPT:
             attempt[0].cancel()
 
     def _retry_others(self, linked: Outbox | None = None) -> None:

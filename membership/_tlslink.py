@@ -131,6 +131,8 @@ class TlsLink:
             trio.ClosedResourceError: the link was closed meanwhile.
         """
         while self._pending:
+            if self._closed:  # closed by another task while this one was not waiting
+                raise trio.ClosedResourceError("the link is closed")
             await trio.lowlevel.wait_writable(self._sock)
             self._send_pending()
 
@@ -200,6 +202,8 @@ class TlsLink:
         """Wait for ciphertext (or the end of the stream) and give it to the TLS layer."""
         sock = self._sock
         while True:
+            if self._closed:  # closed by another task while this one was not waiting
+                raise trio.ClosedResourceError("the link is closed")
             try:
                 data = sock.recv(READ_SIZE)
             except BlockingIOError:

@@ -116,6 +116,7 @@ from membership._certs import create_cluster_ca, create_node_certificate
 from membership._settings import in_range
 from membership._trioutil import single_error
 
+from .._cli import EXIT_DOWNED
 from .._config import NodeConfig, TlsFiles
 from .._lease import LeaseSettings
 from ._chaos import DAY, one_or_more_of
@@ -842,7 +843,7 @@ class _Orchestrator:
                 delay = run.restart_after
             else:
                 delay = self.rng.uniform(2.0, 6.0)
-                if status == 0:
+                if status == EXIT_DOWNED:
                     self.fault(f"{run.label} exited (downed); restarts in {delay:.1f}s")
                 else:
                     self.fault(f"{run.label} exited with status {status}; restarts")

@@ -64,6 +64,7 @@ from membership._member import MemberStatus
 from membership._singleton import SingletonContext
 
 from .._allocation import EntityId
+from .._cli import EXIT_DOWNED
 from .._config import NodeConfig
 from .._entity import EntityContext
 from .._extractor import HashExtractor
@@ -252,8 +253,12 @@ async def _record_members(node: Node, history: HistoryFile) -> None:
         await trio.sleep(MEMBERS_POLL)
 
 
-async def run_node(args: argparse.Namespace) -> None:
-    """Run the node and its workload until it is downed or removed."""
+async def run_node(args: argparse.Namespace) -> int:
+    """Run the node and its workload until it is downed or removed; the exit status.
+
+    As ``p2pshard node``: ``EXIT_DOWNED`` when the cluster downed or removed it, 0 after a
+    graceful leave on SIGTERM.
+    """
     config = NodeConfig.load(args.config)
     history = HistoryFile(args.history)
     rng = random.Random(f"{args.seed}/{config.node_name}/{os.getpid()}")
@@ -312,6 +317,7 @@ async def run_node(args: argparse.Namespace) -> None:
                 history.write("exit", why=f"left on SIGTERM ({reason})")
     finally:
         history.close()
+    return 0 if left_on_signal else EXIT_DOWNED
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -362,7 +368,7 @@ def _die_with_parent(parent: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (0 once the node was downed or removed)."""
+    """Entry point; returns the exit status: ``EXIT_DOWNED`` downed or removed, 0 after a leave."""
     args = _parser().parse_args(argv)
     if args.parent is not None:
         _die_with_parent(args.parent)
@@ -372,8 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    trio.run(run_node, args)
-    return 0
+    return trio.run(run_node, args)
 
 
 if __name__ == "__main__":

@@ -558,7 +558,11 @@ def test_a_first_seed_looking_for_its_cluster_waits_for_a_link_that_just_came_up
     core.peer_linked(address(2), 4.5)  # the link to n2 came up: our questions are on their way
     core.tick(5.0)
     assert phase(core) is Phase.SEEDING  # seed_node_timeout passed, but it waits a little
-    core.tick(6.5)
+    effects = core.tick(6.5)
+    # Nobody answered: one last round, asked past the deadline, and a round's time for it.
+    assert effects == [Send(address(2), InitJoin(sender=core.self_node))]
+    assert phase(core) is Phase.SEEDING
+    core.tick(7.5)
     assert phase(core) is Phase.MEMBER  # nobody answered after all: it forms the cluster
     late = ClusterCore(
         UniqueAddress(address(1), "n1", 2), ClusterSettings(), random.Random(1), SEEDS12
@@ -568,6 +572,31 @@ def test_a_first_seed_looking_for_its_cluster_waits_for_a_link_that_just_came_up
         late.peer_linked(address(2), float(t) / 2)
         late.tick(float(t) / 2)
     assert late.phase is Phase.MEMBER
+
+
+def test_a_first_seed_asks_once_more_past_its_deadline_unless_every_seed_said_no() -> None:
+    quiet = ClusterCore(
+        UniqueAddress(address(1), "n1", 1), ClusterSettings(), random.Random(1), SEEDS12
+    )
+    quiet.start(0.0)
+    for t in range(1, 5):
+        quiet.tick(float(t))
+    effects = quiet.tick(5.0)  # the deadline: n2 never answered (a partition, or it is gone)
+    assert effects == [Send(address(2), InitJoin(sender=quiet.self_node))]
+    assert phase(quiet) is Phase.SEEDING
+    quiet.tick(6.0)
+    assert phase(quiet) is Phase.MEMBER
+    # n2 answers that it is no member (it is up, and seeding too): no need to wait longer.
+    cold = ClusterCore(
+        UniqueAddress(address(1), "n1", 2), ClusterSettings(), random.Random(1), SEEDS12
+    )
+    cold.start(0.0)
+    n2 = UniqueAddress(address(2), "n2", 3)
+    for t in range(1, 5):
+        cold.tick(float(t))
+        cold.receive(n2, InitJoinNack(sender=n2), float(t) + 0.01)
+    cold.tick(5.0)
+    assert phase(cold) is Phase.MEMBER
 
 
 def test_a_seeding_node_probed_by_a_member_of_a_cluster_joins_through_it() -> None:

@@ -169,3 +169,18 @@ async def test_a_certificate_from_another_ca_fails_the_handshake(
         assert all(isinstance(f.__cause__, ssl.SSLError) for f in failures)
         client.close(notify=False)
         server.close(notify=False)
+
+
+async def test_a_link_closed_by_another_task_refuses_flush_and_reads_cleanly(
+    certs: CertSet,
+) -> None:
+    # A link closed while its writer was busy elsewhere (a newer incarnation of the peer linked
+    # in, say): the writer's next flush or read must fail as closed, not on a closed descriptor.
+    async with link_pair(certs) as (client, _server):
+        while not client.pending:  # the peer reads nothing: fill the socket buffer
+            client.write_nowait(b"x" * 65536)
+        client.close(notify=False)
+        with pytest.raises(trio.ClosedResourceError):
+            await client.flush()
+        with pytest.raises(trio.ClosedResourceError):
+            await client.receive_some()

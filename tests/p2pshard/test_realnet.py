@@ -8,13 +8,13 @@ drops, as a real network's. The tests need root, ``ip`` and ``nft`` and skip wit
 
 The healthy path proves the harness: five nodes form one cluster, serve the workload, survive a
 kill -9 with failover, and leave nothing behind; a network-only test checks what each fault
-drops. The other tests reproduce the defects of issue 19, each written as the behaviour wanted
-and marked ``xfail(strict=True, raises=AssertionError)`` naming its defect, so they show failing
-on today's code; when a fix lands, its test passes, the strict xfail turns that into a failure,
-and the mark is removed. A scenario that does not get going raises ``NetnsTimeout`` (not an
-AssertionError), so it is never taken for the defect. The neighbouring cases that pass today
-are ordinary tests: islands whose first seed alone lost merge, a graceful leave hands its leases
-over, ``p2pshard node`` exits 0 on SIGTERM and 2 on a bad configuration.
+drops. The other tests pin what issue 19 found on real hosts, each written as the behaviour
+wanted (they failed on the code before the fixes): islands merge whatever side the seed nodes
+ended on, a restarted first seed joins the running cluster after a heal, the losing side stops
+before the winning side takes over, a departing node gives its shard leases back, and
+``p2pshard node`` exits with ``EXIT_DOWNED`` when downed, 0 on SIGTERM and 2 on a bad
+configuration. A scenario that does not get going raises ``NetnsTimeout`` (not an
+AssertionError), so it is never taken for the behaviour under test.
 
 Every node log and history stays in the test's ``tmp_path`` (printed as ``data in ...``).
 """
@@ -35,6 +35,7 @@ import trio
 
 from membership import SplitBrainResolverSettings, TransportSettings
 from membership._cluster_core import ClusterSettings
+from p2pshard._cli import EXIT_DOWNED
 from p2pshard.testing import check_history, check_single_activation
 from p2pshard.testing._netns import (
     PREFIX,
@@ -52,12 +53,6 @@ from p2pshard.testing._netns_cluster import (
     open_netns_cluster,
     quick_membership,
 )
-
-ISSUE = "issue 19"
-
-EXIT_DOWNED = 3
-"""The exit status wanted of ``p2pshard node`` when the cluster downed or removed it (issue 19
-asks for a documented non-zero one; 3 until the CLI defines its constant, then import that)."""
 
 EXIT_CONFIG = 2
 """The exit status of ``p2pshard node`` for a configuration it cannot run."""
@@ -298,11 +293,6 @@ ISLANDS = [
     pytest.param(
         [1, 2],
         id="both-seeds-on-the-losing-side",
-        marks=pytest.mark.xfail(
-            strict=True,
-            raises=AssertionError,
-            reason=f"{ISSUE}: two clusters forever (an island holding every seed never probes)",
-        ),
     ),
     pytest.param([1, 3], id="first-seed-on-the-losing-side"),
 ]
@@ -340,11 +330,6 @@ async def test_islands_merge_after_the_partition_heals(tmp_path: Path, losing: l
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=f"{ISSUE}: two clusters forever (an island holding every seed never probes)",
-)
 @trio_run
 async def test_nine_nodes_with_all_three_seeds_on_the_losing_side_merge(tmp_path: Path) -> None:
     # The issue's longer schedule: nine nodes, seeds 1, 2 and 3, a partition of 30 s that
@@ -367,12 +352,6 @@ async def test_nine_nodes_with_all_three_seeds_on_the_losing_side_merge(tmp_path
 # --- issue 19, defect 2: a restarted first seed forms a second cluster right after the heal ---
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=f"{ISSUE}: a restarted first seed forms a second cluster right after the heal, "
-    "while its links still reconnect",
-)
 @trio_run
 async def test_a_restarted_first_seed_joins_the_running_cluster_after_a_heal(
     tmp_path: Path,
@@ -414,12 +393,6 @@ async def test_a_restarted_first_seed_joins_the_running_cluster_after_a_heal(
 # --- issue 19, defect 3: the minority's decision does not reach its own side ------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=f"{ISSUE}: the minority leader downs its side and exits at once; the rest of the "
-    "minority never hears of it and runs on until its own resolver fires",
-)
 @trio_run
 async def test_the_losing_side_stops_before_the_winning_side_takes_over(tmp_path: Path) -> None:
     # Without leases single activation rests on the split brain resolver: the winning side
@@ -453,14 +426,7 @@ async def test_the_losing_side_stops_before_the_winning_side_takes_over(tmp_path
 
 
 LEASES = [
-    pytest.param(
-        "downed",
-        marks=pytest.mark.xfail(
-            strict=True,
-            raises=AssertionError,
-            reason=f"{ISSUE}: a downed node keeps its shard leases until they expire",
-        ),
-    ),
+    pytest.param("downed"),
     pytest.param("leave"),
 ]
 
@@ -501,11 +467,6 @@ async def test_a_departing_node_releases_its_shard_leases(tmp_path: Path, how: s
 # --- issue 19, defect 5: the exit status of p2pshard node -------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=f"{ISSUE}: p2pshard node exits with status 0 when the cluster downed it",
-)
 @trio_run
 async def test_p2pshard_node_exits_non_zero_when_downed(tmp_path: Path) -> None:
     # A service manager restarts a unit that fails; one that exits 0 it leaves stopped.
