@@ -10,6 +10,8 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
@@ -223,6 +225,32 @@ def test_node_process_stops_on_sigterm(tmp_path: Path) -> None:
                 child.wait()
 
 
+@contextmanager
+def node_processes(
+    configs: list[Path], logs: list[Path], env: dict[str, str]
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``p2pshard node`` for each config, its stderr in the matching log; on the way out, every
+    one still running is woken (SIGCONT), asked to leave (SIGTERM), and killed after 30 s."""
+    children: list[subprocess.Popen[bytes]] = []
+    try:
+        for config, log in zip(configs, logs, strict=True):
+            with log.open("w") as out:
+                command = [*PYTHON, "node", "--config", str(config)]
+                children.append(subprocess.Popen(command, stderr=out, env=env))
+        yield children
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGCONT)
+                child.send_signal(signal.SIGTERM)
+        for child in children:
+            try:
+                child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+
 def test_three_processes_remove_a_node_killed_with_sigkill(tmp_path: Path) -> None:
     """Real processes over TLS: kill -9 one node; the other two detect, down and remove it."""
     base = free_port_block(3)
@@ -234,15 +262,7 @@ def test_three_processes_remove_a_node_killed_with_sigkill(tmp_path: Path) -> No
         "P2PSHARD_SPLIT_BRAIN_RESOLVER__STABLE_AFTER": "3",
     }
     logs = [tmp_path / f"node-{i}.log" for i in (1, 2, 3)]
-    children = []
-    try:
-        for config, log in zip(configs, logs, strict=True):
-            with log.open("w") as out:
-                children.append(
-                    subprocess.Popen(
-                        [*PYTHON, "node", "--config", str(config)], stderr=out, env=env
-                    )
-                )
+    with node_processes(configs, logs, env) as children:
         everyone = "members: node-1 UP, node-2 UP, node-3 UP"
         wait_for_lines(logs, everyone, limit=60)
         children[2].send_signal(signal.SIGKILL)
@@ -253,16 +273,6 @@ def test_three_processes_remove_a_node_killed_with_sigkill(tmp_path: Path) -> No
             assert "node-3@" in text.split(everyone, 1)[1]
             assert "is unreachable" in text
             assert "node-3 DOWN" in text  # downed by the split brain resolver, then removed
-    finally:
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        for child in children:
-            try:
-                child.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
 
 
 def test_a_node_downed_by_the_cluster_exits_with_exit_downed_and_a_leaving_one_with_0(
@@ -279,15 +289,7 @@ def test_a_node_downed_by_the_cluster_exits_with_exit_downed_and_a_leaving_one_w
         "P2PSHARD_SPLIT_BRAIN_RESOLVER__STABLE_AFTER": "2",
     }
     logs = [tmp_path / f"node-{i}.log" for i in (1, 2, 3)]
-    children: list[subprocess.Popen[bytes]] = []
-    try:
-        for config, log in zip(configs, logs, strict=True):
-            with log.open("w") as out:
-                children.append(
-                    subprocess.Popen(
-                        [*PYTHON, "node", "--config", str(config)], stderr=out, env=env
-                    )
-                )
+    with node_processes(configs, logs, env) as children:
         everyone = "members: node-1 UP, node-2 UP, node-3 UP"
         wait_for_lines(logs, everyone, limit=60)
         children[2].send_signal(signal.SIGSTOP)
@@ -300,12 +302,6 @@ def test_a_node_downed_by_the_cluster_exits_with_exit_downed_and_a_leaving_one_w
         for child in children[:2]:
             child.send_signal(signal.SIGTERM)
         assert [child.wait(timeout=60) for child in children[:2]] == [0, 0]
-    finally:
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGCONT)
-                child.kill()
-                child.wait()
 
 
 def wait_for_lines(logs: list[Path], text: str, *, limit: float, after: str = "") -> None:

@@ -30,7 +30,7 @@ from p2pshard._cli import main
 from p2pshard._localcluster import LocalCluster
 
 from ..membership.test_tcp_security import tls_client
-from .test_cli import free_port_block, wait_for_lines
+from .test_cli import free_port_block, node_processes, wait_for_lines
 
 PYTHON = [sys.executable, "-m", "p2pshard"]
 ROUNDS = 3
@@ -55,29 +55,10 @@ def cluster(tmp_path: Path, nodes: int = 3) -> Iterator[tuple[list[subprocess.Po
         "P2PSHARD_TRANSPORT__HANDSHAKE_TIMEOUT": str(HANDSHAKE_TIMEOUT),
     }
     logs = [tmp_path / f"node-{i}.log" for i in range(1, nodes + 1)]
-    children = []
-    try:
-        for config, log in zip(configs, logs, strict=True):
-            with log.open("w") as out:
-                children.append(
-                    subprocess.Popen(
-                        [*PYTHON, "node", "--config", str(config)], stderr=out, env=env
-                    )
-                )
-        wait_for_lines(
-            logs, "members: " + ", ".join(f"node-{i} UP" for i in range(1, nodes + 1)), limit=60
-        )
+    with node_processes(configs, logs, env) as children:
+        everyone = ", ".join(f"node-{i} UP" for i in range(1, nodes + 1))
+        wait_for_lines(logs, f"members: {everyone}", limit=60)
         yield children, base
-    finally:
-        for child in children:
-            if child.poll() is None:
-                child.terminate()
-        for child in children:
-            try:
-                child.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
 
 
 def status(tmp_path: Path, port: int, client: Path) -> dict[str, object]:
