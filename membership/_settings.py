@@ -105,6 +105,17 @@ class TransportSettings:
     """How many refused messages a link may send at once before that rate applies
     (default 1000)."""
 
+    refused_bytes_per_second: int = attrs.field(
+        default=1 << 20, validator=in_range(1, 1 << 40, integer=True)
+    )
+    """The same in bytes: a link whose refused messages come faster than this many bytes per
+    second on average, beyond ``refused_bytes_burst``, is closed (default 1 MiB/s)."""
+
+    refused_bytes_burst: int = attrs.field(
+        default=16 << 20, validator=in_range(1, 1 << 40, integer=True)
+    )
+    """How many bytes of refused messages a link may send at once (default 16 MiB)."""
+
     reconnect_backoff_min: float = attrs.field(default=0.1, validator=in_range(0.0, 3600))
     """First wait before reconnecting a failed link, doubled after each failure (default 0.1 s)."""
 

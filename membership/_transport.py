@@ -613,42 +613,43 @@ class Transport(abc.ABC):
             trio.current_time(),
         )
 
-    def _count_refused(self, sender: UniqueAddress) -> None:
-        """One more message from ``sender`` was refused for who sent it: close its link if too many.
+    def _count_refused(self, sender: UniqueAddress, size: int) -> None:
+        """A message of ``size`` bytes from ``sender`` was refused: close its link if too many.
 
-        A message of an unknown type is not counted: a newer node may send those in numbers.
-
-        A token bucket per sender: ``refused_messages_burst`` at once, then
-        ``refused_messages_per_second``.
+        Refused for who sent it, that is; a message of an unknown type is not counted: a newer
+        node may send those in numbers. Two token buckets per sender:
+        ``refused_messages_burst`` messages and ``refused_bytes_burst`` bytes at once, then
+        ``refused_messages_per_second`` and ``refused_bytes_per_second``.
 
         Raises:
             TooManyRefused: the sender went over; the caller's link closes.
         """
         settings = self._settings
         now = trio.current_time()
+        bursts = (float(settings.refused_messages_burst), float(settings.refused_bytes_burst))
+        rates = (settings.refused_messages_per_second, float(settings.refused_bytes_per_second))
         budget = self._refused_budgets.get(sender)
         if budget is None:
             if len(self._refused_budgets) >= 1024:  # forget the senders back to a full budget
-                burst = float(settings.refused_messages_burst)
-                rate = settings.refused_messages_per_second
                 self._refused_budgets = {
                     k: v
                     for k, v in self._refused_budgets.items()
-                    if v[0] + (now - v[1]) * rate < burst
+                    if v[0] + (now - v[2]) * rates[0] < bursts[0]
+                    or v[1] + (now - v[2]) * rates[1] < bursts[1]
                 }
-            budget = self._refused_budgets[sender] = [float(settings.refused_messages_burst), now]
-        tokens = min(
-            float(settings.refused_messages_burst),
-            budget[0] + (now - budget[1]) * settings.refused_messages_per_second,
-        )
-        if tokens < 1.0:
-            budget[0], budget[1] = 0.0, now
+            budget = self._refused_budgets[sender] = [*bursts, now]
+        elapsed = now - budget[2]
+        messages = min(bursts[0], budget[0] + elapsed * rates[0]) - 1.0
+        size_left = min(bursts[1], budget[1] + elapsed * rates[1]) - size
+        budget[:] = [max(messages, 0.0), max(size_left, 0.0), now]
+        if messages < 0.0 or size_left < 0.0:
             raise TooManyRefused(
                 f"{sender} sent refused messages faster than refused_messages_per_second "
                 f"({settings.refused_messages_per_second:g}/s after a burst of "
-                f"{settings.refused_messages_burst})"
+                f"{settings.refused_messages_burst}) or refused_bytes_per_second "
+                f"({settings.refused_bytes_per_second}/s after a burst of "
+                f"{settings.refused_bytes_burst})"
             )
-        budget[0], budget[1] = tokens - 1.0, now
 
     def _drop_for_another_incarnation(self, to_uid: int, sender: UniqueAddress) -> None:
         self._counters.messages_dropped_wrong_incarnation += 1
@@ -693,7 +694,7 @@ class Transport(abc.ABC):
                     self._log_handler_failure(envelope)
                     continue
                 if taken is False:
-                    self._count_refused(sender)
+                    self._count_refused(sender, len(payload))
                 continue
             try:
                 try:

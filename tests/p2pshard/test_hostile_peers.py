@@ -202,3 +202,23 @@ async def test_a_flood_of_refused_messages_closes_the_link_and_gives_a_few_log_l
         assert 1 <= len(lines) <= 4, [r.getMessage() for r in lines]
         assert members(sim, 1) == UP3
         await asks_answered(sim)
+
+
+async def test_large_refused_messages_close_the_link_by_their_bytes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with cluster_and_intruder() as (sim, intruder):
+        bulky = EntityDelivery(
+            type_name="Counter",
+            shard=stable_shard("e-0", 10),
+            entity_id="e-0",
+            message=Add(sender="x" * (256 << 10), seq=1),
+        )
+        for _ in range(100):  # 25 MiB, well under refused_messages_burst messages
+            await intruder.send(addr(1), bulky)
+        await trio.sleep(2)
+        # refused_bytes_burst (16 MiB) is spent after some 64 of them: the link is closed.
+        assert sim.nodes[1].statistics().links_closed_refused >= 1
+        assert refused(sim, 1)["not-a-member"] < 100
+        assert members(sim, 1) == UP3
+        await asks_answered(sim)
