@@ -59,7 +59,7 @@ CI_SETTINGS = ChaosSettings(duration=15.0, quiet=30.0, message_interval=0.3)
 FAN_OUT_SEEDS = range(200, 240)
 FAN_OUT_SETTINGS = attrs.evolve(CI_SETTINGS, workloads=("fan-out",))
 REALISTIC_CI_SETTINGS = attrs.evolve(
-    REALISTIC, duration=CI_SETTINGS.duration, quiet=40.0, message_interval=0.3
+    REALISTIC, duration=CI_SETTINGS.duration, quiet=30.0, message_interval=0.3
 )
 INTRUDER_SEEDS = range(300, 304)
 INTRUDER_SETTINGS = attrs.evolve(REALISTIC_CI_SETTINGS, faults=("intruder",), quiet=20.0)

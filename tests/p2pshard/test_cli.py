@@ -25,8 +25,14 @@ PYTHON = [sys.executable, "-m", "p2pshard"]
 
 
 def free_port_block(count: int) -> int:
-    """A base port with ``count`` consecutive free ports (checked, not reserved)."""
-    for base in range(31000, 60000, 97):
+    """A base port with ``count`` consecutive free ports (checked, not reserved).
+
+    Each pytest-xdist worker looks in a range of its own, so that two workers never pick the
+    same block between its check and its use.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    first = 31000 + (int(worker) % 4 if worker.isdigit() else 0) * 7000
+    for base in range(first, first + 7000 - count, 97):
         sockets = []
         try:
             for port in range(base, base + count):
