@@ -236,6 +236,8 @@ class _Op:
     required: bytes = b""
     resends: dict[UniqueAddress, int] = attrs.Factory(dict)
     failed: ReplicationError | None = None
+    consistency: Consistency | None = None
+    """The level it was asked for, to count again when replicas are removed meanwhile."""
 
 
 @attrs.define(eq=False)
@@ -373,6 +375,7 @@ class ReplicatorCore:
             value=value,
             required=entry.doc.get_state(),
             persisted=ticket is None,
+            consistency=consistency,
         )
         self._ops[op_id] = op
         if ticket is not None:
@@ -404,7 +407,7 @@ class ReplicatorCore:
             self._complete_read(op_id, key)
             return op_id
         targets, needed = self._quorum(consistency)
-        op = _Op("read", key, now + consistency.timeout, needed, targets)
+        op = _Op("read", key, now + consistency.timeout, needed, targets, consistency=consistency)
         self._ops[op_id] = op
         entry = self._docs.get(key)
         state = entry.doc.get_state() if entry is not None else EMPTY_STATE
@@ -426,7 +429,7 @@ class ReplicatorCore:
         ticket = self._delete_local(key)
         op_id = self._new_op_id()
         targets, needed = self._quorum(consistency)
-        op = _Op("delete", key, now + consistency.timeout, needed, targets)
+        op = _Op("delete", key, now + consistency.timeout, needed, targets, consistency=consistency)
         op.persisted = ticket is None
         if ticket is not None:
             self._tickets[ticket].ops.append(op_id)
@@ -482,13 +485,26 @@ class ReplicatorCore:
         return changed
 
     def set_peers(self, peers: Peers, now: float) -> None:
-        """The cluster changed: these are the peers now. Operations under way keep theirs.
+        """The cluster changed: these are the peers now (operations under way keep theirs).
 
         A peer that was not there before gets a gossip round at once, so a node that joins
-        catches up without waiting for the random choice to fall on it.
+        catches up without waiting for the random choice to fall on it. A replica that was
+        removed (it is no member any more; a Down one still counts until then) leaves the
+        operations under way, whose quorum is counted again over the replicas that remain, as
+        if they had started after the removal: a write waiting for a crashed node's answer
+        completes when the node is removed instead of timing out.
         """
         old = self._peers
         self._peers = peers
+        for op_id, op in list(self._ops.items()):
+            gone = op.targets - peers.replicas
+            if not gone or op.consistency is None:
+                continue
+            op.targets = op.targets - gone
+            op.answered -= gone
+            wanted = quorum(op.consistency, len(op.targets) + 1) - 1
+            op.needed = max(0, min(op.needed, wanted - len(op.answered)))
+            self._maybe_complete(op_id, op)
         new = (peers.replicas | peers.weakly_up) - peers.unreachable
         known = (old.replicas | old.weakly_up) - old.unreachable
         joined = sorted(new - known, key=node_order)

@@ -401,6 +401,30 @@ def test_write_majority_plus_leaves_out_leaving_members() -> None:
     assert not w[5].has("k")
 
 
+def test_a_removed_replica_leaves_the_operations_under_way_which_count_again() -> None:
+    # A write waiting for a crashed replica completes once that replica is removed from the
+    # cluster (as a write started after the removal would), not when its timeout is up.
+    w = World(5)
+    crashed = w.nodes[4]
+    w.down.add(crashed)
+    op = w.update(1, "k", setter("a", 1), WriteAll(timeout=5))
+    read = w.get(1, "k", ReadAll(timeout=5))
+    w.deliver_all()
+    assert w.result(1, op) is None  # 4 of 5
+    assert w.result(1, read) is None
+    w[1].set_peers(Peers(replicas=frozenset(w.nodes[1:4]) | {crashed}), w.now)  # Down: counts
+    w.drain(w[1])
+    assert w.result(1, op) is None
+    w[1].set_peers(Peers(replicas=frozenset(w.nodes[1:4])), w.now)  # removed
+    w.drain(w[1])
+    assert w.value(1, op) is None
+    assert w.value(1, read) is not None
+    # An operation that already had what it needs is not counted twice.
+    again = w.update(1, "k", setter("a", 2), WriteMajority(timeout=5))
+    w.deliver_all()
+    assert w.value(1, again) is None
+
+
 def test_read_from_n_asks_enough_replicas() -> None:
     w = World(3)
     w.update(2, "k", setter("a", 7), WriteLocal())
