@@ -425,9 +425,17 @@ class Cluster:
             reaper = self._fd_settings.unreachable_nodes_reaper_interval
             next_heartbeat = next_reap = next_sbr = now
             next_prune = now + PRUNE_INTERVAL
+            sbr_ticked = float("-inf")
             while not self.terminated.is_set():
+                decide_at = self._sbr.decision_due() if self._sbr is not None else float("inf")
+                if decide_at <= sbr_ticked:
+                    decide_at = float("inf")  # ticked at it already, nothing came of it
                 deadline = min(
-                    self._core.next_deadline(), next_heartbeat, next_reap, next_sbr, next_prune
+                    self._core.next_deadline(),
+                    next_heartbeat,
+                    next_reap,
+                    min(next_sbr, decide_at),
+                    next_prune,
                 )
                 with trio.move_on_at(deadline):
                     await self._wakeup.wait()
@@ -447,8 +455,8 @@ class Cluster:
                 if now >= next_reap:
                     next_reap = now + reaper
                     self._reap(now)
-                if now >= next_sbr and self._sbr is not None:
-                    next_sbr = now + SBR_TICK
+                if (now >= next_sbr or now >= decide_at) and self._sbr is not None:
+                    next_sbr, sbr_ticked = now + SBR_TICK, now
                     self._feed(now)
                     self._apply_sbr(self._sbr.tick(now), now)
             nursery.cancel_scope.cancel()

@@ -926,6 +926,18 @@ class SplitBrainResolverCore:
             return
         self._apply(update, now)
 
+    def decision_due(self) -> float:
+        """When :meth:`tick` would decide for the unreachable members now seen (inf: none).
+
+        The shell ticks on a fixed interval; it also wakes at this moment, so that a decision
+        is not a tick late (the fast profiles' ``stable_after`` is about one tick).
+        """
+        if self._state is not ResolverState.ACTIVE or not (
+            self.is_responsible and self._view.unreachable
+        ):
+            return float("inf")
+        return self._stable_deadline
+
     def tick(self, now: float) -> list[SplitBrainResolverEffect]:
         """Let time pass: decide once stable, down all when unstable too long, release the lease.
 
