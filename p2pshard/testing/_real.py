@@ -199,8 +199,9 @@ class RealChaosSettings:
     """Seconds each workload client waits between messages, on average (default 0.1)."""
     lease_ttl: float = attrs.field(default=5.0, validator=in_range(2, 3600))
     """The shard and singleton leases' time-to-live in seconds (default 5)."""
-    stable_after: float = attrs.field(default=5.0, validator=in_range(1, 3600))
-    """The split brain resolver's ``stable_after`` (default 5 s)."""
+    stable_after: float = attrs.field(default=5.0, validator=in_range(3, 3600))
+    """The split brain resolver's ``stable_after`` (default 5 s; at least 3 s, the spread of
+    detections with the default failure detector and gossip that ``NodeConfig`` asks for)."""
     use_lease: bool = True
     """Shard and singleton leases; without them single activation is not guaranteed."""
 

@@ -276,7 +276,7 @@ def test_a_node_downed_by_the_cluster_exits_with_exit_downed_and_a_leaving_one_w
     env = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
-        "P2PSHARD_SPLIT_BRAIN_RESOLVER__STABLE_AFTER": "2",
+        "P2PSHARD_SPLIT_BRAIN_RESOLVER__STABLE_AFTER": "3",
     }
     logs = [tmp_path / f"node-{i}.log" for i in (1, 2, 3)]
     children: list[subprocess.Popen[bytes]] = []
