@@ -614,8 +614,11 @@ def node_process_command(
     interval: float,
     seed: int,
     use_lease: bool,
+    options: Sequence[str] = (),
 ) -> list[str]:
     """The command line of one node process (``p2pshard.testing._real_node``).
+
+    ``options`` are more of its options, added at the end (``--event-sourced``, ...).
 
     The process dies with this one (``--parent``): start it from the main thread, since the
     parent-death signal follows the thread that started the child.
@@ -643,6 +646,7 @@ def node_process_command(
     ]
     if not use_lease:
         command.append("--no-lease")
+    command.extend(options)
     return command
 
 
