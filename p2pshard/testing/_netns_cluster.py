@@ -70,15 +70,19 @@ from .._config import LOG_LEVELS, NodeConfig
 from .._journal import JournalSettings
 from .._lease import LeaseSettings
 from ._checkers import Violation
-from ._netns import NetnsError, NetnsNetwork, netns_unavailable, open_network
+from ._netns import PORT as PORT  # where it was first defined; kept importable from here
+from ._netns import (
+    NetnsError,
+    NetnsNetwork,
+    loopback_network,
+    netns_unavailable,
+    open_network,
+)
 from ._real import Merged, ProcessRun, merge_histories, node_process_command, node_process_env
 from ._real import node_tls as make_node_tls
 
 CLUSTER = "realnet"
 """The cluster name of namespace runs."""
-
-PORT = 25520
-"""The port every node binds, each on its own namespace's address."""
 
 POLL = 0.1
 """Seconds between the supervisors' looks at their processes and history files."""
@@ -326,7 +330,7 @@ class NetnsCluster:
 
     def address(self, i: int) -> Address:
         """Where node ``i`` listens."""
-        return Address(self.network.host(i), PORT)
+        return Address(self.network.host(i), self.network.port(i))
 
     def log(self, i: int) -> Path:
         """Node ``i``'s log file (every process of it, each start marked)."""
@@ -372,7 +376,7 @@ class NetnsCluster:
                 cluster_name=CLUSTER,
                 node_name=name,
                 bind_host=self.network.host(i),
-                bind_port=PORT,
+                bind_port=self.network.port(i),
                 seed_nodes=seeds,
                 tls=make_node_tls(name, ca_dir, node_dir, cluster=CLUSTER),
                 transport=s.transport,
@@ -833,7 +837,11 @@ def _new_cluster(
 
 @asynccontextmanager
 async def open_netns_cluster(
-    settings: NetnsClusterSettings, data_dir: Path, *, seed: int | None = None
+    settings: NetnsClusterSettings,
+    data_dir: Path,
+    *,
+    seed: int | None = None,
+    loopback: bool = False,
 ) -> AsyncIterator[NetnsCluster]:
     """A network of ``settings.nodes`` namespaces with configurations; no process started yet.
 
@@ -849,19 +857,28 @@ async def open_netns_cluster(
         ...         await cluster.wait_one_cluster(within=60)
         ...         cluster.partition([4, 5])
 
+    With ``loopback``, there are no namespaces (no root needed): every node runs here on
+    127.0.0.1 with a port of its own (:class:`~p2pshard.testing._netns.LoopbackNetwork`), and
+    network faults raise ``NetnsError``; killing, stopping and restarting processes work.
+
     Raises:
         NetnsError: this host cannot run it (not root, ``ip`` or ``nft`` missing: see
             :func:`~p2pshard.testing._netns.netns_unavailable`), or building the network failed.
     """
-    reason = netns_unavailable()
-    if reason is not None:
-        raise NetnsError(reason)
+    opened: contextlib.AbstractContextManager[NetnsNetwork]
+    if loopback:
+        opened = contextlib.nullcontext(loopback_network(settings.nodes))
+    else:
+        reason = netns_unavailable()
+        if reason is not None:
+            raise NetnsError(reason)
+        opened = open_network(settings.nodes)
     if seed is None:
         seed = random.randrange(1 << 32)
     print(f"seed={seed}", flush=True)
-    with open_network(settings.nodes) as network:
+    with opened as network:
         cluster = _new_cluster(settings, network, data_dir, seed)
-        hosts = ", ".join(f"{cluster.name(i)} {network.host(i)}" for i in cluster.nodes)
+        hosts = ", ".join(f"{cluster.name(i)} {cluster.address(i)}" for i in cluster.nodes)
         cluster.note(f"network {network.name}: {hosts}; data in {cluster.data_dir}")
         try:
             with single_error():
