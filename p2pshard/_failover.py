@@ -20,10 +20,11 @@ another node only after a chain of steps, and each step is bounded by a setting:
 5. *Recovery.* The entity reads its events from the journal and answers.
 
 :meth:`FailoverProfile.defaults` is what ``NodeConfig()`` and ``ShardingSettings()`` give: about
-25 s, most of it ``stable_after`` (20 s, Akka's default, sized for clusters of up to about a
+30 s, most of it ``stable_after`` (20 s, Akka's default, sized for clusters of up to about a
 hundred nodes on any network). :data:`FAST_LAN` is a profile for a small cluster (up to ten or
-so nodes) on one LAN, whose failover takes a few seconds: it detects in about 2 s, waits 1.5 s of
-stability, keeps leases of 3 s, and retries every half second. It is checked by the settings'
+so nodes) on one LAN, whose failover takes a few seconds: it detects in under 2 s, waits 1 s of
+stability, keeps leases of 3 s, and retries every half second (``docs/operations.md`` has both
+profiles side by side, and what ``benchmarks/failover.py`` measured). It is checked by the settings'
 own validation (:meth:`FailoverProfile.apply` builds a :class:`~p2pshard.NodeConfig`, which
 refuses a ``stable_after`` shorter than the spread of the detections of one partition, and a
 :class:`~p2pshard.LeaseSettings` that could not retry a renewal before its deadline) and by the
@@ -296,11 +297,12 @@ FAST_LAN = FailoverProfile(
 )
 """Failover in a few seconds, for a small cluster (up to about ten nodes) on one LAN.
 
-Heartbeats every 0.5 s and 1 s of silence tolerated find a node gone about 2 s after its last
-reply; the split brain resolver then waits 1.5 s of stability; a killed node's shard leases end at
-most 3 s after it died (renewed every 0.5 s); shards and regions ask again every 0.5 s. A node
-that stalls for more than about 2 s (a long garbage collection, a starved CPU) is found
-unreachable, and one silent for about 3.5 s is downed: keep the defaults where that happens."""
+Heartbeats every 0.25 s and 1 s of silence tolerated find a node gone about 1.8 s after its last
+reply; the split brain resolver then waits 1 s of stability (gossip and the leader's actions
+every 0.25 s); a killed node's shard leases end at most 3 s after it died (renewed every 0.5 s);
+shards and regions ask again every 0.5 s, and the coordinator tries a write again after 0.25 s.
+A node that stalls for more than about 1.5 s (a long garbage collection, a starved CPU) is found
+unreachable, and one silent for about 3 s is downed: keep the defaults where that happens."""
 
 FAILOVER_PROFILES: dict[str, FailoverProfile] = {
     "default": FailoverProfile.defaults(),
