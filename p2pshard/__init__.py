@@ -44,6 +44,9 @@ from ._errors import ShardingError as ShardingError
 from ._extractor import HashExtractor as HashExtractor
 from ._extractor import MessageExtractor as MessageExtractor
 from ._extractor import ShardingEnvelope as ShardingEnvelope
+from ._failover import FAILOVER_PROFILES as FAILOVER_PROFILES
+from ._failover import FAST_LAN as FAST_LAN
+from ._failover import FailoverProfile as FailoverProfile
 from ._journal import Journal as Journal
 from ._journal import JournalSettings as JournalSettings
 from ._journal import Recovery as Recovery

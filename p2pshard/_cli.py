@@ -325,6 +325,11 @@ def _parser() -> argparse.ArgumentParser:
         "kind, the intruder too (the options given still apply on top); not with --real",
     )
     chaos.add_argument(
+        "--profile",
+        help="a failover profile for every node's timing: fast-lan or default (default: the "
+        "simulation's own); not with --real",
+    )
+    chaos.add_argument(
         "--message-interval",
         type=float,
         default=0.1,
@@ -427,6 +432,7 @@ def _chaos(args: argparse.Namespace) -> int:
         message_interval=args.message_interval,
         seed_layout=base.seed_layout if args.seed_layout is None else args.seed_layout,
         seed_restarts=base.seed_restarts if args.seed_restarts is None else args.seed_restarts,
+        profile=args.profile,
     )
     if args.seeds < 1:
         raise ConfigurationError(f"--seeds {args.seeds} is invalid: must be at least 1")
@@ -492,10 +498,15 @@ def _chaos_real(args: argparse.Namespace) -> int:
 
     if args.workloads is not None:
         raise ConfigurationError("--workloads goes with the simulated cluster, not --real")
-    if args.seed_layout is not None or args.seed_restarts is not None or args.realistic:
+    if (
+        args.seed_layout is not None
+        or args.seed_restarts is not None
+        or args.realistic
+        or args.profile is not None
+    ):
         raise ConfigurationError(
-            "--seed-layout, --seed-restarts and --realistic go with the simulated cluster, "
-            "not --real"
+            "--seed-layout, --seed-restarts, --profile and --realistic go with the simulated "
+            "cluster, not --real"
         )
     base = RealChaosSettings.quick() if args.quick else RealChaosSettings()
     faults = (

@@ -98,7 +98,8 @@ class LeaseSettings:
     etcd counts whole seconds: it is rounded up there."""
 
     renew_interval: float = attrs.field(default=3.0, validator=in_range(0.01, 1800.0))
-    """Seconds between renewals (default 3); must be under ``ttl / 2``."""
+    """Seconds between renewals (default 3); must be under ``ttl / 2``, and
+    ``renew_interval + operation_timeout`` under ``ttl - safety_margin`` (room for one retry)."""
 
     operation_timeout: float = attrs.field(default=5.0, validator=in_range(0.01, 3600.0))
     """Seconds an acquire, renewal or release may take before it counts as failed (default 5);
@@ -125,6 +126,16 @@ class LeaseSettings:
                 f"{name}.operation_timeout = {self.operation_timeout!r} is invalid: must be "
                 f"under ttl - safety_margin = {self.ttl - self.safety_margin:g}, or a grant "
                 "could arrive already expired"
+            )
+        room = self.ttl - self.safety_margin - self.operation_timeout
+        if self.renew_interval >= room:
+            raise ConfigurationError(
+                f"{name}.renew_interval = {self.renew_interval!r} is invalid with "
+                f"operation_timeout = {self.operation_timeout!r}: renew_interval + "
+                f"operation_timeout must be under ttl - safety_margin = "
+                f"{self.ttl - self.safety_margin:g}, so that a renewal that timed out is tried "
+                "again before the holder's deadline (else one slow answer of the backend stops "
+                "every shard holding a lease); shorten either, or lengthen ttl"
             )
         if self.backend == "sqlite" and self.path is None:
             raise ConfigurationError(

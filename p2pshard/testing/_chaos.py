@@ -83,6 +83,7 @@ from membership._settings import in_range
 
 from .._config import NodeConfig
 from .._extractor import HashExtractor
+from .._failover import FAILOVER_PROFILES
 from .._lease_memory import MemoryLeaseBackend
 from .._node import Node
 from .._settings import ShardingSettings
@@ -172,6 +173,14 @@ DAY = 86400.0
 """The longest any duration setting may be, in seconds."""
 
 
+def _profile_name(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and value not in FAILOVER_PROFILES:
+        raise ConfigurationError(
+            f"{type(instance).__name__}.{attribute.name} = {value!r} is invalid: choose one of "
+            f"{', '.join(FAILOVER_PROFILES)}, or None"
+        )
+
+
 @attrs.frozen(kw_only=True)
 class ChaosSettings:
     """What one chaos run does. Every field is checked: a bad value raises ConfigurationError."""
@@ -222,6 +231,11 @@ class ChaosSettings:
     double_activation_at: float | None = None
     """Test-only: at this time, start a live entity's shard on a second node too, skipping its
     lease. The single-activation checker must catch it."""
+    profile: str | None = attrs.field(default=None, validator=_profile_name)
+    """A failover profile by name (``p2pshard.FAILOVER_PROFILES``: ``fast-lan`` or
+    ``default``) applied to every node's timing (failure detector, gossip, split brain
+    resolver, leases) and the entity types' retries, in place of the simulation's own (default
+    None: 1 s heartbeats, ``stable_after`` 5 s, 4 s leases)."""
 
     def __attrs_post_init__(self) -> None:
         if self.seed_layout.startswith("first-") and int(self.seed_layout[6:]) > self.nodes:
@@ -277,6 +291,8 @@ class ChaosReport:
             parts.append(f"--seed-layout {s.seed_layout}")
         if s.seed_restarts != default.seed_restarts:
             parts.append(f"--seed-restarts {s.seed_restarts:g}")
+        if s.profile is not None:
+            parts.append(f"--profile {s.profile}")
         return " ".join(parts)
 
 
@@ -642,6 +658,10 @@ async def _scenario(
         sharding or ShardingSettings(lease_retry_interval=1.0, rebalance_interval=5.0),
         use_lease=settings.use_lease,
     )
+    profile = None if settings.profile is None else FAILOVER_PROFILES[settings.profile]
+    if profile is not None:
+        sharding = profile.sharding(sharding)
+        configure = _profiled(profile.apply, configure)
 
     async def setup(i: int, node: Node, sim: SimCluster) -> None:
         node.sharding.observe(history.observer(node_name(i)))
@@ -676,6 +696,8 @@ async def _scenario(
         sim.exit_when_terminated = True
         sim.split_brain_resolver = split_brain_resolver
         sim.configure = configure
+        if profile is not None:  # what the nodes use, and what bounds the skew fault
+            sim.lease_settings = profile.lease_settings(sim.lease_settings)
         # Their own generators, so that the old settings draw nothing more from ``rng``.
         seeds = draw_seed_nodes(settings, random.Random(f"{seed}/seed-nodes"))
         sim.seeds = tuple(node_address(i) for i in seeds)
@@ -734,6 +756,19 @@ async def _scenario(
         for i in sim.live:
             sim.crash(i)
         return report
+
+
+def _profiled(
+    apply: Callable[[NodeConfig], NodeConfig],
+    configure: Callable[[int, NodeConfig], NodeConfig] | None,
+) -> Callable[[int, NodeConfig], NodeConfig]:
+    """The profile first, then the scenario's own ``configure`` (which has the last word)."""
+
+    def both(i: int, config: NodeConfig) -> NodeConfig:
+        config = apply(config)
+        return config if configure is None else configure(i, config)
+
+    return both
 
 
 def draw_seed_nodes(settings: ChaosSettings, rng: random.Random) -> tuple[int, ...]:

@@ -46,9 +46,11 @@ import contextlib
 import functools
 import itertools
 import os
+import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterable, Iterator, Sequence
@@ -72,6 +74,9 @@ DROP_SET = "drop_from"
 
 COMMAND_TIMEOUT = 30.0
 """Seconds one ``ip`` or ``nft`` command may take."""
+
+PORT = 25520
+"""The port every node binds, each on its own namespace's address."""
 
 _CLASSIC_SYN_BACKOFF = (
     "f=/proc/sys/net/ipv4/tcp_syn_linear_timeouts; if [ -e $f ]; then echo 0 > $f; fi"
@@ -240,6 +245,11 @@ class NetnsNetwork:
         a, b = self.subnet
         return f"10.{a}.{b}.{100 + i}"
 
+    def port(self, i: int) -> int:
+        """The port node ``i`` listens on: :data:`PORT` (each node has an address of its own)."""
+        self._check(i)
+        return PORT
+
     def exec_prefix(self, i: int) -> list[str]:
         """The command prefix that runs a program in node ``i``'s namespace."""
         ip = _tool("ip")
@@ -350,6 +360,90 @@ class NetnsNetwork:
     def leftovers(self) -> list[str]:
         """The namespaces of this network that still exist (none after :meth:`close`)."""
         return [ns for ns in namespaces() if ns.startswith(f"{self.name}-")]
+
+
+@attrs.define(eq=False)
+class LoopbackNetwork(NetnsNetwork):
+    """The stand-in where namespaces cannot be made (not root): every node on 127.0.0.1.
+
+    Each node listens on a port of its own (``ports``, below the ephemeral range, so that a
+    restarted node finds its port free), and its process runs here, not in a namespace. There
+    are no network faults: :meth:`drop` (so :meth:`partition` and the others) raises
+    :class:`NetnsError`; killing, stopping and restarting processes works as with namespaces.
+    Make one with :func:`loopback_network`.
+    """
+
+    ports: tuple[int, ...] = ()
+
+    def host(self, i: int) -> str:
+        """127.0.0.1, for every node."""
+        self._check(i)
+        return "127.0.0.1"
+
+    def port(self, i: int) -> int:
+        """Node ``i``'s own port."""
+        self._check(i)
+        return self.ports[i - 1]
+
+    def exec_prefix(self, i: int) -> list[str]:
+        """Nothing: the program runs in this namespace."""
+        self._check(i)
+        return []
+
+    def drop(self, pairs: Iterable[tuple[int, int]]) -> None:
+        """Refused: dropping packets between nodes on one address needs namespaces."""
+        raise NetnsError(
+            "network faults (partitions, one-way cuts, bridges) need network namespaces, "
+            f"which need root; this run has every node on 127.0.0.1 ({netns_unavailable()})"
+        )
+
+    def heal(self) -> None:
+        """Nothing to heal."""
+        self.drops.clear()
+
+    def _build(self) -> None:
+        pass
+
+    def close(self) -> None:
+        """Nothing to remove."""
+        self.drops.clear()
+
+    def leftovers(self) -> list[str]:
+        """None: no namespace was made."""
+        return []
+
+
+def loopback_network(nodes: int) -> LoopbackNetwork:
+    """A :class:`LoopbackNetwork` of ``nodes`` nodes, each with a port free now.
+
+    Raises:
+        ValueError: ``nodes`` is not from 1 to 250.
+        OSError: not enough free ports.
+    """
+    if not 1 <= nodes <= 250:
+        raise ValueError(f"a network has 1 to 250 nodes, not {nodes!r}")
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
+            low = int(ranges.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    chooser = random.Random()
+    ports: list[int] = []
+    with contextlib.ExitStack() as held:  # each held until all are chosen: no port twice
+        for _ in range(nodes * 100):
+            if len(ports) == nodes:
+                break
+            port = chooser.randrange(max(1024, low - 10000), low)
+            probe = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            ports.append(port)
+    if len(ports) < nodes:
+        raise OSError(f"not {nodes} free ports on 127.0.0.1 below {low}")
+    name = f"loopback-{os.getpid()}-{next(_counter)}"
+    return LoopbackNetwork(nodes, name, (0, 0), ports=tuple(ports))
 
 
 @contextlib.contextmanager

@@ -4,9 +4,10 @@
 namespaces on a bridge (:mod:`p2pshard.testing._netns`), one TLS certificate and one TOML file
 per node (each node binds its own namespace's address, port ``PORT``; the seed nodes are the ones
 ``settings.seeds`` names, the first of them the first seed), and one SQLite lease file for all
-(every process runs on this host). The test starts node processes, cuts links, kills, stops and
-restarts processes, and waits for what it expects; the harness kills every process and removes
-the namespaces on the way out, also when the test fails or is cancelled.
+(every process runs on this host), and one SQLite journal with ``settings.event_sourced``. The
+test starts node processes, cuts links, kills, stops and restarts processes, and waits for what
+it expects; the harness kills every process and removes the namespaces on the way out, also when
+the test fails or is cancelled.
 
 A node process is, by default, ``python -m p2pshard.testing._real_node`` (as ``p2pshard chaos
 --real`` runs: the node, the counter entity type, the singleton probe and workload clients,
@@ -66,17 +67,22 @@ from membership._settings import in_range
 from membership._trioutil import single_error
 
 from .._config import LOG_LEVELS, NodeConfig
+from .._journal import JournalSettings
 from .._lease import LeaseSettings
 from ._checkers import Violation
-from ._netns import NetnsError, NetnsNetwork, netns_unavailable, open_network
+from ._netns import PORT as PORT  # where it was first defined; kept importable from here
+from ._netns import (
+    NetnsError,
+    NetnsNetwork,
+    loopback_network,
+    netns_unavailable,
+    open_network,
+)
 from ._real import Merged, ProcessRun, merge_histories, node_process_command, node_process_env
 from ._real import node_tls as make_node_tls
 
 CLUSTER = "realnet"
 """The cluster name of namespace runs."""
-
-PORT = 25520
-"""The port every node binds, each on its own namespace's address."""
 
 POLL = 0.1
 """Seconds between the supervisors' looks at their processes and history files."""
@@ -115,6 +121,16 @@ def _check_log_level(instance: object, attribute: Any, value: object) -> None:
         raise ConfigurationError(
             f"NetnsClusterSettings.log_level = {value!r} is invalid: must be one of "
             f"{', '.join(LOG_LEVELS)}"
+        )
+
+
+def _check_options(instance: object, attribute: Any, value: object) -> None:
+    if not isinstance(value, tuple) or not all(
+        isinstance(option, str) and option for option in value
+    ):
+        raise ConfigurationError(
+            f"NetnsClusterSettings.node_options = {value!r} is invalid: must be a tuple of "
+            "non-empty strings, such as ('--probe-interval', '0.5')"
         )
 
 
@@ -174,6 +190,12 @@ class NetnsClusterSettings:
     clients_per_node: int = attrs.field(default=1, validator=in_range(0, 1000, integer=True))
     message_interval: float = attrs.field(default=0.1, validator=in_range(0.01, 3600))
     """Seconds each workload client waits between messages, on average (default 0.1)."""
+    event_sourced: bool = False
+    """The counters keep their counts as events in one SQLite journal for all (``[journal]``,
+    ``--event-sourced``), as the chat example's rooms do; default: in memory."""
+    node_options: tuple[str, ...] = attrs.field(default=(), validator=_check_options)
+    """More options of every node process (``python -m p2pshard.testing._real_node --help``),
+    such as ``("--probe-interval", "0.5")``; default none."""
     log_level: str = attrs.field(default="INFO", validator=_check_log_level)
     """The node processes' log level (default INFO: the logs tell the story of a failure)."""
     shutdown_timeout: float = attrs.field(default=5.0, validator=in_range(0.1, 3600))
@@ -308,7 +330,7 @@ class NetnsCluster:
 
     def address(self, i: int) -> Address:
         """Where node ``i`` listens."""
-        return Address(self.network.host(i), PORT)
+        return Address(self.network.host(i), self.network.port(i))
 
     def log(self, i: int) -> Path:
         """Node ``i``'s log file (every process of it, each start marked)."""
@@ -331,7 +353,9 @@ class NetnsCluster:
         self.faults.append(line)
         print(line, flush=True)
         with (self.data_dir / "events.log").open("a") as events:
-            events.write(f"{time.strftime('%H:%M:%S')} {line}\n")
+            now = time.time()  # to the millisecond, as the node logs' times are
+            wall = f"{time.strftime('%H:%M:%S', time.localtime(now))},{int(now % 1 * 1000):03d}"
+            events.write(f"{wall} {line}\n")
 
     def write_configs(self) -> None:
         """The CA, every node's certificate and TOML file, and the lease file's place."""
@@ -340,6 +364,11 @@ class NetnsCluster:
         create_cluster_ca(CLUSTER, ca_dir)
         leases = attrs.evolve(s.leases, backend="sqlite", path=self.data_dir / "leases.db")
         seeds = tuple(self.address(i) for i in s.seeds)
+        journal = (
+            JournalSettings(backend="sqlite", path=self.data_dir / "journal.db")
+            if s.event_sourced
+            else JournalSettings()
+        )
         for i in self.nodes:
             name = self.name(i)
             node_dir = self.data_dir / name
@@ -347,7 +376,7 @@ class NetnsCluster:
                 cluster_name=CLUSTER,
                 node_name=name,
                 bind_host=self.network.host(i),
-                bind_port=PORT,
+                bind_port=self.network.port(i),
                 seed_nodes=seeds,
                 tls=make_node_tls(name, ca_dir, node_dir, cluster=CLUSTER),
                 transport=s.transport,
@@ -355,6 +384,7 @@ class NetnsCluster:
                 failure_detector=s.failure_detector,
                 split_brain_resolver=s.split_brain_resolver,
                 lease=leases,
+                journal=journal,
                 log_level=s.log_level,
                 shutdown_timeout=s.shutdown_timeout,
             )
@@ -389,6 +419,7 @@ class NetnsCluster:
                 interval=s.message_interval,
                 seed=self.seed,
                 use_lease=s.use_lease,
+                options=(*(("--event-sourced",) if s.event_sourced else ()), *s.node_options),
             )
         else:
             command = [sys.executable, "-m", "p2pshard", "node", "--config", str(self.configs[i])]
@@ -806,7 +837,11 @@ def _new_cluster(
 
 @asynccontextmanager
 async def open_netns_cluster(
-    settings: NetnsClusterSettings, data_dir: Path, *, seed: int | None = None
+    settings: NetnsClusterSettings,
+    data_dir: Path,
+    *,
+    seed: int | None = None,
+    loopback: bool = False,
 ) -> AsyncIterator[NetnsCluster]:
     """A network of ``settings.nodes`` namespaces with configurations; no process started yet.
 
@@ -822,19 +857,28 @@ async def open_netns_cluster(
         ...         await cluster.wait_one_cluster(within=60)
         ...         cluster.partition([4, 5])
 
+    With ``loopback``, there are no namespaces (no root needed): every node runs here on
+    127.0.0.1 with a port of its own (:class:`~p2pshard.testing._netns.LoopbackNetwork`), and
+    network faults raise ``NetnsError``; killing, stopping and restarting processes work.
+
     Raises:
         NetnsError: this host cannot run it (not root, ``ip`` or ``nft`` missing: see
             :func:`~p2pshard.testing._netns.netns_unavailable`), or building the network failed.
     """
-    reason = netns_unavailable()
-    if reason is not None:
-        raise NetnsError(reason)
+    opened: contextlib.AbstractContextManager[NetnsNetwork]
+    if loopback:
+        opened = contextlib.nullcontext(loopback_network(settings.nodes))
+    else:
+        reason = netns_unavailable()
+        if reason is not None:
+            raise NetnsError(reason)
+        opened = open_network(settings.nodes)
     if seed is None:
         seed = random.randrange(1 << 32)
     print(f"seed={seed}", flush=True)
-    with open_network(settings.nodes) as network:
+    with opened as network:
         cluster = _new_cluster(settings, network, data_dir, seed)
-        hosts = ", ".join(f"{cluster.name(i)} {network.host(i)}" for i in cluster.nodes)
+        hosts = ", ".join(f"{cluster.name(i)} {cluster.address(i)}" for i in cluster.nodes)
         cluster.note(f"network {network.name}: {hosts}; data in {cluster.data_dir}")
         try:
             with single_error():

@@ -199,8 +199,9 @@ class RealChaosSettings:
     """Seconds each workload client waits between messages, on average (default 0.1)."""
     lease_ttl: float = attrs.field(default=5.0, validator=in_range(2, 3600))
     """The shard and singleton leases' time-to-live in seconds (default 5)."""
-    stable_after: float = attrs.field(default=5.0, validator=in_range(1, 3600))
-    """The split brain resolver's ``stable_after`` (default 5 s)."""
+    stable_after: float = attrs.field(default=5.0, validator=in_range(3, 3600))
+    """The split brain resolver's ``stable_after`` (default 5 s; at least 3 s, the spread of
+    detections with the default failure detector and gossip that ``NodeConfig`` asks for)."""
     use_lease: bool = True
     """Shard and singleton leases; without them single activation is not guaranteed."""
 
@@ -613,8 +614,11 @@ def node_process_command(
     interval: float,
     seed: int,
     use_lease: bool,
+    options: Sequence[str] = (),
 ) -> list[str]:
     """The command line of one node process (``p2pshard.testing._real_node``).
+
+    ``options`` are more of its options, added at the end (``--event-sourced``, ...).
 
     The process dies with this one (``--parent``): start it from the main thread, since the
     parent-death signal follows the thread that started the child.
@@ -642,6 +646,7 @@ def node_process_command(
     ]
     if not use_lease:
         command.append("--no-lease")
+    command.extend(options)
     return command
 
 

@@ -2,15 +2,20 @@
 
 Run by ``p2pshard chaos --real`` (``p2pshard.testing._real``), once per node start, as
 ``python -m p2pshard.testing._real_node --config node.toml --history FILE`` with the options
-``--clients N --entities E --shards S --interval SECONDS --seed S --parent PID --no-lease``
-(see ``--help``).
+``--clients N --entities E --shards S --interval SECONDS --seed S --parent PID --no-lease``,
+and for the failover benchmark ``--event-sourced --probe-interval SECONDS
+--lease-retry-interval SECONDS --retry-interval SECONDS --state-timeout SECONDS
+--rebalance-interval SECONDS`` (see ``--help``).
 
 Theory of operation: the process runs :func:`p2pshard.open_node` with the configuration, starts
 the counter entity type (shard leases on, from the ``[lease]`` backend the configuration names;
-all processes share one SQLite lease file), the singleton probe under a lease, and ``N``
-workload clients, and records what happens in FILE, one JSON object a line, each with ``t``, the
-time on CLOCK_MONOTONIC (``time.monotonic()``), which all processes on one host share (the trio
-clock of each process starts anywhere). Lines are written with one ``os.write`` on an
+all processes share one SQLite lease file; with ``--event-sourced`` the counter keeps its count
+as events in the ``[journal]`` the configuration names, which all processes on the host may
+share, so that a counter recovers its events wherever it starts), the singleton probe under a
+lease, ``N`` workload clients, and with ``--probe-interval`` a probe client, and records what
+happens in FILE, one JSON object a line, each with ``t``, the time on CLOCK_MONOTONIC
+(``time.monotonic()``), which all processes on one host share (the trio clock of each process
+starts anywhere). Lines are written with one ``os.write`` on an
 ``O_APPEND`` descriptor, so a line is whole even when the process is killed right after it, and
 the page cache keeps it: a line written is a line the orchestrator will read.
 
@@ -28,6 +33,14 @@ The lines, by ``e`` (event):
 - ``log``: the entity handled (``sender``, ``seq``): the counter writes it **before** it
   replies, so an acknowledgement means "handled and written", as a journal write would;
 - ``sent`` / ``ack``: a client sent (``sender``, ``seq``) to ``key``, and its answer came back;
+- ``probe``: with ``--probe-interval``, a probe client asks one entity of every shard
+  (:func:`probe_entities`) with ``Probe`` every that many seconds, without waiting for the
+  answers (each may take ``PROBE_TIMEOUT``), and writes a line when a shard is answered by
+  another node than the last time: ``shard``, ``by`` (the node that answered now), ``prev_by``
+  and ``prev_t`` (the node and time of the answer before, None at first); so the line of a
+  shard that moved says when this node last heard from the old home and first from the new
+  one; ``probe-rtt``: every ``RTT_SAMPLE_EVERY``-th answered probe, its round trip
+  (``rtt``, seconds);
 - ``singleton-start`` / ``singleton-stop`` / ``singleton-act``: the probe singleton's
   instances and the pings it answered;
 - ``view`` and ``answers``: on SIGUSR1, the members this node sees, its region's shard homes and
@@ -68,10 +81,12 @@ from .._cli import EXIT_DOWNED
 from .._config import NodeConfig
 from .._entity import EntityContext
 from .._extractor import HashExtractor
+from .._journal import Journal
 from .._node import Node, open_node
+from .._persistence import EventSourcedEntity
 from .._region import ShardRegion
 from .._settings import ShardingSettings
-from ._workload import COUNTER, Add, Read
+from ._workload import COUNTER, Add, Added, Probe, Read
 
 PROBE = "chaos-probe"
 """The singleton probe's name (and its lease's)."""
@@ -87,6 +102,12 @@ ANSWER_TIMEOUT = 10.0
 
 MEMBERS_POLL = 0.2
 """Seconds between looks at the membership for ``members`` lines."""
+
+PROBE_TIMEOUT = 5.0
+"""Seconds a probe waits for its answer (probes overlap: one leaves every probe interval)."""
+
+RTT_SAMPLE_EVERY = 50
+"""One answered probe in this many writes its round trip (a ``probe-rtt`` line)."""
 
 logger = logging.getLogger("p2pshard.testing.real_node")
 
@@ -119,8 +140,11 @@ class _Observer:
         self._history.write("stop", key=f"{type_name}/{entity_id}")
 
 
-def counter_entity(history: HistoryFile) -> Callable[[EntityContext], Any]:
-    """The counter: each ``Add`` is written to the history file before the answer goes out."""
+def counter_entity(history: HistoryFile, node_name: str) -> Callable[[EntityContext], Any]:
+    """The counter: each ``Add`` is written to the history file before the answer goes out.
+
+    ``Probe`` is answered with ``node_name``.
+    """
 
     class Counter:
         def __init__(self, ctx: EntityContext) -> None:
@@ -135,7 +159,44 @@ def counter_entity(history: HistoryFile) -> Callable[[EntityContext], Any]:
                     return self.handled
                 case Read():
                     return self.handled
+                case Probe():
+                    return node_name
             raise ValueError(f"the counter does not understand {msg!r}")
+
+    return Counter
+
+
+def event_sourced_counter(
+    history: HistoryFile, journal: Journal, node_name: str
+) -> Callable[[EntityContext], Any]:
+    """The counter with its count in ``journal``: each ``Add`` is an event.
+
+    The event is stored before the history line and the answer. ``Probe`` is answered with
+    ``node_name``.
+    """
+
+    class Counter(EventSourcedEntity[int]):
+        def __init__(self, ctx: EntityContext) -> None:
+            super().__init__(ctx, journal)
+            self.key = f"{ctx.type_name}/{ctx.entity_id}"
+
+        def empty_state(self) -> int:
+            return 0
+
+        def apply_event(self, state: int, event: object) -> int:
+            return state + 1 if isinstance(event, Added) else state
+
+        async def handle_command(self, command: object, ctx: EntityContext) -> object:
+            match command:
+                case Add(sender=sender, seq=seq):
+                    await self.persist(Added(sender=sender, seq=seq))
+                    history.write("log", key=self.key, sender=sender, seq=seq)
+                    return self.state
+                case Read():
+                    return self.state
+                case Probe():
+                    return node_name
+            raise ValueError(f"the counter does not understand {command!r}")
 
     return Counter
 
@@ -177,6 +238,46 @@ async def _client(
             except ClusterError:  # timed out, region stopping, buffer full: not acknowledged
                 continue
             history.write("ack", sender=sender, seq=seq)
+
+
+async def _probe_shards(
+    region: ShardRegion, history: HistoryFile, shards: int, interval: float, rng: random.Random
+) -> None:
+    """Ask every shard's probe entity every ``interval`` seconds; note who answers (see above)."""
+    last: dict[str, tuple[str, float]] = {}
+    answered = 0
+
+    async def ask(shard: str, entity: str) -> None:
+        nonlocal answered
+        sent = time.monotonic()
+        try:
+            by = await region.entity_ref(entity).ask(Probe(), timeout=PROBE_TIMEOUT)
+        except ClusterError:  # timed out, region stopping, buffer full: not answered
+            return
+        now = time.monotonic()
+        answered += 1
+        if answered % RTT_SAMPLE_EVERY == 0:
+            history.write("probe-rtt", rtt=now - sent)
+        previous = last.get(shard)
+        if previous is None or previous[0] != by:
+            history.write(
+                "probe",
+                shard=shard,
+                by=by,
+                prev_by=None if previous is None else previous[0],
+                prev_t=None if previous is None else previous[1],
+            )
+        last[shard] = (str(by), now)
+
+    async def keep_asking(shard: str, entity: str, nursery: trio.Nursery) -> None:
+        await trio.sleep(rng.uniform(0, interval))  # spread the shards over the interval
+        while True:
+            nursery.start_soon(ask, shard, entity)
+            await trio.sleep(interval)
+
+    async with trio.open_nursery() as nursery:
+        for shard, entity in sorted(probe_entities(shards).items()):
+            nursery.start_soon(keep_asking, shard, entity, nursery)
 
 
 async def _ping_singleton(node: Node) -> None:
@@ -263,7 +364,11 @@ async def run_node(args: argparse.Namespace) -> int:
     history = HistoryFile(args.history)
     rng = random.Random(f"{args.seed}/{config.node_name}/{os.getpid()}")
     sharding = ShardingSettings(
-        use_lease=args.use_lease, lease_retry_interval=1.0, rebalance_interval=5.0
+        use_lease=args.use_lease,
+        lease_retry_interval=args.lease_retry_interval,
+        retry_interval=args.retry_interval,
+        state_timeout=args.state_timeout,
+        rebalance_interval=args.rebalance_interval,
     )
     left_on_signal = False
     try:
@@ -275,9 +380,14 @@ async def run_node(args: argparse.Namespace) -> int:
             async with open_node(config) as node, trio.open_nursery() as nursery:
                 nursery.start_soon(_record_members, node, history)
                 node.sharding.observe(_Observer(history))
+                entity = (
+                    event_sourced_counter(history, node.journal, config.node_name)
+                    if args.event_sourced
+                    else counter_entity(history, config.node_name)
+                )
                 region = await node.sharding.start(
                     COUNTER,
-                    counter_entity(history),
+                    entity,
                     extractor=HashExtractor(args.shards),
                     settings=sharding,
                 )
@@ -293,6 +403,11 @@ async def run_node(args: argparse.Namespace) -> int:
                         _client, region, history, sender, args.entities, args.interval, client_rng
                     )
                 nursery.start_soon(_ping_singleton, node)
+                if args.probe_interval is not None:
+                    probe_rng = random.Random(rng.getrandbits(64))
+                    nursery.start_soon(
+                        _probe_shards, region, history, args.shards, args.probe_interval, probe_rng
+                    )
 
                 async def report_on_signal() -> None:
                     async for _ in reports:
@@ -342,6 +457,41 @@ def _parser() -> argparse.ArgumentParser:
         "--parent",
         type=int,
         help="the orchestrator's pid: this process is killed when it dies (Linux)",
+    )
+    parser.add_argument(
+        "--event-sourced",
+        action="store_true",
+        help="keep each counter's count as events in the configuration's [journal]",
+    )
+    parser.add_argument(
+        "--probe-interval",
+        type=float,
+        help="ask every shard's probe entity every SECONDS and write probe lines (default: no "
+        "probes)",
+    )
+    parser.add_argument(
+        "--lease-retry-interval",
+        type=float,
+        default=1.0,
+        help="ShardingSettings.lease_retry_interval (default 1)",
+    )
+    parser.add_argument(
+        "--retry-interval",
+        type=float,
+        default=ShardingSettings().retry_interval,
+        help=f"ShardingSettings.retry_interval (default {ShardingSettings().retry_interval:g})",
+    )
+    parser.add_argument(
+        "--state-timeout",
+        type=float,
+        default=ShardingSettings().state_timeout,
+        help=f"ShardingSettings.state_timeout (default {ShardingSettings().state_timeout:g})",
+    )
+    parser.add_argument(
+        "--rebalance-interval",
+        type=float,
+        default=5.0,
+        help="ShardingSettings.rebalance_interval (default 5)",
     )
     parser.add_argument(
         "--no-lease",

@@ -55,6 +55,21 @@ class Stall:
     seconds: float
 
 
+@message(name="p2pshard.testing.Probe")
+@attrs.frozen(kw_only=True)
+class Probe:
+    """Failover probes: answered with the name of the node the entity runs on, changing nothing."""
+
+
+@message(name="p2pshard.testing.Added")
+@attrs.frozen(kw_only=True)
+class Added:
+    """The event-sourced counter's event: it handled ``sender``'s message ``seq``."""
+
+    sender: str
+    seq: int
+
+
 COUNTER = "Counter"
 """The counter workload's entity type name."""
 

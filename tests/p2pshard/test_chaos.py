@@ -12,7 +12,10 @@ on views made by hand (two islands, fake members).
 node), seed nodes restarted during partitions, long partitions with the seed nodes on the losing
 side, and an intruder sending forged membership messages: the CI seeds run with it, and
 ``--slow`` runs them once more with the first wave's schedules (every node a seed node, the
-classic fault kinds). A seed whose run hangs fails in bounded time with the seed named.
+classic fault kinds). ``FAST_LAN_SETTINGS`` runs the same, with every node on the fast LAN
+failover profile (``p2pshard.FAST_LAN``), over ``FAST_LAN_SEEDS``: the profile is checked safe
+by chaos as well as by the settings' validation. A seed whose run hangs fails in bounded time
+with the seed named.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import trio
 import trio.testing
 
 from membership import ConfigurationError
+from p2pshard import FAST_LAN
 from p2pshard._cli import main
 from p2pshard.testing import (
     FAULTS,
@@ -61,8 +65,11 @@ FAN_OUT_SETTINGS = attrs.evolve(CI_SETTINGS, workloads=("fan-out",))
 REALISTIC_CI_SETTINGS = attrs.evolve(
     REALISTIC, duration=CI_SETTINGS.duration, quiet=30.0, message_interval=0.3
 )
+FAST_LAN_SEEDS = range(400, 440)
+FAST_LAN_SETTINGS = attrs.evolve(REALISTIC_CI_SETTINGS, profile="fast-lan")
 INTRUDER_SEEDS = range(300, 304)
 INTRUDER_SETTINGS = attrs.evolve(REALISTIC_CI_SETTINGS, faults=("intruder",), quiet=20.0)
+SHORT_PROFILED = ChaosSettings(nodes=3, duration=0.0, quiet=10.0, message_interval=0.3)
 SLOW_SEEDS = range(1000, 3000)
 JOBS = 2
 
@@ -99,6 +106,39 @@ def test_every_invariant_holds_over_fan_out_seeds() -> None:
 def test_every_invariant_holds_over_the_ci_seeds_with_every_node_a_seed() -> None:
     """The schedules of the first wave: every node a seed node, the classic fault kinds."""
     run_and_check(CI_SEEDS, CI_SETTINGS)
+
+
+def test_every_invariant_holds_with_the_fast_lan_failover_profile() -> None:
+    """p2pshard.FAST_LAN (detection in under 2 s, stable_after 1 s, 3 s leases) on every node,
+    as hard as real hosts: the profile's timing must keep every invariant too."""
+    run_and_check(FAST_LAN_SEEDS, FAST_LAN_SETTINGS)
+
+
+def test_the_profile_reaches_every_node_and_entity_type() -> None:
+    seen: list[tuple[float, float, float, float, float]] = []
+
+    async def body(scenario: Scenario) -> None:
+        for i in scenario.sim.live:
+            config = scenario.sim.nodes[i].config
+            sharding = scenario.sim.regions[i].settings
+            seen.append(
+                (
+                    config.failure_detector.heartbeat_interval,
+                    config.split_brain_resolver.stable_after,
+                    config.lease.ttl,
+                    sharding.lease_retry_interval,
+                    sharding.state_timeout,
+                )
+            )
+        await trio.sleep(1.0)
+
+    settings = attrs.evolve(SHORT_PROFILED, profile="fast-lan")
+    report = run_scenario(5, body, settings)
+    assert report.ok, report.violations
+    p = FAST_LAN
+    expected = (p.heartbeat_interval, p.stable_after, p.lease_ttl, p.lease_retry_interval)
+    assert seen == [(*expected, p.state_timeout)] * 3
+    assert report.replay_command().endswith(" --profile fast-lan")
 
 
 @pytest.mark.slow
@@ -388,6 +428,8 @@ def test_the_replay_command_carries_the_realistic_settings() -> None:
         (["--real", "--workloads", "fan-out"], "--workloads goes with the simulated cluster"),
         (["--seed-layout", "every"], "ChaosSettings.seed_layout = 'every' is invalid"),
         (["--real", "--realistic"], "--realistic go with the simulated cluster"),
+        (["--profile", "slow-wan"], "ChaosSettings.profile = 'slow-wan' is invalid: choose one"),
+        (["--real", "--profile", "fast-lan"], "--profile and --realistic go with the simulated"),
     ],
 )
 def test_the_command_refuses_bad_options(

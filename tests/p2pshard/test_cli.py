@@ -292,7 +292,7 @@ def test_a_node_downed_by_the_cluster_exits_with_exit_downed_and_a_leaving_one_w
     env = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
-        "P2PSHARD_SPLIT_BRAIN_RESOLVER__STABLE_AFTER": "2",
+        "P2PSHARD_SPLIT_BRAIN_RESOLVER__STABLE_AFTER": "3",
     }
     logs = [tmp_path / f"node-{i}.log" for i in (1, 2, 3)]
     with node_processes(configs, logs, env) as children:

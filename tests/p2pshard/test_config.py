@@ -823,6 +823,47 @@ def test_invalid_split_brain_resolver_combination(tmp_path: Path) -> None:
     )
 
 
+def test_stable_after_shorter_than_the_spread_of_detections_is_refused(tmp_path: Path) -> None:
+    # With the defaults the members of one partition are found unreachable up to 1 + 1 + 1 s
+    # apart (heartbeats, detector reads, gossip): a resolver deciding sooner may see only part.
+    message = load_error(tmp_path, MINIMAL + "\n[split_brain_resolver]\nstable_after = 2.5\n")
+    assert message.startswith(
+        "split_brain_resolver.stable_after = 2.5 is invalid with these timings: must be at "
+        "least failure_detector.heartbeat_interval + "
+        "failure_detector.unreachable_nodes_reaper_interval + cluster.gossip_interval = 3 s."
+    )
+    assert "Raise stable_after or make the detector and gossip faster" in message
+    assert message.endswith(f"(loading {tmp_path / 'node.toml'})")
+    with pytest.raises(ConfigurationError, match=r"stable_after = 1.0 is invalid .* = 1.25 s"):
+        NodeConfig(
+            cluster_name="shop",
+            node_name="node-1",
+            tls=TLS,
+            cluster=ClusterSettings(gossip_interval=0.5),
+            failure_detector=FailureDetectorSettings(
+                heartbeat_interval=0.5, unreachable_nodes_reaper_interval=0.25
+            ),
+            split_brain_resolver=SplitBrainResolverSettings(stable_after=1.0),
+        )
+    # At the spread it is accepted; a faster detector and gossip allow a shorter stable_after.
+    assert load(tmp_path, MINIMAL + "\n[split_brain_resolver]\nstable_after = 3\n")
+    faster = """
+[cluster]
+gossip_interval = 0.5
+
+[failure_detector]
+heartbeat_interval = 0.5
+unreachable_nodes_reaper_interval = 0.25
+
+[split_brain_resolver]
+stable_after = 1.25
+"""
+    assert load(tmp_path, MINIMAL + faster).split_brain_resolver.stable_after == 1.25
+    message = load_error(tmp_path, MINIMAL + faster, P2PSHARD_CLUSTER__GOSSIP_INTERVAL="1")
+    assert message.startswith("split_brain_resolver.stable_after = 1.25 is invalid")
+    assert "= 1.75 s." in message
+
+
 # --- the loader is generic: a later package's settings nest the same way -------------------------
 
 

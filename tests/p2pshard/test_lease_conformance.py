@@ -313,6 +313,11 @@ async def test_bad_settings_and_names_are_refused_with_the_reason() -> None:
         LeaseSettings(ttl=4.0, renew_interval=3.0)
     with pytest.raises(ConfigurationError, match=r"operation_timeout = 5.0 .* ttl - safety_margin"):
         LeaseSettings(ttl=5.0, renew_interval=1.0, operation_timeout=5.0)
+    with pytest.raises(
+        ConfigurationError,
+        match=r"renew_interval = 2.0 is invalid with operation_timeout = 2.0: .* tried again",
+    ):
+        LeaseSettings(ttl=5.0, renew_interval=2.0, operation_timeout=2.0, safety_margin=1.0)
     with pytest.raises(ConfigurationError, match=r"path is missing"):
         LeaseSettings(backend="sqlite")
     with pytest.raises(ConfigurationError, match=r"endpoints is empty"):
