@@ -41,7 +41,7 @@ import trio
 from benchmarks import transport as transport_bench
 from membership import Address
 from membership._member import MemberStatus
-from membership._tcp import open_tcp_transport
+from membership.transport._tcp import open_tcp_transport
 from p2pshard import (
     EntityContext,
     HashExtractor,
@@ -52,7 +52,7 @@ from p2pshard import (
     message,
     open_node,
 )
-from p2pshard._region import ShardRegion
+from p2pshard.sharding._region import ShardRegion
 
 TYPE_NAME = "Counter"
 HOST_ROLE = "host"

@@ -108,10 +108,10 @@ from p2pshard import (  # noqa: E402
     open_node,
 )
 from p2pshard._errors import AskTimeout, LeaseUnavailable  # noqa: E402
-from p2pshard._lease import Lease, LeaseBackend  # noqa: E402
-from p2pshard._lease_etcd import EtcdLeaseBackend  # noqa: E402
-from p2pshard._lease_sqlite import SqliteLeaseBackend  # noqa: E402
-from p2pshard._region import ShardRegion  # noqa: E402
+from p2pshard.leases._etcd import EtcdLeaseBackend  # noqa: E402
+from p2pshard.leases._lease import Lease, LeaseBackend  # noqa: E402
+from p2pshard.leases._sqlite import SqliteLeaseBackend  # noqa: E402
+from p2pshard.sharding._region import ShardRegion  # noqa: E402
 from tests.p2pshard.etcd_server import EtcdNotInstalled, running_etcd  # noqa: E402
 
 HOST = "127.0.0.1"

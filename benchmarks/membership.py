@@ -101,7 +101,6 @@ from membership import (
     UniqueAddress,
     deterministic_scheduling,
 )
-from membership import _wire as wire
 from membership._cluster import Cluster
 from membership._cluster_core import ClusterSettings, GossipEnvelope, GossipStatus
 from membership._events import (
@@ -113,7 +112,8 @@ from membership._events import (
 from membership._failure_detector import FailureDetectorSettings
 from membership._heartbeat import Heartbeat, HeartbeatRsp
 from membership._member import MemberStatus
-from membership._sbr import SplitBrainResolverSettings
+from membership.sbr._resolver import SplitBrainResolverSettings
+from membership.transport import _wire as wire
 
 HOST = "10.0.0.1"
 BASE_PORT = 2550

@@ -14,7 +14,7 @@ How to run it (from the project root)::
 
 Every node is its own OS process (this file run with ``--worker CONFIG``) running
 ``p2pshard.open_node`` with mutual TLS 1.3 on 127.0.0.1, with certificates and TOML files written
-by ``p2pshard._localcluster.LocalCluster.prepare`` and the default settings; ``P2PSHARD_*``
+by ``p2pshard.cli._localcluster.LocalCluster.prepare`` and the default settings; ``P2PSHARD_*``
 environment variables reach every node, e.g. ``P2PSHARD_REPLICATOR__GOSSIP_INTERVAL=1``. This
 process only orchestrates: it sends each node one JSON command per line on its stdin and reads one
 JSON answer per line from its stdout; node logs go to files that are shown when a node fails.
@@ -96,7 +96,7 @@ from benchmarks._report import progress_line  # noqa: E402
 from crdt import ReplicationError, WriteLocal, WriteMajority  # noqa: E402
 from membership import MemberStatus  # noqa: E402
 from p2pshard import Node, NodeConfig, open_node  # noqa: E402
-from p2pshard._localcluster import LocalCluster  # noqa: E402
+from p2pshard.cli._localcluster import LocalCluster  # noqa: E402
 
 CLUSTER = "bench"
 HOST = "127.0.0.1"

@@ -109,10 +109,10 @@ from membership import (  # noqa: E402
     Address,
     LinkConditions,
     SimNetwork,
-    _wire,
     deterministic_scheduling,
 )
 from membership._member import MemberStatus  # noqa: E402
+from membership.transport import _wire  # noqa: E402
 from p2pshard import (  # noqa: E402
     HashExtractor,
     LeastShardAllocationStrategy,
@@ -122,9 +122,9 @@ from p2pshard import (  # noqa: E402
     TlsFiles,
     open_node,
 )
-from p2pshard._extractor import stable_shard  # noqa: E402
-from p2pshard._protocol import EntityDelivery  # noqa: E402
-from p2pshard._region import ShardRegion  # noqa: E402
+from p2pshard.sharding._extractor import stable_shard  # noqa: E402
+from p2pshard.sharding._protocol import EntityDelivery  # noqa: E402
+from p2pshard.sharding._region import ShardRegion  # noqa: E402
 
 HOST = worker.HOST
 LOCAL_SHARDS = 100

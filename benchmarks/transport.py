@@ -11,15 +11,16 @@ How to run it (from the project root)::
         # in that mode are not comparable with normal runs
 
 What it measures: two OS processes on 127.0.0.1 talk over mutual TLS 1.3 with certificates made
-for the run (``membership._certs``) and SSL contexts from ``membership._tls.TlsIdentity``, so both
-implementations do exactly the same cryptography. Each process runs its own ``trio.run``.
+for the run (``membership.transport._certs``) and SSL contexts from
+``membership.transport._tls.TlsIdentity``, so both implementations do exactly the same
+cryptography. Each process runs its own ``trio.run``.
 
-- **ours**: ``membership._tcp.open_tcp_transport`` on each side, a registered attrs message
-  (``bench.Payload``) sent with ``await transport.send(...)`` and received by a handler
+- **ours**: ``membership.transport._tcp.open_tcp_transport`` on each side, a registered attrs
+  message (``bench.Payload``) sent with ``await transport.send(...)`` and received by a handler
   (``transport.set_handler``, the path a node's dispatcher uses); a reply
   goes over the replier's own outbound link, as the transport always does. Its TLS runs in
-  ``membership._tlslink.TlsLink`` (the same ``ssl`` objects and contexts as ``trio.SSLStream``,
-  without its scheduler passes, and with writes that need not wait).
+  ``membership.transport._tlslink.TlsLink`` (the same ``ssl`` objects and contexts as
+  ``trio.SSLStream``, without its scheduler passes, and with writes that need not wait).
 - **ceiling**: one raw ``trio.SSLStream``; the sender ``msgpack.packb``-s ``[seq, data]`` into
   4-byte-length-prefixed frames and writes up to 64 frames per ``send_all``; the receiver splits
   frames and ``msgpack.unpackb``-s each one. No routing, no queues, no envelope: the least work any
@@ -87,16 +88,16 @@ import msgpack  # noqa: E402
 import trio  # noqa: E402
 
 from membership import Address, Envelope, UniqueAddress, message  # noqa: E402
-from membership._certs import create_cluster_ca, create_node_certificate  # noqa: E402
-from membership._tcp import open_tcp_transport  # noqa: E402
-from membership._tls import TlsIdentity  # noqa: E402
+from membership.transport._certs import create_cluster_ca, create_node_certificate  # noqa: E402
+from membership.transport._tcp import open_tcp_transport  # noqa: E402
+from membership.transport._tls import TlsIdentity  # noqa: E402
 
 CLUSTER = "bench"
 SERVER_NODE = "bench-server"
 CLIENT_NODE = "bench-client"
 HOST = "127.0.0.1"
 READ_SIZE = 1 << 16
-"""Bytes per ``receive_some`` for the ceiling, as ``membership._tcp`` reads."""
+"""Bytes per ``receive_some`` for the ceiling, as ``membership.transport._tcp`` reads."""
 CEILING_BATCH = 64
 """Frames the ceiling sender joins into one ``send_all``."""
 ONEWAY_TARGET = 0.6

@@ -24,7 +24,6 @@ import enum
 
 import attrs
 
-from ._address import UniqueAddress
 from ._cluster_core import (
     Down,
     ExitingConfirmed,
@@ -39,7 +38,8 @@ from ._cluster_core import (
     Welcome,
 )
 from ._heartbeat import Heartbeat, HeartbeatRsp
-from ._identity import IdentityKind, PeerIdentity
+from .transport._address import UniqueAddress
+from .transport._identity import IdentityKind, PeerIdentity
 
 
 @attrs.frozen

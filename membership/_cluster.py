@@ -25,7 +25,6 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
-from ._address import Address, UniqueAddress
 from ._authorization import Refused, Standing, authorize_membership
 from ._cluster_core import (
     CLUSTER_MESSAGES,
@@ -39,7 +38,6 @@ from ._cluster_core import (
     Shutdown,
     StartExiting,
 )
-from ._errors import ClusterError, SendQueueFull, TransportClosed
 from ._events import ClusterEvent, diff
 from ._failure_detector import FailureDetectorSettings
 from ._gossip import Gossip, convergence, leader, oldest, reachability_excluding_downed
@@ -47,8 +45,7 @@ from ._heartbeat import Heartbeat, HeartbeatRsp, HeartbeatSenderState, heartbeat
 from ._islands import Sighting
 from ._lease import HeldLease
 from ._member import Member, MemberStatus
-from ._refusals import Refusals
-from ._sbr import (
+from .sbr._resolver import (
     AcquireLease,
     DownNodes,
     ReleaseLease,
@@ -56,7 +53,10 @@ from ._sbr import (
     SplitBrainResolverEffect,
     SplitBrainResolverSettings,
 )
-from ._transport import Envelope, Transport
+from .transport._address import Address, UniqueAddress
+from .transport._errors import ClusterError, SendQueueFull, TransportClosed
+from .transport._refusals import Refusals
+from .transport._transport import Envelope, Transport
 
 logger = logging.getLogger("membership.cluster")
 

@@ -58,8 +58,6 @@ from typing import Any
 
 import attrs
 
-from ._address import Address, UniqueAddress, node_order
-from ._errors import ConfigurationError
 from ._events import ClusterEvent, MemberRemoved, diff
 from ._gossip import (
     Gossip,
@@ -72,9 +70,11 @@ from ._gossip import (
 )
 from ._islands import IslandFinder, Sighting, Verdict
 from ._member import Member, MemberStatus
-from ._settings import in_range
 from ._vclock import Order, VectorClock
-from ._wire import message
+from .transport._address import Address, UniqueAddress, node_order
+from .transport._errors import ConfigurationError
+from .transport._settings import in_range
+from .transport._wire import message
 
 logger = logging.getLogger("membership.cluster")
 

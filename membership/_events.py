@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import attrs
 
-from ._address import UniqueAddress
 from ._gossip import Gossip, leader, reachability_excluding_downed
 from ._member import Member, MemberStatus
+from .transport._address import UniqueAddress
 
 
 @attrs.frozen

@@ -47,8 +47,8 @@ from collections.abc import Callable
 
 import attrs
 
-from ._address import UniqueAddress
-from ._settings import in_range
+from .transport._address import UniqueAddress
+from .transport._settings import in_range
 
 _NS_PER_SECOND = 1_000_000_000
 _LN_10 = math.log(10.0)

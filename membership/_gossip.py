@@ -32,7 +32,6 @@ from collections.abc import Collection, Iterable
 
 import attrs
 
-from ._address import UniqueAddress, node_order
 from ._member import (
     CONVERGENCE_STATUSES,
     LEADER_STATUSES,
@@ -44,7 +43,8 @@ from ._member import (
 )
 from ._reachability import Reachability
 from ._vclock import VectorClock
-from ._wire import message
+from .transport._address import UniqueAddress, node_order
+from .transport._wire import message
 
 
 def _sorted_members(members: Iterable[Member]) -> tuple[Member, ...]:

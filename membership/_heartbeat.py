@@ -53,10 +53,10 @@ from collections.abc import Iterable
 
 import attrs
 
-from ._address import UniqueAddress
 from ._failure_detector import FailureDetectorRegistry, FailureDetectorSettings
-from ._settings import in_range
-from ._wire import message
+from .transport._address import UniqueAddress
+from .transport._settings import in_range
+from .transport._wire import message
 
 
 def _check_sender(

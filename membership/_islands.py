@@ -31,7 +31,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from ._address import Address, UniqueAddress
+from .transport._address import Address, UniqueAddress
 
 MAX_CONTACTS = 64
 """Contacts a node keeps at most (the ones heard from longest ago are forgotten first)."""

@@ -28,9 +28,9 @@ from collections.abc import Iterable
 
 import attrs
 
-from ._address import UniqueAddress
-from ._errors import IllegalTransition
-from ._wire import message
+from .transport._address import UniqueAddress
+from .transport._errors import IllegalTransition
+from .transport._wire import message
 
 NOT_UP: int = 2**31 - 1
 """``up_number`` of a member that was never Up (Akka's ``Int.MaxValue``)."""

@@ -18,8 +18,8 @@ from collections.abc import Collection, Iterable
 
 import attrs
 
-from ._address import UniqueAddress
-from ._wire import message
+from .transport._address import UniqueAddress
+from .transport._wire import message
 
 
 @message(name="p2pshard.ReachabilityStatus")

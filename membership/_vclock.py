@@ -14,8 +14,8 @@ from collections.abc import Iterable
 
 import attrs
 
-from ._address import UniqueAddress
-from ._wire import message
+from .transport._address import UniqueAddress
+from .transport._wire import message
 
 
 class Order(enum.Enum):

@@ -21,16 +21,9 @@ from membership import TransportSettings as TransportSettings
 from membership import UniqueAddress as UniqueAddress
 from membership import message as message
 
-from ._allocation import ClusterView as ClusterView
-from ._allocation import EntityId as EntityId
-from ._allocation import LeastShardAllocationStrategy as LeastShardAllocationStrategy
-from ._allocation import ShardAllocationStrategy as ShardAllocationStrategy
-from ._allocation import ShardId as ShardId
 from ._config import ClientConfig as ClientConfig
 from ._config import NodeConfig as NodeConfig
 from ._config import TlsFiles as TlsFiles
-from ._entity import EntityContext as EntityContext
-from ._entity import EntityRef as EntityRef
 from ._errors import AskTimeout as AskTimeout
 from ._errors import BufferOverflow as BufferOverflow
 from ._errors import EventTooLarge as EventTooLarge
@@ -41,46 +34,53 @@ from ._errors import LeaseUnavailable as LeaseUnavailable
 from ._errors import RegionStopped as RegionStopped
 from ._errors import RemoteEntityError as RemoteEntityError
 from ._errors import ShardingError as ShardingError
-from ._extractor import HashExtractor as HashExtractor
-from ._extractor import MessageExtractor as MessageExtractor
-from ._extractor import ShardingEnvelope as ShardingEnvelope
 from ._failover import FAILOVER_PROFILES as FAILOVER_PROFILES
 from ._failover import FAST_LAN as FAST_LAN
 from ._failover import FailoverProfile as FailoverProfile
-from ._journal import Journal as Journal
-from ._journal import JournalSettings as JournalSettings
-from ._journal import Recovery as Recovery
-from ._journal import open_journal as open_journal
-from ._journal_memory import MemoryJournal as MemoryJournal
-from ._journal_memory import MemoryJournalStatistics as MemoryJournalStatistics
-from ._journal_sqlite import SqliteJournal as SqliteJournal
-from ._lease import Lease as Lease
-from ._lease import LeaseBackend as LeaseBackend
-from ._lease import LeaseClock as LeaseClock
-from ._lease import LeaseGrant as LeaseGrant
-from ._lease import Leases as Leases
-from ._lease import LeaseSettings as LeaseSettings
-from ._lease_memory import MemoryLeaseBackend as MemoryLeaseBackend
-from ._lease_sqlite import SqliteLeaseBackend as SqliteLeaseBackend
 from ._node import Node as Node
 from ._node import open_node as open_node
-from ._persistence import EventSourcedEntity as EventSourcedEntity
-from ._region import RegionStatistics as RegionStatistics
-from ._region import ShardRegion as ShardRegion
-from ._region import ShardRegionState as ShardRegionState
-from ._region import ShardState as ShardState
-from ._settings import ShardingSettings as ShardingSettings
-from ._sharding import ClusterShardingStats as ClusterShardingStats
-from ._sharding import IncarnationObserver as IncarnationObserver
-from ._sharding import Sharding as Sharding
+from .leases import Lease as Lease
+from .leases import LeaseBackend as LeaseBackend
+from .leases import LeaseClock as LeaseClock
+from .leases import LeaseGrant as LeaseGrant
+from .leases import Leases as Leases
+from .leases import LeaseSettings as LeaseSettings
+from .leases import MemoryLeaseBackend as MemoryLeaseBackend
+from .leases import SqliteLeaseBackend as SqliteLeaseBackend
+from .persistence import EventSourcedEntity as EventSourcedEntity
+from .persistence import Journal as Journal
+from .persistence import JournalSettings as JournalSettings
+from .persistence import MemoryJournal as MemoryJournal
+from .persistence import MemoryJournalStatistics as MemoryJournalStatistics
+from .persistence import Recovery as Recovery
+from .persistence import SqliteJournal as SqliteJournal
+from .persistence import open_journal as open_journal
+from .sharding import ClusterShardingStats as ClusterShardingStats
+from .sharding import ClusterView as ClusterView
+from .sharding import EntityContext as EntityContext
+from .sharding import EntityId as EntityId
+from .sharding import EntityRef as EntityRef
+from .sharding import HashExtractor as HashExtractor
+from .sharding import IncarnationObserver as IncarnationObserver
+from .sharding import LeastShardAllocationStrategy as LeastShardAllocationStrategy
+from .sharding import MessageExtractor as MessageExtractor
+from .sharding import RegionStatistics as RegionStatistics
+from .sharding import ShardAllocationStrategy as ShardAllocationStrategy
+from .sharding import ShardId as ShardId
+from .sharding import Sharding as Sharding
+from .sharding import ShardingEnvelope as ShardingEnvelope
+from .sharding import ShardingSettings as ShardingSettings
+from .sharding import ShardRegion as ShardRegion
+from .sharding import ShardRegionState as ShardRegionState
+from .sharding import ShardState as ShardState
 
 if TYPE_CHECKING:
-    from ._journal_postgres import PostgresJournal as PostgresJournal
+    from .persistence._postgres import PostgresJournal as PostgresJournal
 
 
 def __getattr__(name: str) -> object:
     if name == "PostgresJournal":
-        from ._journal_postgres import PostgresJournal
+        from .persistence._postgres import PostgresJournal
 
         return PostgresJournal
     raise AttributeError(f"module 'p2pshard' has no attribute {name!r}")

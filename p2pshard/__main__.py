@@ -2,6 +2,6 @@
 
 import sys
 
-from ._cli import main
+from .cli._main import main
 
 sys.exit(main())

@@ -14,8 +14,9 @@ first), ``X | None``, ``tuple[X, ...]`` (a TOML array), ``tuple[tuple[str, X], .
 of ``name = value``, read as pairs sorted by name) and attrs classes; another type is a
 programming error (``TypeError``) at every load. Errors name where a value came from: the
 dotted field path and the file, or the environment variable. Validators of settings classes report
-``"ClassName.field = value is invalid: ..."`` (see ``membership._settings``); the loader rewrites
-``ClassName.`` into the field's dotted path, so a nested class gets located messages for free.
+``"ClassName.field = value is invalid: ..."`` (see ``membership.transport._settings``); the loader
+rewrites ``ClassName.`` into the field's dotted path, so a nested class gets located messages for
+free.
 """
 
 from __future__ import annotations
@@ -37,14 +38,14 @@ from crdt import ReplicatorSettings
 
 # Imported at run time, not under TYPE_CHECKING: the loader resolves the field annotations.
 from membership import Address, ConfigurationError, PeerIdentity, TransportSettings
-from membership._address import check_name
 from membership._cluster_core import ClusterSettings
 from membership._failure_detector import FailureDetectorSettings
-from membership._sbr import SplitBrainResolverSettings
-from membership._tls import DenyList, TlsIdentity, certificate_identity
+from membership.sbr._resolver import SplitBrainResolverSettings
+from membership.transport._address import check_name
+from membership.transport._tls import DenyList, TlsIdentity, certificate_identity
 
-from ._journal import JournalSettings
-from ._lease import LeaseSettings
+from .leases._lease import LeaseSettings
+from .persistence._journal import JournalSettings
 
 ENV_PREFIX = "P2PSHARD_"
 """Environment variables that override configuration values start with this."""
@@ -261,7 +262,7 @@ class NodeConfig:
         threshold = 8.0
         acceptable_heartbeat_pause = 3.0
 
-        [split_brain_resolver]  # membership._sbr.SplitBrainResolverSettings
+        [split_brain_resolver]  # membership.sbr._resolver.SplitBrainResolverSettings
         active_strategy = "keep-majority"
         stable_after = 20.0
         down_all_when_unstable = "on"  # or "off", or seconds

@@ -45,12 +45,12 @@ import attrs
 from membership import ConfigurationError
 from membership._cluster_core import ClusterSettings
 from membership._failure_detector import FailureDetectorSettings, phi
-from membership._sbr import SplitBrainResolverSettings
-from membership._settings import in_range
+from membership.sbr._resolver import SplitBrainResolverSettings
+from membership.transport._settings import in_range
 
 from ._config import NodeConfig
-from ._lease import LeaseSettings
-from ._settings import ShardingSettings
+from .leases._lease import LeaseSettings
+from .sharding._settings import ShardingSettings
 
 
 def _check_name(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:

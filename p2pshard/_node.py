@@ -31,20 +31,20 @@ from cryptography import x509
 from crdt import Replicator, ReplicatorSettings, open_replicator
 from membership import ConfigurationError, Envelope, Transport, TransportStatistics, UniqueAddress
 from membership._authorization import member_traffic_refusal
-from membership._certs import node_uri
 from membership._cluster import Cluster, DowningLease
 from membership._events import LeaderChanged, MemberEvent, ReachableMember, UnreachableMember
-from membership._singleton import Singletons
-from membership._tcp import open_tcp_transport
-from membership._tls import TlsIdentity
-from membership._trioutil import single_error
+from membership.singleton._manager import Singletons
+from membership.transport._certs import node_uri
+from membership.transport._tcp import open_tcp_transport
+from membership.transport._tls import TlsIdentity
+from membership.transport._trioutil import single_error
 
 from ._config import NodeConfig
-from ._journal import Journal, JournalSettings, open_journal
-from ._lease import TRIO_CLOCK, LeaseBackend, LeaseClock, Leases, LeaseSettings
-from ._lease_sqlite import SqliteLeaseBackend
-from ._sharding import Sharding
 from ._status import MemberCommandService, StatusService
+from .leases._lease import TRIO_CLOCK, LeaseBackend, LeaseClock, Leases, LeaseSettings
+from .leases._sqlite import SqliteLeaseBackend
+from .persistence._journal import Journal, JournalSettings, open_journal
+from .sharding._sharding import Sharding
 
 logger = logging.getLogger("p2pshard.node")
 
@@ -457,7 +457,7 @@ async def _lease_backend(
         assert settings.path is not None
         backend = SqliteLeaseBackend(settings.path, busy_timeout=settings.operation_timeout)
     else:
-        from ._lease_etcd import EtcdLeaseBackend
+        from .leases._etcd import EtcdLeaseBackend
 
         backend = EtcdLeaseBackend(settings.endpoints, request_timeout=settings.operation_timeout)
     try:

@@ -57,12 +57,12 @@ from membership import (
 from membership._cluster import Cluster
 from membership._islands import Sighting, Verdict
 from membership._member import NOT_UP, Member
-from membership._tcp import TcpTransport, open_tcp_transport
-from membership._tls import TlsIdentity, identity_text
+from membership.transport._tcp import TcpTransport, open_tcp_transport
+from membership.transport._tls import TlsIdentity, identity_text
 
 from ._config import ClientConfig, NodeConfig
-from ._region import RegionStatistics
-from ._sharding import Sharding
+from .sharding._region import RegionStatistics
+from .sharding._sharding import Sharding
 
 FORGET_AFTER = 10.0
 """Seconds a reply to a client that is not a member may take to leave before its link is

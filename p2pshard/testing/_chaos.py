@@ -79,14 +79,14 @@ from membership import (
     deterministic_scheduling,
 )
 from membership._member import MemberStatus
-from membership._settings import in_range
+from membership.transport._settings import in_range
 
 from .._config import NodeConfig
-from .._extractor import HashExtractor
 from .._failover import FAILOVER_PROFILES
-from .._lease_memory import MemoryLeaseBackend
 from .._node import Node
-from .._settings import ShardingSettings
+from ..leases._memory import MemoryLeaseBackend
+from ..sharding._extractor import HashExtractor
+from ..sharding._settings import ShardingSettings
 from ._checkers import (
     AGREEMENT,
     INVARIANTS,

@@ -29,8 +29,8 @@ import attrs
 
 from membership import message
 
-from .._entity import EntityContext
-from .._sharding import Sharding
+from ..sharding._entity import EntityContext
+from ..sharding._sharding import Sharding
 from ._history import History
 from ._workload import Add, Read
 

@@ -60,15 +60,15 @@ from membership import (
     SplitBrainResolverSettings,
     TransportSettings,
 )
-from membership._certs import create_cluster_ca
 from membership._cluster_core import ClusterSettings
 from membership._failure_detector import FailureDetectorSettings
-from membership._settings import in_range
-from membership._trioutil import single_error
+from membership.transport._certs import create_cluster_ca
+from membership.transport._settings import in_range
+from membership.transport._trioutil import single_error
 
 from .._config import LOG_LEVELS, NodeConfig
-from .._journal import JournalSettings
-from .._lease import LeaseSettings
+from ..leases._lease import LeaseSettings
+from ..persistence._journal import JournalSettings
 from ._checkers import Violation
 from ._netns import PORT as PORT  # where it was first defined; kept importable from here
 from ._netns import (

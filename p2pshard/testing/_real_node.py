@@ -74,18 +74,18 @@ import trio
 
 from membership import ClusterError
 from membership._member import MemberStatus
-from membership._singleton import SingletonContext
+from membership.singleton._manager import SingletonContext
 
-from .._allocation import EntityId
 from .._config import NodeConfig
-from .._entity import EntityContext
-from .._exit import EXIT_DOWNED
-from .._extractor import HashExtractor
-from .._journal import Journal
 from .._node import Node, open_node
-from .._persistence import EventSourcedEntity
-from .._region import ShardRegion
-from .._settings import ShardingSettings
+from ..cli._exit import EXIT_DOWNED
+from ..persistence._event_sourced import EventSourcedEntity
+from ..persistence._journal import Journal
+from ..sharding._allocation import EntityId
+from ..sharding._entity import EntityContext
+from ..sharding._extractor import HashExtractor
+from ..sharding._region import ShardRegion
+from ..sharding._settings import ShardingSettings
 from ._workload import COUNTER, Add, Added, Probe, Read
 
 PROBE = "chaos-probe"

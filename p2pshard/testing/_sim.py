@@ -37,10 +37,10 @@ from membership import (
 from membership._member import MemberStatus
 
 from .._config import NodeConfig, TlsFiles
-from .._lease import LeaseSettings
-from .._lease_memory import MemoryLeaseBackend
 from .._node import Node, open_node
-from .._region import ShardRegion
+from ..leases._lease import LeaseSettings
+from ..leases._memory import MemoryLeaseBackend
+from ..sharding._region import ShardRegion
 from ._history import History
 
 SIM_LEASES = LeaseSettings(ttl=4.0, renew_interval=1.0, operation_timeout=1.0, safety_margin=0.5)

@@ -21,9 +21,9 @@ import attrs
 import trio
 
 from membership import ClusterError, message
-from membership._singleton import SingletonContext
+from membership.singleton._manager import SingletonContext
 
-from .._entity import EntityContext
+from ..sharding._entity import EntityContext
 from ._history import History
 from ._sim import SimCluster, node_name
 

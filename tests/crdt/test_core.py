@@ -58,7 +58,8 @@ from crdt._protocol import (
     WriteAck,
     WriteNack,
 )
-from membership import Address, MessageDecodeError, UniqueAddress, _wire
+from membership import Address, MessageDecodeError, UniqueAddress
+from membership.transport import _wire
 
 Modify = Callable[[Doc[Any]], object]
 

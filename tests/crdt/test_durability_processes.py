@@ -2,7 +2,7 @@
 
 Each node runs ``tests/crdt/durable_worker.py`` in its own process, driven line by line through
 its stdin and stdout; its log goes to a file under ``tmp_path``. Certificates and configuration
-files come from :class:`p2pshard._localcluster.LocalCluster`, with faster membership timers.
+files come from :class:`p2pshard.cli._localcluster.LocalCluster`, with faster membership timers.
 Every test bounds its time with ``trio.fail_after`` and kills what is still running at the end.
 """
 
@@ -24,7 +24,7 @@ import trio
 from crdt import ReplicatorSettings
 from membership import ClusterSettings
 from p2pshard import NodeConfig
-from p2pshard._localcluster import LocalCluster
+from p2pshard.cli._localcluster import LocalCluster
 from tests.crdt.durable_worker import Lines
 from tests.p2pshard.test_cli import free_port_block
 

@@ -19,9 +19,9 @@ from membership import (
     TransportSettings,
     message,
 )
-from membership._certs import create_certificate, create_cluster_ca, identity_file_names
-from membership._tcp import open_tcp_transport
-from membership._tls import TlsIdentity
+from membership.transport._certs import create_certificate, create_cluster_ca, identity_file_names
+from membership.transport._tcp import open_tcp_transport
+from membership.transport._tls import TlsIdentity
 
 CLUSTER = "conformance"
 

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from membership import Address, ConfigurationError, UniqueAddress
-from membership._address import MAX_UID
-from membership._wire import decode, encode
+from membership.transport._address import MAX_UID
+from membership.transport._wire import decode, encode
 
 HOST_PORT = "address {} is invalid: expected 'host:port'"
 

@@ -26,8 +26,8 @@ from membership._cluster_core import (
 )
 from membership._gossip import Gossip
 from membership._heartbeat import Heartbeat, HeartbeatRsp
-from membership._refusals import Refusals
 from membership._vclock import VectorClock
+from membership.transport._refusals import Refusals
 
 ME = UniqueAddress(Address("10.0.0.5", 25520), "node-5", 9)
 OTHER = UniqueAddress(Address("10.0.0.6", 25520), "node-6", 3)

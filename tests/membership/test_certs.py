@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from membership import ConfigurationError, IdentityKind, PeerIdentity
-from membership._certs import (
+from membership.transport._certs import (
     CA_CERT,
     CA_KEY,
     CaFiles,
@@ -25,7 +25,7 @@ from membership._certs import (
     load_cluster_ca,
     sign_request,
 )
-from membership._tls import TlsIdentity
+from membership.transport._tls import TlsIdentity
 
 INVALID_NAMES = ["", "two words", "a/b", "x" * 64, "-leading-dash"]
 

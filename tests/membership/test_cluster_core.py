@@ -791,7 +791,7 @@ def test_acks_carry_the_oldest_and_size_and_seeding_nodes_still_nack() -> None:
 
 
 def test_an_init_join_ack_from_an_older_peer_gets_the_defaults() -> None:
-    from membership._wire import (
+    from membership.transport._wire import (
         HEADER,
         KIND_OBJECT,
         WIRE_VERSION,

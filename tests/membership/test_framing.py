@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from membership import FrameTooLarge, TruncatedFrame
-from membership._framing import HEADER, FrameDecoder, encode_frame
+from membership.transport._framing import HEADER, FrameDecoder, encode_frame
 
 LIMIT = 1024
 

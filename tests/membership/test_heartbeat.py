@@ -22,7 +22,7 @@ from membership._heartbeat import (
     heartbeat_response,
     ring_position,
 )
-from membership._wire import decode, encode
+from membership.transport._wire import decode, encode
 
 
 def node(i: int, uid: int = 1) -> UniqueAddress:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from membership import Address, ConfigurationError, UniqueAddress
 from membership._member import NOT_UP, Member, MemberStatus
 from membership._reachability import Reachability
-from membership._sbr import (
+from membership.sbr._resolver import (
     AcquireLease,
     Decision,
     DowningView,

@@ -29,7 +29,7 @@ from membership import (
     deterministic_scheduling,
     message,
 )
-from membership._wire import HEADER, KIND_OBJECT, WIRE_VERSION
+from membership.transport._wire import HEADER, KIND_OBJECT, WIRE_VERSION
 
 
 @message(name="tests.simnet.Ping")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from membership import Address, UniqueAddress
-from membership._singleton_core import (
+from membership.singleton._core import (
     HandOverDone,
     HandOverInProgress,
     HandOverToMe,

@@ -32,12 +32,12 @@ from membership import (
     Transport,
     TransportSettings,
     UniqueAddress,
-    _wire,
     message,
 )
-from membership._framing import FrameDecoder, encode_frame
-from membership._tcp import Hello, HelloAck, TcpTransport, open_tcp_transport
-from membership._tls import DenyList, TlsIdentity
+from membership.transport import _wire
+from membership.transport._framing import FrameDecoder, encode_frame
+from membership.transport._tcp import Hello, HelloAck, TcpTransport, open_tcp_transport
+from membership.transport._tls import DenyList, TlsIdentity
 
 from .conftest import CLUSTER, CertSet, Seq
 

@@ -21,9 +21,9 @@ from membership import (
     PeerIdentity,
     UniqueAddress,
 )
-from membership._identity import identity_uri, parse_identity_uri
-from membership._tcp import Hello, HelloAck, check_hello
-from membership._tls import (
+from membership.transport._identity import identity_uri, parse_identity_uri
+from membership.transport._tcp import Hello, HelloAck, check_hello
+from membership.transport._tls import (
     DenyList,
     TlsIdentity,
     certificate_identity,

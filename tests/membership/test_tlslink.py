@@ -14,8 +14,8 @@ import pytest
 import trio
 import trio.testing
 
-from membership._tls import peer_node_name
-from membership._tlslink import TlsLink
+from membership.transport._tls import peer_node_name
+from membership.transport._tlslink import TlsLink
 
 from .conftest import CertSet
 

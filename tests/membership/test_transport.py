@@ -15,9 +15,9 @@ import trio
 import trio.testing
 
 from membership import Address, ConfigurationError, Envelope, TransportSettings, UniqueAddress
-from membership._address import MAX_UID
-from membership._tlslink import TlsLink
-from membership._transport import Outbox
+from membership.transport._address import MAX_UID
+from membership.transport._tlslink import TlsLink
+from membership.transport._transport import Outbox
 
 from .conftest import CertSet, Harness, Seq, TcpHarness
 from .test_transport_conformance import receive_n

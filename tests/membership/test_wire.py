@@ -24,8 +24,8 @@ from membership import (
     SerializationError,
     message,
 )
-from membership._framing import encode_frame
-from membership._wire import (
+from membership.transport._framing import encode_frame
+from membership.transport._wire import (
     EXT_TUPLE,
     HEADER,
     HEADER_SIZE,

@@ -31,7 +31,7 @@ def backend_of(kind: str, where: str) -> LeaseBackend:
     if kind == "sqlite":
         return SqliteLeaseBackend(where)
     if kind == "etcd":
-        from p2pshard._lease_etcd import EtcdLeaseBackend
+        from p2pshard.leases._etcd import EtcdLeaseBackend
 
         return EtcdLeaseBackend([where])
     raise SystemExit(f"unknown backend {kind!r}: expected sqlite or etcd")

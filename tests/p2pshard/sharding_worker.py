@@ -41,7 +41,7 @@ from p2pshard import (
     ShardingSettings,
     open_node,
 )
-from p2pshard._remember import entities_key
+from p2pshard.sharding._remember import entities_key
 from tests.crdt.durable_worker import Lines, answer, is_up
 
 TYPE_NAME = "Counter"

@@ -23,7 +23,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from membership import Address, ConfigurationError, MemberStatus, UniqueAddress
-from p2pshard._allocation import ClusterView, LeastShardAllocationStrategy, ShardId
+from p2pshard.sharding._allocation import ClusterView, LeastShardAllocationStrategy, ShardId
 
 fast = settings(max_examples=60, deadline=None, print_blob=True)
 

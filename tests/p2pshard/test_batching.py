@@ -22,13 +22,18 @@ from membership import (
     SerializationError,
     TransportClosed,
     UniqueAddress,
-    _wire,
 )
+from membership.transport import _wire
 from p2pshard import HashExtractor, Node, ShardingError, ShardRegion
-from p2pshard._allocation import EntityId
-from p2pshard._extractor import stable_shard
-from p2pshard._protocol import BeginHandOffAck, EntityDeliveries, EntityDelivery, EntityReply
-from p2pshard._region import BATCH_BYTES, BATCH_MESSAGES
+from p2pshard.sharding._allocation import EntityId
+from p2pshard.sharding._extractor import stable_shard
+from p2pshard.sharding._protocol import (
+    BeginHandOffAck,
+    EntityDeliveries,
+    EntityDelivery,
+    EntityReply,
+)
+from p2pshard.sharding._region import BATCH_BYTES, BATCH_MESSAGES
 
 from .sharding_sim import Add, Read, SimCluster, addr, counter_factory, sim_cluster
 

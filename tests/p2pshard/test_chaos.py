@@ -32,7 +32,7 @@ import trio.testing
 
 from membership import ConfigurationError
 from p2pshard import FAST_LAN
-from p2pshard._cli import main
+from p2pshard.cli._main import main
 from p2pshard.testing import (
     FAULTS,
     REALISTIC,

@@ -24,7 +24,7 @@ import pytest
 import trio
 
 from membership import Address
-from p2pshard._cli import main
+from p2pshard.cli._main import main
 from p2pshard.testing import (
     REAL_FAULTS,
     FaultProxy,

@@ -18,8 +18,8 @@ from typing import IO
 import pytest
 from cryptography import x509
 
-from p2pshard._cli import EXIT_DOWNED, main
-from p2pshard._localcluster import LocalCluster
+from p2pshard.cli import EXIT_DOWNED, main
+from p2pshard.cli._localcluster import LocalCluster
 
 PYTHON = [sys.executable, "-m", "p2pshard"]
 

@@ -1,9 +1,9 @@
 """``p2pshard status``, ``leave``, ``down`` and ``remove-sharding-data`` against real TCP nodes.
 
 The nodes run in the test's own trio run, over TCP with mutual TLS on 127.0.0.1, with
-certificates and configuration files from :class:`p2pshard._localcluster.LocalCluster` and faster
-membership timers. The command runs in a worker thread (``main`` starts its own trio run), so the
-nodes keep answering while it waits.
+certificates and configuration files from :class:`p2pshard.cli._localcluster.LocalCluster` and
+faster membership timers. The command runs in a worker thread (``main`` starts its own trio run), so
+the nodes keep answering while it waits.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import trio
 from crdt import ReplicatorSettings, WriteLocal
 from crdt._store import Append, DurableStore
 from membership import ClusterSettings, IdentityKind, MemberStatus, PeerIdentity
-from membership._certs import create_certificate
-from membership._tcp import open_tcp_transport
+from membership.transport._certs import create_certificate
+from membership.transport._tcp import open_tcp_transport
 from p2pshard import (
     EntityContext,
     EntityId,
@@ -32,11 +32,11 @@ from p2pshard import (
     ShardingSettings,
     message,
 )
-from p2pshard._cli import main
 from p2pshard._config import ClientConfig
-from p2pshard._localcluster import LocalCluster
 from p2pshard._node import open_node
 from p2pshard._status import client_identity, open_client
+from p2pshard.cli._localcluster import LocalCluster
+from p2pshard.cli._main import main
 from tests.p2pshard.test_cli import free_port_block
 
 FAST = ClusterSettings(

@@ -15,11 +15,11 @@ from membership import (
     PeerIdentity,
     TransportSettings,
 )
-from membership._certs import create_certificate, create_cluster_ca
 from membership._cluster_core import ClusterSettings
 from membership._failure_detector import FailureDetectorSettings
-from membership._sbr import SplitBrainResolverSettings
-from membership._tls import DenyList
+from membership.sbr._resolver import SplitBrainResolverSettings
+from membership.transport._certs import create_certificate, create_cluster_ca
+from membership.transport._tls import DenyList
 from p2pshard import ClientConfig, NodeConfig, TlsFiles
 
 TLS = TlsFiles(

@@ -25,13 +25,13 @@ import attrs
 import pytest
 
 from membership import Address, MemberStatus, UniqueAddress
-from p2pshard._allocation import (
+from p2pshard.sharding._allocation import (
     ClusterView,
     LeastShardAllocationStrategy,
     ShardAllocationStrategy,
     ShardId,
 )
-from p2pshard._coordinator import (
+from p2pshard.sharding._coordinator_core import (
     NEW_REGION_REBALANCE_DELAY,
     CoordinatorEffect,
     CoordinatorPhase,
@@ -39,7 +39,7 @@ from p2pshard._coordinator import (
     ShardCoordinatorCore,
     UpdateState,
 )
-from p2pshard._coordinator_state import (
+from p2pshard.sharding._coordinator_state import (
     CoordinatorState,
     DomainEvent,
     ShardHomeAllocated,
@@ -49,7 +49,7 @@ from p2pshard._coordinator_state import (
     ShardRegionRegistered,
     ShardRegionTerminated,
 )
-from p2pshard._protocol import (
+from p2pshard.sharding._protocol import (
     BeginHandOff,
     BeginHandOffAck,
     CoordinatorCommand,
@@ -67,7 +67,7 @@ from p2pshard._protocol import (
     ShardStarted,
     ShardStopped,
 )
-from p2pshard._settings import ShardingSettings
+from p2pshard.sharding._settings import ShardingSettings
 
 TYPE = "counter"
 SHARDS = 100

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from pycrdt import Doc
 
 from membership import Address, UniqueAddress
-from p2pshard._allocation import ShardId
-from p2pshard._coordinator_state import (
+from p2pshard.sharding._allocation import ShardId
+from p2pshard.sharding._coordinator_state import (
     CoordinatorState,
     DomainEvent,
     IllegalCoordinatorEvent,

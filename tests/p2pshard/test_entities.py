@@ -18,7 +18,7 @@ import trio
 import trio.testing
 
 from membership import ConfigurationError, MessageTooLarge, SerializationError
-from membership._singleton import SingletonProxy
+from membership.singleton._manager import SingletonProxy
 from p2pshard import (
     AskTimeout,
     BufferOverflow,
@@ -31,8 +31,8 @@ from p2pshard import (
     ShardRegion,
     message,
 )
-from p2pshard._entity import EntityState
-from p2pshard._shard import SPARE_MAILBOXES
+from p2pshard.sharding._entity import EntityState
+from p2pshard.sharding._shard import SPARE_MAILBOXES
 
 from .sharding_sim import SimCluster, sim_cluster
 

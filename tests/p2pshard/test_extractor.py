@@ -16,10 +16,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from membership import ConfigurationError, MessageDecodeError, UniqueAddress
-from membership._address import Address
-from membership._wire import HEADER, KIND_OBJECT, WIRE_VERSION, decode, encode, wire_name
-from p2pshard._allocation import EntityId
-from p2pshard._extractor import HashExtractor, MessageExtractor, ShardingEnvelope, stable_shard
+from membership.transport._address import Address
+from membership.transport._wire import HEADER, KIND_OBJECT, WIRE_VERSION, decode, encode, wire_name
+from p2pshard.sharding._allocation import EntityId
+from p2pshard.sharding._extractor import (
+    HashExtractor,
+    MessageExtractor,
+    ShardingEnvelope,
+    stable_shard,
+)
 
 IDS = [f"user-{i}" for i in range(100)] + ["", "é", "日本語", "a" * 1000, "0", "None"]
 
@@ -28,7 +33,7 @@ def test_stable_shard_is_the_same_in_another_process_with_another_hash_seed() ->
     here = [stable_shard(entity_id, 97) for entity_id in IDS]
     script = (
         "import json, sys\n"
-        "from p2pshard._extractor import stable_shard\n"
+        "from p2pshard.sharding._extractor import stable_shard\n"
         "ids = json.load(sys.stdin)\n"
         "print(json.dumps([stable_shard(i, 97) for i in ids]))\n"
         # Proof that the salt differs: str hashes change with PYTHONHASHSEED.

@@ -22,8 +22,8 @@ from membership._cluster_core import Down, GossipEnvelope, GossipStatus, InitJoi
 from membership._gossip import Gossip
 from membership._heartbeat import Heartbeat
 from membership._member import Member, MemberStatus
-from p2pshard._extractor import stable_shard
-from p2pshard._protocol import EntityDelivery
+from p2pshard.sharding._extractor import stable_shard
+from p2pshard.sharding._protocol import EntityDelivery
 
 from .sharding_sim import Add, Read, SimCluster, addr, sim_cluster
 

@@ -97,7 +97,7 @@ async def kit(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[K
         yield Kit(kind, sqlite, str(path), cut_sqlite)
         await sqlite.aclose()
     else:
-        from p2pshard._lease_etcd import EtcdLeaseBackend
+        from p2pshard.leases._etcd import EtcdLeaseBackend
 
         server: EtcdServer = request.getfixturevalue("etcd")
         etcd_backend = EtcdLeaseBackend([server.url], request_timeout=0.5)

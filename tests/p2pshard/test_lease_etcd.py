@@ -22,8 +22,8 @@ import trio
 
 from membership import ConfigurationError
 from p2pshard._errors import LeaseUnavailable
-from p2pshard._lease import Lease, LeaseSettings
-from p2pshard._lease_etcd import EtcdLeaseBackend
+from p2pshard.leases._etcd import EtcdLeaseBackend
+from p2pshard.leases._lease import Lease, LeaseSettings
 from tests.p2pshard.etcd_server import EtcdServer, running_etcd, start_etcd
 
 TEST_LIMIT = 10.0

@@ -18,7 +18,7 @@ import trio
 import trio.testing
 
 from membership import LinkConditions
-from membership._wire import decode_value, encode_value
+from membership.transport._wire import decode_value, encode_value
 from p2pshard import (
     AskTimeout,
     EntityContext,

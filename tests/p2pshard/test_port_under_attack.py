@@ -17,17 +17,18 @@ from pathlib import Path
 
 import trio
 
-from membership import Address, UniqueAddress, _wire
+from membership import Address, UniqueAddress
 from membership._cluster_core import Down, GossipEnvelope, Join, Leave
-from membership._framing import encode_frame
 from membership._gossip import Gossip
 from membership._heartbeat import Heartbeat
 from membership._member import Member, MemberStatus
-from membership._memory import TRIM_INTERVAL
-from membership._tcp import Hello
-from membership._tls import TlsIdentity
-from p2pshard._cli import main
-from p2pshard._localcluster import LocalCluster
+from membership.transport import _wire
+from membership.transport._framing import encode_frame
+from membership.transport._memory import TRIM_INTERVAL
+from membership.transport._tcp import Hello
+from membership.transport._tls import TlsIdentity
+from p2pshard.cli._localcluster import LocalCluster
+from p2pshard.cli._main import main
 
 from ..membership.test_tcp_security import tls_client
 from .test_cli import free_port_block, node_processes, wait_for_lines

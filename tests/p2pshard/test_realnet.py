@@ -35,7 +35,7 @@ import trio
 
 from membership import SplitBrainResolverSettings, TransportSettings
 from membership._cluster_core import ClusterSettings
-from p2pshard._cli import EXIT_DOWNED
+from p2pshard.cli import EXIT_DOWNED
 from p2pshard.testing import check_history, check_single_activation
 from p2pshard.testing._netns import (
     PREFIX,

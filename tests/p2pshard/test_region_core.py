@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from membership import Address, MemberStatus, UniqueAddress
-from p2pshard._allocation import ShardId
-from p2pshard._entity import EntityEvent, EntityState, IllegalEntityTransition, transition
-from p2pshard._protocol import (
+from p2pshard.sharding._allocation import ShardId
+from p2pshard.sharding._entity import EntityEvent, EntityState, IllegalEntityTransition, transition
+from p2pshard.sharding._protocol import (
     BeginHandOff,
     BeginHandOffAck,
     GetShardHome,
@@ -40,7 +40,7 @@ from p2pshard._protocol import (
     ShardStarted,
     ShardStopped,
 )
-from p2pshard._region_core import (
+from p2pshard.sharding._region_core import (
     REGISTER_FIRST_RETRY,
     Drop,
     Flush,
@@ -53,7 +53,7 @@ from p2pshard._region_core import (
     StopShard,
     ToCoordinator,
 )
-from p2pshard._settings import ShardingSettings
+from p2pshard.sharding._settings import ShardingSettings
 
 TYPE = "counter"
 SHARDS = 100

@@ -18,8 +18,8 @@ import trio
 
 from crdt import ReplicatorSettings
 from p2pshard import NodeConfig
-from p2pshard._extractor import stable_shard
-from p2pshard._localcluster import LocalCluster
+from p2pshard.cli._localcluster import LocalCluster
+from p2pshard.sharding._extractor import stable_shard
 from tests.crdt.test_durability_processes import FAST, Worker, all_up, workers
 from tests.p2pshard.sharding_worker import SHARDS
 from tests.p2pshard.test_cli import free_port_block

@@ -22,7 +22,7 @@ from p2pshard import (
     ShardRegion,
     message,
 )
-from p2pshard._extractor import stable_shard
+from p2pshard.sharding._extractor import stable_shard
 from p2pshard.testing import History
 
 from .sharding_sim import (

@@ -15,8 +15,8 @@ import pytest
 import trio
 import trio.testing
 
-from membership._sbr import SplitBrainResolverSettings
-from membership._singleton import SingletonContext, SingletonRequest, SingletonUnavailable
+from membership.sbr._resolver import SplitBrainResolverSettings
+from membership.singleton._manager import SingletonContext, SingletonRequest, SingletonUnavailable
 from p2pshard import LeaseSettings, MemoryLeaseBackend, Node, testing
 
 BOUND = 60.0  # seconds until a singleton runs again after a disruption (mock clock)

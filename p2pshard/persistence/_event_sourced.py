@@ -43,11 +43,11 @@ from collections.abc import Iterable
 from typing import Any, ClassVar, Generic, TypeVar
 
 from membership import SerializationError
-from membership._errors import MessageDecodeError
-from membership._wire import decode_value, encode_value
+from membership.transport._errors import MessageDecodeError
+from membership.transport._wire import decode_value, encode_value
 
-from ._entity import EntityContext
-from ._errors import JournalConflict, JournalError, JournalFenced
+from .._errors import JournalConflict, JournalError, JournalFenced
+from ..sharding._entity import EntityContext
 from ._journal import Journal, Recovery
 
 logger = logging.getLogger("p2pshard.persistence")

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import attrs
 import trio
 
-from ._errors import LeaseUnavailable
+from .._errors import LeaseUnavailable
 
 
 @attrs.define

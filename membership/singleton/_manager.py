@@ -27,13 +27,15 @@ from typing import NoReturn
 import attrs
 import trio
 
-from . import _wire
-from ._address import UniqueAddress
-from ._cluster import Cluster
-from ._errors import ClusterError, ConfigurationError, SendQueueFull, TransportClosed
-from ._lease import HeldLease, acquire_until_granted
-from ._member import MemberStatus
-from ._singleton_core import (
+from .._cluster import Cluster
+from .._lease import HeldLease, acquire_until_granted
+from .._member import MemberStatus
+from ..transport import _wire
+from ..transport._address import UniqueAddress
+from ..transport._errors import ClusterError, ConfigurationError, SendQueueFull, TransportClosed
+from ..transport._transport import Envelope, Transport
+from ..transport._wire import message
+from ._core import (
     HAND_OVER_MESSAGES,
     HandOverDone,
     HandOverToMe,
@@ -44,8 +46,6 @@ from ._singleton_core import (
     StartInstance,
     StopInstance,
 )
-from ._transport import Envelope, Transport
-from ._wire import message
 
 logger = logging.getLogger("membership.singleton")
 

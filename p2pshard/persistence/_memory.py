@@ -2,7 +2,7 @@
 
 Every node of a simulated cluster in one ``trio.run`` can share one :class:`MemoryJournal`, as
 the nodes of a real cluster share a database. The rules (fences, sequence numbers, sizes) are
-those of every backend (``p2pshard._journal``). Faults for tests:
+those of every backend (``p2pshard.persistence._journal``). Faults for tests:
 
 - :meth:`MemoryJournal.fail_next` makes the next calls fail as a storage failure would, with
   nothing done;
@@ -24,7 +24,7 @@ from typing import Any, Generic, TypeVar
 import attrs
 import trio
 
-from ._errors import JournalError
+from .._errors import JournalError
 from ._journal import (
     DEFAULT_MAX_EVENT_SIZE,
     DEFAULT_SNAPSHOT_EVERY,

@@ -38,15 +38,15 @@ from membership import (
     SerializationError,
     TransportClosed,
     UniqueAddress,
-    _wire,
 )
-from membership._framing import HEADER_SIZE as FRAME_PREFIX_SIZE
+from membership.transport import _wire
+from membership.transport._framing import HEADER_SIZE as FRAME_PREFIX_SIZE
 
+from .._errors import AskTimeout, BufferOverflow, RegionStopped, RemoteEntityError, ShardingError
+from ..leases._lease import ShardLease, ShardLeaseFactory
 from ._allocation import EntityId, ShardId
 from ._entity import EntityContext, EntityRef, EntityState, Reply
-from ._errors import AskTimeout, BufferOverflow, RegionStopped, RemoteEntityError, ShardingError
 from ._extractor import MessageExtractor
-from ._lease import ShardLease, ShardLeaseFactory
 from ._protocol import (
     ENTRY_FIELDS,
     BeginHandOffAck,

@@ -32,21 +32,21 @@ import trio
 
 from crdt._store import SCHEMA_VERSION
 from membership import Address, ConfigurationError, IdentityKind, PeerIdentity
-from membership._certs import (
+from membership.transport._certs import (
     create_certificate,
     create_cluster_ca,
     create_signing_request,
     sign_request,
 )
-from membership._tcp import TcpTransport
-from membership._trioutil import single_error
+from membership.transport._tcp import TcpTransport
+from membership.transport._trioutil import single_error
 
-from ._config import ClientConfig, NodeConfig
+from .._config import ClientConfig, NodeConfig
 from ._exit import EXIT_DOWNED
 
 if TYPE_CHECKING:
-    from ._node import Node
-    from ._status import CommandAnswer, Probe
+    from .._node import Node
+    from .._status import CommandAnswer, Probe
 
 logger = logging.getLogger("p2pshard.cli")
 
@@ -402,8 +402,8 @@ def _chaos(args: argparse.Namespace) -> int:
 
     import attrs
 
-    from .testing import ChaosSettings, run_chaos, run_seeds, summarize
-    from .testing._chaos import REALISTIC
+    from ..testing import ChaosSettings, run_chaos, run_seeds, summarize
+    from ..testing._chaos import REALISTIC
 
     if args.real:
         return _chaos_real(args)
@@ -489,7 +489,7 @@ def _chaos(args: argparse.Namespace) -> int:
 def _chaos_real(args: argparse.Namespace) -> int:
     import random
 
-    from .testing._real import RealChaosSettings, remove_data, run_real_chaos, summarize_real
+    from ..testing._real import RealChaosSettings, remove_data, run_real_chaos, summarize_real
 
     if args.workloads is not None:
         raise ConfigurationError("--workloads goes with the simulated cluster, not --real")
@@ -669,7 +669,7 @@ async def _serve_node(config: NodeConfig, config_file: Path) -> int:
 
     SIGHUP applies the file's ``[tls]`` table again (see :func:`_reload_tls`).
     """
-    from ._node import open_node
+    from .._node import open_node
 
     name = config.node_name
     running_node: list[Node] = []
@@ -749,7 +749,7 @@ def _address(option: str, value: str) -> Address:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from ._status import open_client, probe_nodes, reply_json, reply_text
+    from .._status import open_client, probe_nodes, reply_json, reply_text
 
     target = _address("--node", args.node)
     _check_timeout("--timeout", args.timeout)
@@ -791,7 +791,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _member_command(args: argparse.Namespace) -> int:
-    from ._status import command_member, open_client
+    from .._status import command_member, open_client
 
     command: str = args.command
     address = _address("ADDRESS", args.address)
@@ -926,7 +926,7 @@ def _running_nodes(config: NodeConfig, client: ClientConfig, timeout: float) -> 
     A node that accepts a link (a TLS handshake as a member of this cluster) but does not answer
     the status request counts as running too: an older version, or one too busy to answer.
     """
-    from ._status import open_client, probe_nodes
+    from .._status import open_client, probe_nodes
 
     targets = list(dict.fromkeys(config.seed_nodes))
     if config.canonical_address.port != 0 and config.canonical_address not in targets:

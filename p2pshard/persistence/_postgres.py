@@ -1,20 +1,20 @@
 """The journal in PostgreSQL: the backend for nodes on several hosts.
 
-Theory of operation: the tables of the SQLite backend (``p2pshard._journal_sqlite``):
+Theory of operation: the tables of the SQLite backend (``p2pshard.persistence._sqlite``):
 ``p2pshard_journal_streams(persistence_id, highest, fence)``, ``p2pshard_journal_events`` with
 the primary key ``(persistence_id, seq)`` and ``p2pshard_journal_snapshots``, created if missing
 (under an advisory lock, as concurrent ``CREATE TABLE IF NOT EXISTS`` can clash). Every call is
 one transaction that first locks the stream's row with ``SELECT ... FOR UPDATE`` (inserting the
 row of a new stream first), so calls on one stream from any number of hosts take turns, the
-fence and sequence checks of ``p2pshard._journal`` see the latest committed row, and calls on
-other streams go on in parallel. An append then stores its events and the stream's new highest
-sequence number in one statement. The unique key is a second guard: a duplicate sequence number
-can never be stored. The statements go out in pipeline mode: an append takes two round trips
+fence and sequence checks of ``p2pshard.persistence._journal`` see the latest committed row, and
+calls on other streams go on in parallel. An append then stores its events and the stream's new
+highest sequence number in one statement. The unique key is a second guard: a duplicate sequence
+number can never be stored. The statements go out in pipeline mode: an append takes two round trips
 (BEGIN, the insert and the lock; then the write and COMMIT), as many as the checks need.
 
 psycopg 3 (the ``postgresql`` extra) does the talking, in worker threads through
 ``trio.to_thread``, with a small pool of connections (at most ``connections`` calls at once;
-``p2pshard._journal_threads``, shared with the SQLite backend).
+``p2pshard.persistence._threads``, shared with the SQLite backend).
 Each connection has ``statement_timeout`` and ``lock_timeout`` a little under
 ``operation_timeout`` (``LOCK_WAIT_FRACTION`` of it), so a statement stuck behind another writer is
 cancelled by the server, with nothing written; a call that is still not done at the full
@@ -33,7 +33,7 @@ import psycopg
 import psycopg.conninfo
 import psycopg.errors
 
-from ._errors import JournalConflict
+from .._errors import JournalConflict
 from ._journal import (
     DEFAULT_MAX_EVENT_SIZE,
     DEFAULT_SNAPSHOT_EVERY,
@@ -48,7 +48,7 @@ from ._journal import (
     check_snapshot_seq,
     check_token,
 )
-from ._journal_threads import ThreadedJournal, read_recovery
+from ._threads import ThreadedJournal, read_recovery
 
 _T = TypeVar("_T")
 

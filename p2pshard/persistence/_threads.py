@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar
 
 import trio
 
-from ._errors import JournalError
+from .._errors import JournalError
 from ._journal import JournalSettings, Recovery
 
 Conn = TypeVar("Conn")

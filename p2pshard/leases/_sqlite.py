@@ -30,7 +30,7 @@ from typing import TypeVar
 
 import trio
 
-from ._errors import LeaseUnavailable
+from .._errors import LeaseUnavailable
 
 _T = TypeVar("_T")
 

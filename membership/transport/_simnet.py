@@ -905,7 +905,7 @@ def deterministic_scheduling(seed: int) -> Iterator[None]:
         raise RuntimeError(
             f"deterministic_scheduling needs trio._core._run._ALLOW_DETERMINISTIC_SCHEDULING "
             f"and trio._core._run._r, which trio {trio.__version__} does not have: pin a trio "
-            "version that has them or update membership._simnet"
+            "version that has them or update membership.transport._simnet"
         )
     allowed = run_module._ALLOW_DETERMINISTIC_SCHEDULING
     state = generator.getstate()

@@ -263,7 +263,7 @@ def create_certificate(
     (mode 0600) under the names :func:`identity_file_names` gives (``node.pem`` and
     ``node-key.pem`` for a node, ``client.pem``... for a client) and a copy of ``ca.pem`` into
     ``out_dir``; the certificate's SAN URI names the identity's kind and name (see
-    ``membership._identity``). The cluster name defaults to the one the CA was made for.
+    ``membership.transport._identity``). The cluster name defaults to the one the CA was made for.
 
     Example:
         >>> ops = PeerIdentity(IdentityKind.CLIENT, "ops")

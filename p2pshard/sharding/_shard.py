@@ -1,11 +1,11 @@
 """A shard's entities and the worker pool that runs them: Akka's ``Shard``.
 
 Theory of operation. A :class:`Shard` maps entity ids to :class:`EntityContext` objects (the
-entity's state machine, mailbox and instance; see ``p2pshard._entity``). ``deliver`` appends to
-the entity's mailbox and, if the entity is not queued yet, puts it on the region's
-:class:`Scheduler` run queue. A worker task takes an entity off the queue and awaits its
-``receive`` for the waiting messages, one at a time (at most ``BATCH`` before others get a turn).
-No entity has a task of its own, so an idle entity costs only its objects.
+entity's state machine, mailbox and instance; see ``p2pshard.sharding._entity``). ``deliver``
+appends to the entity's mailbox and, if the entity is not queued yet, puts it on the region's
+:class:`Scheduler` run queue. A worker task takes an entity off the queue and awaits its ``receive``
+for the waiting messages, one at a time (at most ``BATCH`` before others get a turn). No entity has
+a task of its own, so an idle entity costs only its objects.
 
 Workers: a few stay parked while there is nothing to run and are woken directly; when every
 worker is busy and the queue makes no progress for ``SPAWN_AFTER``, another is started (up to
@@ -34,6 +34,7 @@ import trio
 
 from membership._lease import acquire_until_granted
 
+from ..leases._lease import ShardLease
 from ._allocation import EntityId, ShardId
 from ._entity import (
     WAKE,
@@ -47,7 +48,6 @@ from ._entity import (
     Wake,
     check_entity,
 )
-from ._lease import ShardLease
 from ._remember import RememberStore
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ functions :func:`admit_token` and :func:`check_next` below, shared by every back
 - an append is all or nothing: a batch of events is written in one transaction, and an event
   above ``max_event_size`` refuses the whole batch with :class:`EventTooLarge` before any I/O.
 
-Fencing is per persistence id. The shard's lease token (see ``p2pshard._lease``) reaches each
+Fencing is per persistence id. The shard's lease token (see ``p2pshard.leases._lease``) reaches each
 incarnation through ``EntityContext.lease_token``; a new holder raises the fence of an entity
 when it recovers that entity. Until then an old holder that has not noticed its loss may still
 append to an entity the new holder has not touched yet, but the new holder's recovery reads
@@ -41,9 +41,9 @@ from typing import Any, Literal, Protocol
 import attrs
 
 from membership import ConfigurationError
-from membership._settings import in_range
+from membership.transport._settings import in_range
 
-from ._errors import EventTooLarge, JournalConflict, JournalFenced
+from .._errors import EventTooLarge, JournalConflict, JournalFenced
 
 DEFAULT_MAX_EVENT_SIZE = 1 << 20
 """Bytes an encoded event or snapshot may take by default (1 MiB)."""
@@ -168,7 +168,7 @@ class Journal(Protocol):
 
     Each call is one transaction. Every method raises :class:`p2pshard.JournalError` (naming
     the persistence id, the cause chained) when the storage fails; see the module docstring of
-    ``p2pshard._journal`` for the fencing and sequence rules.
+    ``p2pshard.persistence._journal`` for the fencing and sequence rules.
 
     Example:
         >>> async def two_events(journal: Journal) -> None:
@@ -322,7 +322,7 @@ def open_journal(settings: JournalSettings) -> Journal:
         ConfigurationError: ``settings.backend`` is None, or psycopg is missing for PostgreSQL.
     """
     if settings.backend == "sqlite":
-        from ._journal_sqlite import SqliteJournal
+        from ._sqlite import SqliteJournal
 
         assert settings.path is not None
         return SqliteJournal(
@@ -333,7 +333,7 @@ def open_journal(settings: JournalSettings) -> Journal:
         )
     if settings.backend == "postgresql":
         try:
-            from ._journal_postgres import PostgresJournal
+            from ._postgres import PostgresJournal
         except ImportError as exc:
             raise ConfigurationError(
                 "[journal] backend = 'postgresql' needs psycopg 3: install p2pshard[postgresql] "

@@ -24,7 +24,7 @@ could not be had within ``operation_timeout`` raises :class:`LeaseUnavailable`: 
 unknown, which is not the same as a refusal (``acquire`` returns None for that).
 
 A shard of an entity type started with ``ShardingSettings(use_lease=True)`` holds the lease
-``<cluster>-shard-<type>-<shard>`` while its entities run (see ``p2pshard._shard``); the
+``<cluster>-shard-<type>-<shard>`` while its entities run (see ``p2pshard.sharding._shard``); the
 coordinator singleton and the lease-majority downing strategy can hold one too.
 """
 
@@ -40,10 +40,10 @@ import attrs
 import trio
 
 from membership import ConfigurationError, HeldLease
-from membership._settings import in_range
+from membership.transport._settings import in_range
 
-from ._allocation import ShardId
-from ._errors import LeaseUnavailable
+from .._errors import LeaseUnavailable
+from .._ids import ShardId
 
 logger = logging.getLogger("p2pshard.lease")
 

@@ -24,19 +24,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import NewType, Protocol
+from typing import Protocol
 
 import attrs
 
 from membership import MemberStatus, UniqueAddress
-from membership._address import node_order
-from membership._settings import in_range
+from membership.transport._address import node_order
+from membership.transport._settings import in_range
 
-ShardId = NewType("ShardId", str)
-"""A shard's id: a string, the same for every node (see the extractors)."""
-
-EntityId = NewType("EntityId", str)
-"""An entity's id, unique within its entity type."""
+from .._ids import EntityId as EntityId
+from .._ids import ShardId as ShardId
 
 Allocations = Mapping[UniqueAddress, Sequence[ShardId]]
 """Each region (by its node) and the shards allocated to it, in allocation order."""

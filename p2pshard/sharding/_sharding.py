@@ -46,22 +46,22 @@ from membership import (
     Transport,
     TransportClosed,
     UniqueAddress,
-    _wire,
 )
 from membership._cluster import Cluster
-from membership._singleton import SingletonContext, SingletonRequest, Singletons
+from membership.singleton._manager import SingletonContext, SingletonRequest, Singletons
+from membership.transport import _wire
 
+from ..leases._lease import Leases, ShardLease, ShardLeaseFactory
 from ._allocation import (
     ClusterView,
     LeastShardAllocationStrategy,
     ShardAllocationStrategy,
     ShardId,
 )
-from ._coordinator import SendTo, ShardCoordinatorCore, UpdateState
+from ._coordinator_core import SendTo, ShardCoordinatorCore, UpdateState
 from ._coordinator_state import CoordinatorState, DomainEvent, apply_event
 from ._entity import check_entity_factory
 from ._extractor import MessageExtractor
-from ._lease import Leases, ShardLease, ShardLeaseFactory
 from ._protocol import (
     COORDINATOR_COMMANDS,
     ENTRY_FIELDS,
@@ -201,7 +201,7 @@ class Sharding:
         hand-off or passivation (None: stopped without a message). With
         ``settings.use_lease`` each shard holds its lease from the node's lease backend before
         its entities start; ``shard_lease`` makes another lease per shard instead (see
-        ``p2pshard._lease``).
+        ``p2pshard.leases._lease``).
 
         Example:
             >>> async def main(node: Node) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 
 from membership import ConfigurationError
-from membership._settings import in_range
+from membership.transport._settings import in_range
 
 
 def _one_of(*choices: str) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
@@ -68,7 +68,7 @@ class ShardingSettings:
     use_lease: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     """Each shard holds the lease ``<cluster>-shard-<type>-<shard>`` of the node's lease backend
     while its entities run (Akka's ``use-lease``; default off). The node needs a ``[lease]``
-    backend; see ``p2pshard._lease``."""
+    backend; see ``p2pshard.leases._lease``."""
 
     coordinator_use_lease: bool = attrs.field(
         default=False, validator=attrs.validators.instance_of(bool)

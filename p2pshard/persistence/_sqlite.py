@@ -4,13 +4,13 @@ Theory of operation: three tables, ``p2pshard_journal_streams(persistence_id, hi
 ``p2pshard_journal_events(persistence_id, seq, payload)`` with ``(persistence_id, seq)`` unique,
 and ``p2pshard_journal_snapshots(persistence_id, seq, payload)`` holding the latest snapshot of
 each stream. Every call is one ``BEGIN IMMEDIATE`` transaction: it takes the file's write lock
-first, so calls from several processes take turns and the checks of ``p2pshard._journal``
-(fence, next sequence number) cannot interleave with another writer's. The file is in WAL mode
-with ``synchronous=FULL``: an append is on disk (the log fsynced) before it is acknowledged, and
-readers never block the writer.
+first, so calls from several processes take turns and the checks of
+``p2pshard.persistence._journal`` (fence, next sequence number) cannot interleave with another
+writer's. The file is in WAL mode with ``synchronous=FULL``: an append is on disk (the log fsynced)
+before it is acknowledged, and readers never block the writer.
 
 The blocking calls run in worker threads (at most ``threads`` at a time), each on a connection
-from a small pool that stays open (``p2pshard._journal_threads``), which also keeps the
+from a small pool that stays open (``p2pshard.persistence._threads``), which also keeps the
 write-ahead log from being checkpointed away after every call. A call has
 ``operation_timeout`` seconds. Waiting for another process's lock ends a little sooner
 (SQLite's busy timeout, ``LOCK_WAIT_FRACTION`` of it) with a :class:`p2pshard.JournalError` and
@@ -40,7 +40,7 @@ from ._journal import (
     check_snapshot_seq,
     check_token,
 )
-from ._journal_threads import ThreadedJournal, read_recovery
+from ._threads import ThreadedJournal, read_recovery
 
 _T = TypeVar("_T")
 

@@ -90,11 +90,11 @@ from typing import Any, Literal, TypeAlias
 
 import attrs
 
-from ._address import UniqueAddress
-from ._errors import ConfigurationError
-from ._member import Member, MemberStatus
-from ._reachability import Reachability, ReachabilityStatus, Record
-from ._settings import in_range
+from .._member import Member, MemberStatus
+from .._reachability import Reachability, ReachabilityStatus, Record
+from ..transport._address import UniqueAddress
+from ..transport._errors import ConfigurationError
+from ..transport._settings import in_range
 
 S = MemberStatus
 

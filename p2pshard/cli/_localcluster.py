@@ -23,10 +23,15 @@ from types import FrameType
 import attrs
 
 from membership import Address, ConfigurationError
-from membership._address import check_name
-from membership._certs import CA_CERT, create_cluster_ca, create_node_certificate, load_cluster_ca
+from membership.transport._address import check_name
+from membership.transport._certs import (
+    CA_CERT,
+    create_cluster_ca,
+    create_node_certificate,
+    load_cluster_ca,
+)
 
-from ._config import LOG_LEVELS, NodeConfig, TlsFiles
+from .._config import LOG_LEVELS, NodeConfig, TlsFiles
 
 _POLL = 0.2
 

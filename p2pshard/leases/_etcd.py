@@ -57,7 +57,7 @@ import trio
 
 from membership import ConfigurationError
 
-from ._errors import LeaseUnavailable
+from .._errors import LeaseUnavailable
 
 logger = logging.getLogger("p2pshard.lease")
 

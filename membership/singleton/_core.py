@@ -30,8 +30,8 @@ from collections.abc import Collection
 
 import attrs
 
-from ._address import UniqueAddress
-from ._wire import message
+from ..transport._address import UniqueAddress
+from ..transport._wire import message
 
 logger = logging.getLogger("membership.singleton")
 

@@ -5,7 +5,7 @@ Theory of operation. An entity is a plain object made by the entity type's facto
 trio task: an idle entity is the object and its context, a few hundred bytes, so a node holds a
 million of them. When messages wait for an entity, its context is put on the region's run queue
 and one of a small pool of worker tasks runs them, one at a time and in order
-(``p2pshard._shard``).
+(``p2pshard.sharding._shard``).
 
 The lifecycle, as Pekko's ``Shard`` ``EntityState`` (a context exists only in these states)::
 

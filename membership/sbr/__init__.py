@@ -1,0 +1,6 @@
+"""The split brain resolver.
+
+Its settings, the downing strategies, and the timing that decides when to act.
+"""
+
+from ._resolver import SplitBrainResolverSettings as SplitBrainResolverSettings

@@ -1,0 +1,14 @@
+"""Event-sourced entities and the journals they persist to.
+
+The journal interface, the in-memory, SQLite and PostgreSQL backends, and the event-sourced
+entity base.
+"""
+
+from ._event_sourced import EventSourcedEntity as EventSourcedEntity
+from ._journal import Journal as Journal
+from ._journal import JournalSettings as JournalSettings
+from ._journal import Recovery as Recovery
+from ._journal import open_journal as open_journal
+from ._memory import MemoryJournal as MemoryJournal
+from ._memory import MemoryJournalStatistics as MemoryJournalStatistics
+from ._sqlite import SqliteJournal as SqliteJournal
