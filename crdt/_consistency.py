@@ -23,7 +23,7 @@ from typing import TypeAlias
 
 import attrs
 
-from membership.transport._settings import in_range
+from membership.internal import in_range
 
 DEFAULT_TIMEOUT = 3.0
 """Seconds a read or write waits for its quorum unless told otherwise."""

@@ -55,7 +55,7 @@ import attrs
 from pycrdt import Doc, merge_updates
 
 from membership import Member, MemberStatus, UniqueAddress
-from membership.transport._address import node_order
+from membership.internal import node_order
 
 from ._consistency import (
     Consistency,

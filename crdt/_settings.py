@@ -12,8 +12,7 @@ from typing import Any
 import attrs
 
 from membership import ConfigurationError
-from membership.transport._address import NAME_PATTERN
-from membership.transport._settings import in_range
+from membership.internal import NAME_PATTERN, in_range
 
 
 def _check_patterns(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:

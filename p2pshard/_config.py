@@ -37,12 +37,16 @@ import attrs
 from crdt import ReplicatorSettings
 
 # Imported at run time, not under TYPE_CHECKING: the loader resolves the field annotations.
-from membership import Address, ConfigurationError, PeerIdentity, TransportSettings
-from membership._cluster_core import ClusterSettings
-from membership._failure_detector import FailureDetectorSettings
-from membership.sbr._resolver import SplitBrainResolverSettings
-from membership.transport._address import check_name
-from membership.transport._tls import DenyList, TlsIdentity, certificate_identity
+from membership import (
+    Address,
+    ClusterSettings,
+    ConfigurationError,
+    FailureDetectorSettings,
+    PeerIdentity,
+    SplitBrainResolverSettings,
+    TransportSettings,
+)
+from membership.internal import DenyList, TlsIdentity, certificate_identity, check_name
 
 from .leases._lease import LeaseSettings
 from .persistence._journal import JournalSettings

@@ -42,11 +42,13 @@ from typing import Any
 
 import attrs
 
-from membership import ConfigurationError
-from membership._cluster_core import ClusterSettings
-from membership._failure_detector import FailureDetectorSettings, phi
-from membership.sbr._resolver import SplitBrainResolverSettings
-from membership.transport._settings import in_range
+from membership import (
+    ClusterSettings,
+    ConfigurationError,
+    FailureDetectorSettings,
+    SplitBrainResolverSettings,
+)
+from membership.internal import in_range, phi
 
 from ._config import NodeConfig
 from .leases._lease import LeaseSettings

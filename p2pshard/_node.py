@@ -29,21 +29,34 @@ import trio
 from cryptography import x509
 
 from crdt import Replicator, ReplicatorSettings, open_replicator
-from membership import ConfigurationError, Envelope, Transport, TransportStatistics, UniqueAddress
-from membership._authorization import member_traffic_refusal
-from membership._cluster import Cluster, DowningLease
-from membership._events import LeaderChanged, MemberEvent, ReachableMember, UnreachableMember
-from membership.singleton._manager import Singletons
-from membership.transport._certs import node_uri
-from membership.transport._tcp import open_tcp_transport
-from membership.transport._tls import TlsIdentity
-from membership.transport._trioutil import single_error
+from membership import (
+    Cluster,
+    ConfigurationError,
+    DowningLease,
+    Envelope,
+    LeaderChanged,
+    MemberEvent,
+    ReachableMember,
+    Singletons,
+    Transport,
+    TransportStatistics,
+    UniqueAddress,
+    UnreachableMember,
+)
+from membership.internal import (
+    TlsIdentity,
+    member_traffic_refusal,
+    node_uri,
+    open_tcp_transport,
+    single_error,
+)
 
 from ._config import NodeConfig
 from ._status import MemberCommandService, StatusService
 from .leases._lease import TRIO_CLOCK, LeaseBackend, LeaseClock, Leases, LeaseSettings
 from .leases._sqlite import SqliteLeaseBackend
-from .persistence._journal import Journal, JournalSettings, open_journal
+from .persistence._journal import Journal, JournalSettings
+from .persistence._open import open_journal
 from .sharding._sharding import Sharding
 
 logger = logging.getLogger("p2pshard.node")

@@ -41,9 +41,11 @@ import trio
 
 from membership import (
     Address,
+    Cluster,
     ConfigurationError,
     Envelope,
     IdentityKind,
+    Member,
     MemberStatus,
     MessageTooLarge,
     PeerIdentity,
@@ -54,11 +56,15 @@ from membership import (
     UniqueAddress,
     message,
 )
-from membership._cluster import Cluster
-from membership._islands import Sighting, Verdict
-from membership._member import NOT_UP, Member
-from membership.transport._tcp import TcpTransport, open_tcp_transport
-from membership.transport._tls import TlsIdentity, identity_text
+from membership.internal import (
+    NOT_UP,
+    Sighting,
+    TcpTransport,
+    TlsIdentity,
+    Verdict,
+    identity_text,
+    open_tcp_transport,
+)
 
 from ._config import ClientConfig, NodeConfig
 from .sharding._region import RegionStatistics

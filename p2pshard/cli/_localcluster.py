@@ -23,9 +23,9 @@ from types import FrameType
 import attrs
 
 from membership import Address, ConfigurationError
-from membership.transport._address import check_name
-from membership.transport._certs import (
+from membership.internal import (
     CA_CERT,
+    check_name,
     create_cluster_ca,
     create_node_certificate,
     load_cluster_ca,

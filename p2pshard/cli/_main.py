@@ -30,16 +30,16 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from crdt._store import SCHEMA_VERSION
+from crdt.internal import SCHEMA_VERSION
 from membership import Address, ConfigurationError, IdentityKind, PeerIdentity
-from membership.transport._certs import (
+from membership.internal import (
+    TcpTransport,
     create_certificate,
     create_cluster_ca,
     create_signing_request,
     sign_request,
+    single_error,
 )
-from membership.transport._tcp import TcpTransport
-from membership.transport._trioutil import single_error
 
 from .._config import ClientConfig, NodeConfig
 from ._exit import EXIT_DOWNED

@@ -40,7 +40,7 @@ import attrs
 import trio
 
 from membership import ConfigurationError, HeldLease
-from membership.transport._settings import in_range
+from membership.internal import in_range
 
 from .._errors import LeaseUnavailable
 from .._ids import ShardId

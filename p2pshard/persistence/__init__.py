@@ -8,7 +8,7 @@ from ._event_sourced import EventSourcedEntity as EventSourcedEntity
 from ._journal import Journal as Journal
 from ._journal import JournalSettings as JournalSettings
 from ._journal import Recovery as Recovery
-from ._journal import open_journal as open_journal
 from ._memory import MemoryJournal as MemoryJournal
 from ._memory import MemoryJournalStatistics as MemoryJournalStatistics
+from ._open import open_journal as open_journal
 from ._sqlite import SqliteJournal as SqliteJournal

@@ -42,9 +42,8 @@ import logging
 from collections.abc import Iterable
 from typing import Any, ClassVar, Generic, TypeVar
 
-from membership import SerializationError
-from membership.transport._errors import MessageDecodeError
-from membership.transport._wire import decode_value, encode_value
+from membership import MessageDecodeError, SerializationError
+from membership.internal import decode_value, encode_value
 
 from .._errors import JournalConflict, JournalError, JournalFenced
 from ..sharding._entity import EntityContext

@@ -41,7 +41,7 @@ from typing import Any, Literal, Protocol
 import attrs
 
 from membership import ConfigurationError
-from membership.transport._settings import in_range
+from membership.internal import in_range
 
 from .._errors import EventTooLarge, JournalConflict, JournalFenced
 
@@ -313,40 +313,3 @@ def check_snapshot_seq(persistence_id: str, seq: int, highest: int) -> None:
             f"snapshot at sequence number {seq} is beyond the highest stored event {highest}; "
             "nothing was written",
         )
-
-
-def open_journal(settings: JournalSettings) -> Journal:
-    """The journal ``settings`` names (not connected yet: the first call connects).
-
-    Raises:
-        ConfigurationError: ``settings.backend`` is None, or psycopg is missing for PostgreSQL.
-    """
-    if settings.backend == "sqlite":
-        from ._sqlite import SqliteJournal
-
-        assert settings.path is not None
-        return SqliteJournal(
-            settings.path,
-            operation_timeout=settings.operation_timeout,
-            max_event_size=settings.max_event_size,
-            snapshot_every=settings.snapshot_every,
-        )
-    if settings.backend == "postgresql":
-        try:
-            from ._postgres import PostgresJournal
-        except ImportError as exc:
-            raise ConfigurationError(
-                "[journal] backend = 'postgresql' needs psycopg 3: install p2pshard[postgresql] "
-                f"(pip install 'psycopg[binary]'); importing it failed: {exc}"
-            ) from exc
-        assert settings.dsn is not None
-        return PostgresJournal(
-            settings.dsn,
-            operation_timeout=settings.operation_timeout,
-            max_event_size=settings.max_event_size,
-            snapshot_every=settings.snapshot_every,
-        )
-    raise ConfigurationError(
-        "JournalSettings.backend = None is invalid here: set [journal] backend to 'sqlite' "
-        "(with path) or 'postgresql' (with dsn)"
-    )

@@ -29,8 +29,7 @@ from typing import Protocol
 import attrs
 
 from membership import MemberStatus, UniqueAddress
-from membership.transport._address import node_order
-from membership.transport._settings import in_range
+from membership.internal import in_range, node_order
 
 from .._ids import EntityId as EntityId
 from .._ids import ShardId as ShardId

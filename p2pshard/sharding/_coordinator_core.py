@@ -42,7 +42,7 @@ from typing import TypeAlias
 import attrs
 
 from membership import MemberStatus, UniqueAddress
-from membership.transport._address import node_order
+from membership.internal import node_order
 
 from ._allocation import ClusterView, ShardAllocationStrategy, ShardId
 from ._coordinator_state import (

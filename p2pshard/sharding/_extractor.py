@@ -16,7 +16,7 @@ from typing import Protocol
 import attrs
 
 from membership import ConfigurationError, message
-from membership.transport._settings import in_range
+from membership.internal import in_range
 
 from ._allocation import EntityId, ShardId
 

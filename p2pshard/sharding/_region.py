@@ -39,8 +39,8 @@ from membership import (
     TransportClosed,
     UniqueAddress,
 )
-from membership.transport import _wire
-from membership.transport._framing import HEADER_SIZE as FRAME_PREFIX_SIZE
+from membership.internal import HEADER_SIZE as FRAME_PREFIX_SIZE
+from membership.internal import wire as _wire
 
 from .._errors import AskTimeout, BufferOverflow, RegionStopped, RemoteEntityError, ShardingError
 from ..leases._lease import ShardLease, ShardLeaseFactory

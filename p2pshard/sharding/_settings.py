@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 
 from membership import ConfigurationError
-from membership.transport._settings import in_range
+from membership.internal import in_range
 
 
 def _one_of(*choices: str) -> Callable[[Any, attrs.Attribute[Any], Any], None]:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from membership._lease import acquire_until_granted
+from membership.internal import acquire_until_granted
 
 from ..leases._lease import ShardLease
 from ._allocation import EntityId, ShardId

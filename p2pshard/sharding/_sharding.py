@@ -38,18 +38,20 @@ from crdt import (
     WriteMajorityPlus,
 )
 from membership import (
+    Cluster,
     ClusterError,
     ConfigurationError,
     Envelope,
     SendQueueFull,
     SerializationError,
+    SingletonContext,
+    SingletonRequest,
+    Singletons,
     Transport,
     TransportClosed,
     UniqueAddress,
 )
-from membership._cluster import Cluster
-from membership.singleton._manager import SingletonContext, SingletonRequest, Singletons
-from membership.transport import _wire
+from membership.internal import wire as _wire
 
 from ..leases._lease import Leases, ShardLease, ShardLeaseFactory
 from ._allocation import (

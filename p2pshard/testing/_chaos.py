@@ -74,12 +74,12 @@ from membership import (
     Address,
     ConfigurationError,
     LinkConditions,
+    MemberStatus,
     SplitBrainResolverSettings,
     UniqueAddress,
     deterministic_scheduling,
 )
-from membership._member import MemberStatus
-from membership.transport._settings import in_range
+from membership.internal import in_range
 
 from .._config import NodeConfig
 from .._failover import FAILOVER_PROFILES

@@ -36,10 +36,16 @@ import random
 import attrs
 import trio
 
-from membership import Address, SendQueueFull, Transport, TransportClosed, UniqueAddress
-from membership._cluster_core import Down, GossipEnvelope, GossipStatus, Join, Leave
-from membership._heartbeat import Heartbeat
-from membership._member import Member, MemberStatus
+from membership import (
+    Address,
+    Member,
+    MemberStatus,
+    SendQueueFull,
+    Transport,
+    TransportClosed,
+    UniqueAddress,
+)
+from membership.internal import Down, GossipEnvelope, GossipStatus, Heartbeat, Join, Leave
 
 from ._checkers import INTRUDER_IGNORED, Violation
 from ._sim import SimCluster, node_address

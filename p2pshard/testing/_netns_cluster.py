@@ -56,15 +56,13 @@ import trio
 
 from membership import (
     Address,
+    ClusterSettings,
     ConfigurationError,
+    FailureDetectorSettings,
     SplitBrainResolverSettings,
     TransportSettings,
 )
-from membership._cluster_core import ClusterSettings
-from membership._failure_detector import FailureDetectorSettings
-from membership.transport._certs import create_cluster_ca
-from membership.transport._settings import in_range
-from membership.transport._trioutil import single_error
+from membership.internal import create_cluster_ca, in_range, single_error
 
 from .._config import LOG_LEVELS, NodeConfig
 from ..leases._lease import LeaseSettings

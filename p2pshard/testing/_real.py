@@ -112,9 +112,7 @@ from membership import (
     SplitBrainResolverSettings,
     TransportSettings,
 )
-from membership.transport._certs import create_cluster_ca, create_node_certificate
-from membership.transport._settings import in_range
-from membership.transport._trioutil import single_error
+from membership.internal import create_cluster_ca, create_node_certificate, in_range, single_error
 
 from .._config import NodeConfig, TlsFiles
 from ..cli._exit import EXIT_DOWNED

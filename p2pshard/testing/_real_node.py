@@ -72,9 +72,7 @@ from typing import Any
 
 import trio
 
-from membership import ClusterError
-from membership._member import MemberStatus
-from membership.singleton._manager import SingletonContext
+from membership import ClusterError, MemberStatus, SingletonContext
 
 from .._config import NodeConfig
 from .._node import Node, open_node

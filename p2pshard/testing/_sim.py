@@ -31,10 +31,10 @@ import trio
 from membership import (
     Address,
     LinkConditions,
+    MemberStatus,
     SimNetwork,
     SplitBrainResolverSettings,
 )
-from membership._member import MemberStatus
 
 from .._config import NodeConfig, TlsFiles
 from .._node import Node, open_node

@@ -20,8 +20,7 @@ from typing import Any
 import attrs
 import trio
 
-from membership import ClusterError, message
-from membership.singleton._manager import SingletonContext
+from membership import ClusterError, SingletonContext, message
 
 from ..sharding._entity import EntityContext
 from ._history import History
