@@ -308,21 +308,6 @@ class OtherClusterSeen:
             raise TypeError(f"at must be 1 to 16 Address values, not {self.at!r}")
 
 
-ClusterMessage = (
-    InitJoin
-    | InitJoinAck
-    | InitJoinNack
-    | Join
-    | Welcome
-    | GossipEnvelope
-    | GossipStatus
-    | Leave
-    | Down
-    | ExitingConfirmed
-    | OtherClusterSeen
-)
-"""Everything the membership protocol sends between nodes."""
-
 CLUSTER_MESSAGES: tuple[type, ...] = (
     InitJoin,
     InitJoinAck,

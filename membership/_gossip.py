@@ -171,10 +171,6 @@ class Gossip:
             return self
         return attrs.evolve(self, tombstones=kept)
 
-    def version_key(self) -> str:
-        """A short printable form of the version (for logs)."""
-        return ",".join(f"{k}:{v}" for k, v in self.version.entries)
-
 
 def reachability_excluding_downed(gossip: Gossip) -> Reachability:
     """The table without what Down members observed."""

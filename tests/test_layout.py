@@ -74,7 +74,7 @@ def import_edges(path: Path) -> list[tuple[str, list[str], int]]:
     module it names, the names it takes, and its line."""
     module = module_name(path)
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
-    edges = []
+    edges: list[tuple[str, list[str], int]] = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             edges.extend((alias.name, [], node.lineno) for alias in node.names)

@@ -403,10 +403,6 @@ class Lease:
             held.lost.set()
 
 
-LeaseFactory = Callable[[str], Lease]
-"""Makes this node's handle on a lease name."""
-
-
 ShardLease = HeldLease
 """What a shard needs of its lease (membership's :class:`~membership.HeldLease`); :class:`Lease`
 is one."""

@@ -307,4 +307,3 @@ COORDINATOR_COMMANDS = (
     GracefulShutdownReq,
     RegionStopped,
 )
-COORDINATOR_MESSAGES = (RegisterAck, RegisterRefused, ShardHome, HostShard, BeginHandOff, HandOff)
