@@ -42,18 +42,13 @@ from membership._tcp import TcpTransport
 from membership._trioutil import single_error
 
 from ._config import ClientConfig, NodeConfig
+from ._exit import EXIT_DOWNED
 
 if TYPE_CHECKING:
     from ._node import Node
     from ._status import CommandAnswer, Probe
 
 logger = logging.getLogger("p2pshard.cli")
-
-EXIT_DOWNED = 3
-"""``p2pshard node``'s exit status when the cluster downed or removed the node without being
-asked: a supervisor that restarts on failure (systemd ``Restart=on-failure``, a Kubernetes pod)
-starts it again, and it rejoins as a new incarnation. A graceful leave (SIGTERM, Ctrl-C) exits
-with 0, a configuration error with 2, a failure to run (the address is taken) with 1."""
 
 
 def _parser() -> argparse.ArgumentParser:

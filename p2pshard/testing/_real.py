@@ -116,8 +116,8 @@ from membership._certs import create_cluster_ca, create_node_certificate
 from membership._settings import in_range
 from membership._trioutil import single_error
 
-from .._cli import EXIT_DOWNED
 from .._config import NodeConfig, TlsFiles
+from .._exit import EXIT_DOWNED
 from .._lease import LeaseSettings
 from ._chaos import DAY, one_or_more_of
 from ._checkers import (

@@ -77,9 +77,9 @@ from membership._member import MemberStatus
 from membership._singleton import SingletonContext
 
 from .._allocation import EntityId
-from .._cli import EXIT_DOWNED
 from .._config import NodeConfig
 from .._entity import EntityContext
+from .._exit import EXIT_DOWNED
 from .._extractor import HashExtractor
 from .._journal import Journal
 from .._node import Node, open_node
