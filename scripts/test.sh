@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole test suite: lint, types, tests (in two pytest-xdist workers). `scripts/test.sh --slow`
+# The whole test suite: lint, types, the docs site, tests (in two pytest-xdist workers). `scripts/test.sh --slow`
 # adds soak and many-seed runs; any other arguments go to pytest (-n 0: one process). The etcd
 # lease tests start their own etcd server and the PostgreSQL journal tests their own PostgreSQL,
 # the chat example's browser test drives a headless Chromium, and the network-namespace tests (run
@@ -102,6 +102,8 @@ fi
 ruff check .
 ruff format --check .
 mypy
+# Docs must build without a warning (broken link, page outside the nav; no --quiet, it hides them).
+NO_MKDOCS_2_WARNING=1 mkdocs build --strict
 # Two workers (CI has two cores): most tests wait on real processes, sockets and servers, and the
 # long chaos runs would otherwise leave the second core idle. Pass -n 0 to run in one process.
 python -m pytest -n 2 --dist worksteal "$@"
