@@ -28,7 +28,6 @@ import ast
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +36,7 @@ import attrs
 import pytest
 
 from p2pshard import NodeConfig
+from p2pshard.testing import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = sorted({ROOT / "README.md", *ROOT.glob("docs/**/*.md"), *ROOT.glob("examples/**/*.md")})
@@ -173,13 +173,6 @@ def test_the_node_toml_example_is_complete(example_dir: Path) -> None:
     for path in (config.tls.ca_file, config.tls.cert_file, config.tls.key_file):
         assert path.is_file(), path
     assert config.seed_nodes == (config.canonical_address,)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
 
 
 @pytest.mark.parametrize("example", PYTHON, ids=[e.where for e in PYTHON])

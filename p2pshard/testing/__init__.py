@@ -67,6 +67,10 @@ from ._checkers import check_one_cluster as check_one_cluster
 from ._checkers import check_sender_order as check_sender_order
 from ._checkers import check_single_activation as check_single_activation
 from ._checkers import check_single_singleton as check_single_singleton
+from ._etcd import EtcdNotInstalled as EtcdNotInstalled
+from ._etcd import EtcdServer as EtcdServer
+from ._etcd import running_etcd as running_etcd
+from ._etcd import start_etcd as start_etcd
 from ._fanout import INBOX as INBOX
 from ._fanout import ROOM as ROOM
 from ._fanout import Deliver as Deliver
@@ -76,6 +80,11 @@ from ._fanout import room_members as room_members
 from ._history import History as History
 from ._history import Sent as Sent
 from ._history import Span as Span
+from ._ports import free_port as free_port
+from ._ports import free_port_block as free_port_block
+from ._postgres import PostgresNotInstalled as PostgresNotInstalled
+from ._postgres import PostgresServer as PostgresServer
+from ._postgres import running_postgres as running_postgres
 from ._real import REAL_FAULTS as REAL_FAULTS
 from ._real import FaultProxy as FaultProxy
 from ._real import ProcessRun as ProcessRun

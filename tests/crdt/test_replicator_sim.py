@@ -32,9 +32,14 @@ from crdt import (
 )
 from crdt._digest import decode_state_vector
 from membership import Address, ConfigurationError, LinkConditions, deterministic_scheduling
-
-from .sim import HOST, cluster, content, eventually, setter
-from .sim import Cluster as SimCluster
+from tests._support.replicator_sim import (
+    HOST,
+    ReplicatorCluster,
+    cluster,
+    content,
+    eventually,
+    setter,
+)
 
 
 async def test_majority_write_is_seen_by_a_majority_read_elsewhere(
@@ -347,7 +352,7 @@ async def test_replicas_end_identical_after_one_node_restarts_100_times_under_wr
         print(f"writes={written}")
 
 
-def replicas_identical(c: SimCluster, numbers: tuple[int, ...]) -> bool:
+def replicas_identical(c: ReplicatorCluster, numbers: tuple[int, ...]) -> bool:
     cores = [c.nodes[i].replicator._core for i in numbers]
     keys = cores[0].held_keys()
     return (

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -18,42 +17,16 @@ import trio
 
 from examples.chat.client import ChatClient, ChatError, open_chat_client
 from examples.chat.cluster import ChatCluster, _taken, free_base_port
-from tests.p2pshard.test_cli import read_until, time_wait_port
+from tests._support.chat import room_home, running_chat
+from tests._support.node_processes import read_until, time_wait_port
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@contextlib.contextmanager
-def running_chat(data: Path) -> Iterator[ChatCluster]:
-    """A 3-node chat cluster on free ports, ready; stopped (and its logs' ends printed) after."""
-    chat = ChatCluster(3, data, free_base_port(3), log_level="WARNING", log_to_files=True)
-    try:
-        chat.start()
-        chat.wait_ready(timeout=60)
-        yield chat
-    finally:
-        chat.stop()
-        for log in sorted(data.glob("*.log")):
-            print(f"--- {log.name} (last lines)\n" + "\n".join(log.read_text().splitlines()[-15:]))
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChatCluster]:
     with running_chat(tmp_path_factory.mktemp("chat")) as chat:
         yield chat
-
-
-def _room_home(chat: ChatCluster, room: str) -> int | None:
-    for i, proc in chat.procs.items():
-        if proc.poll() is not None:
-            continue
-        status = chat.status(i)
-        if status is None:
-            continue
-        for ids in status["types"]["Room"]["local_entities"].values():
-            if room in ids:
-                return i
-    return None
 
 
 async def test_bad_input_gets_error_frames(cluster: ChatCluster) -> None:
@@ -121,7 +94,7 @@ async def test_two_users_on_two_nodes_survive_kill_of_the_room_node(cluster: Cha
             # each sees the other's messages live, across nodes
             await alice.expect(lambda f: f["type"] == "message" and f["message"]["id"] == "bob-4")
             await bob.expect(lambda f: f["type"] == "message" and f["message"]["id"] == "alice-4")
-    home = _room_home(cluster, room)
+    home = room_home(cluster, room)
     assert home is not None
     cluster.kill(home)
     survivors = [i for i in (1, 2, 3) if i != home]
@@ -150,7 +123,7 @@ async def test_two_users_on_two_nodes_survive_kill_of_the_room_node(cluster: Cha
         assert {m["id"]: m["seq"] for m in view["history"]} == acked
         assert set(joined["members"]) >= {"alice", "bob"}
         print(f"room {room} was on node-{home}; both re-joined {recovered:.1f} s after kill -9")
-    assert _room_home(cluster, room) in survivors
+    assert room_home(cluster, room) in survivors
 
 
 def test_the_port_check_ignores_connections_in_time_wait() -> None:

@@ -22,7 +22,7 @@ import pytest
 from playwright.sync_api import BrowserContext, Page, sync_playwright
 
 from examples.chat.cluster import ChatCluster
-from tests.examples.test_chat import _room_home, running_chat
+from tests._support.chat import room_home, running_chat
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -129,7 +129,7 @@ def test_two_browser_users_survive_kill_of_the_room_node(
         alice, bob, watch = browser.new_page(), browser.new_page(), browser.new_page()
         _join(alice, cluster.url(1), "alice")
         deadline = time.monotonic() + 10
-        while (home := _room_home(cluster, ROOM)) is None:
+        while (home := room_home(cluster, ROOM)) is None:
             assert time.monotonic() < deadline, "the room did not start"
             time.sleep(0.2)
         # one page on the room's node (it must reconnect), the other elsewhere (it must not)
@@ -204,7 +204,7 @@ def test_two_browser_users_survive_kill_of_the_room_node(
                 t for t in posted if t.startswith(who)
             ]
 
-        new_home = _room_home(cluster, ROOM)
+        new_home = room_home(cluster, ROOM)
         assert new_home is not None
         assert new_home != home
         watch.goto(cluster.url(new_home) + "cluster")

@@ -18,9 +18,9 @@ from membership import Address, ConfigurationError, Envelope, TransportSettings,
 from membership.transport._address import MAX_UID
 from membership.transport._tlslink import TlsLink
 from membership.transport._transport import Outbox
+from tests._support.transport import receive_n
 
 from .conftest import CertSet, Harness, Seq, TcpHarness
-from .test_transport_conformance import receive_n
 
 PEER = Address("127.0.0.1", 1)
 

@@ -12,25 +12,16 @@ import pytest
 import trio
 
 from membership import (
-    Envelope,
     MessageTooLarge,
     SendQueueFull,
     SerializationError,
-    Transport,
     TransportClosed,
     TransportSettings,
     UniqueAddress,
 )
+from tests._support.transport import receive_n
 
 from .conftest import Harness, Seq
-
-
-async def receive_n(transport: Transport, n: int, *, limit: float = 20) -> list[Envelope]:
-    got: list[Envelope] = []
-    with trio.fail_after(limit):
-        while len(got) < n:
-            got.append(await transport.receive())
-    return got
 
 
 async def test_per_link_order_and_sender_identity(harness: Harness) -> None:

@@ -34,14 +34,20 @@ from p2pshard.sharding._protocol import (
     EntityReply,
 )
 from p2pshard.sharding._region import BATCH_BYTES, BATCH_MESSAGES
+from tests._support.sharding_sim import (
+    CounterAdd,
+    CounterRead,
+    CounterSim,
+    addr,
+    counter_factory,
+    sim_cluster,
+)
 
-from .sharding_sim import Add, Read, SimCluster, addr, counter_factory, sim_cluster
 
-
-async def entity_on(sim: SimCluster, node: int, *, asker: int) -> str:
+async def entity_on(sim: CounterSim, node: int, *, asker: int) -> str:
     """An entity id whose incarnation runs on ``node`` (asked from ``asker``)."""
     for k in range(200):
-        answer = await sim.regions[asker].entity_ref(f"e-{k}").ask(Read(), timeout=30)
+        answer = await sim.regions[asker].entity_ref(f"e-{k}").ask(CounterRead(), timeout=30)
         assert isinstance(answer, tuple)
         if answer[0] == f"n{node}":
             return f"e-{k}"
@@ -49,14 +55,14 @@ async def entity_on(sim: SimCluster, node: int, *, asker: int) -> str:
 
 
 @contextlib.asynccontextmanager
-async def cluster_with_entity_on_n2(seed: int) -> AsyncIterator[tuple[SimCluster, str]]:
+async def cluster_with_entity_on_n2(seed: int) -> AsyncIterator[tuple[CounterSim, str]]:
     """Two nodes, and an entity whose incarnation runs on n2: n1's messages to it are remote."""
     async with sim_cluster(seed) as sim:
         await sim.start_up([1, 2])
         yield sim, await entity_on(sim, 2, asker=1)
 
 
-def record_replies(sim: SimCluster, node: int) -> list[tuple[UniqueAddress, EntityReply]]:
+def record_replies(sim: CounterSim, node: int) -> list[tuple[UniqueAddress, EntityReply]]:
     """The answers to asks that node ``node`` sends from now on (they still go out)."""
     sharding = sim.nodes[node].sharding
     reply = sharding._reply
@@ -82,8 +88,8 @@ async def test_a_burst_goes_in_batches_in_order_and_a_lone_ask_goes_alone(
         before, sent_before = batches_sent(region), region.statistics().sent_remote
         burst = 3 * BATCH_MESSAGES + 7
         for seq in range(1, burst + 1):  # no yield between them: the link stays busy
-            await region.entity_ref(target).tell(Add(sender="n1", seq=seq))
-        answer = await region.entity_ref(target).ask(Read(), timeout=30)
+            await region.entity_ref(target).tell(CounterAdd(sender="n1", seq=seq))
+        answer = await region.entity_ref(target).ask(CounterRead(), timeout=30)
         assert answer == ("n2", burst)  # the ask went after every tell before it
         sim.journal.check_per_sender_order(target, {"n1": burst})
         stats = region.statistics()
@@ -93,11 +99,13 @@ async def test_a_burst_goes_in_batches_in_order_and_a_lone_ask_goes_alone(
         assert stats.dropped == 0
         lone = batches_sent(region)
         for _ in range(5):  # one at a time: the link is idle each time
-            await region.entity_ref(target).ask(Read(), timeout=30)
+            await region.entity_ref(target).ask(CounterRead(), timeout=30)
         assert batches_sent(region) == lone
         async with trio.open_nursery() as nursery:  # asks in flight at once start no batch
             for _ in range(16):
-                nursery.start_soon(partial(region.entity_ref(target).ask, Read(), timeout=30))
+                nursery.start_soon(
+                    partial(region.entity_ref(target).ask, CounterRead(), timeout=30)
+                )
         assert batches_sent(region) == lone
 
 
@@ -109,9 +117,9 @@ async def test_a_message_too_large_to_gather_goes_alone_after_those_before_it(
         sent: list[tuple[str, int]] = []
         for seq in range(1, 301):
             sender = big if seq % 50 == 0 else "n1"
-            await sim.regions[1].entity_ref(target).tell(Add(sender=sender, seq=seq))
+            await sim.regions[1].entity_ref(target).tell(CounterAdd(sender=sender, seq=seq))
             sent.append((sender, seq))
-        await sim.regions[1].entity_ref(target).ask(Read(), timeout=30)
+        await sim.regions[1].entity_ref(target).ask(CounterRead(), timeout=30)
         assert sim.journal.handled(target) == sent  # one sending task: its order exactly
         assert batches_sent(sim.regions[1]) > 0
 
@@ -127,8 +135,8 @@ async def test_an_unserializable_message_in_a_burst_fails_at_tell_and_the_rest_a
                 with pytest.raises(SerializationError, match="not serializable"):
                     await ref.tell(object())
             seq += 1
-            await ref.tell(Add(sender="n1", seq=seq))
-        assert await ref.ask(Read(), timeout=30) == ("n2", seq)
+            await ref.tell(CounterAdd(sender="n1", seq=seq))
+        assert await ref.ask(CounterRead(), timeout=30) == ("n2", seq)
         sim.journal.check_per_sender_order(target, {"n1": seq})
         assert batches_sent(sim.regions[1]) > 0
 
@@ -140,7 +148,7 @@ async def test_a_received_batch_loses_only_its_bad_entries(
         replies = record_replies(sim, 2)
         node1 = sim.nodes[1].address
         shard = stable_shard(target, 10)  # standard_setup's 10 shards
-        good = _wire.encode(Add(sender="inj", seq=1))
+        good = _wire.encode(CounterAdd(sender="inj", seq=1))
         # A registered-object frame of a type nobody registered.
         unknown = (
             _wire.HEADER.pack(_wire.WIRE_VERSION, _wire.KIND_OBJECT, 0) + b"\x92\xa9not.a.msg\x01"
@@ -150,12 +158,12 @@ async def test_a_received_batch_loses_only_its_bad_entries(
             *(shard, target, "not bytes", 0, None),  # wrong types: dropped
             *(shard, target, b"\x00garbage", 0, None),  # a bad header: dropped
             *(shard, target, unknown, 41, None),  # an ask that cannot be read: answered
-            *(shard, target, _wire.encode(Add(sender="inj", seq=2)), 0, None),
+            *(shard, target, _wire.encode(CounterAdd(sender="inj", seq=2)), 0, None),
         ]
         batch = EntityDeliveries(type_name="Counter", entries=entries)
         with caplog.at_level(logging.WARNING, logger="p2pshard.region"):
             sim.net.inject_frame(addr(1), addr(2), _wire.encode(batch))
-            await sim.regions[1].entity_ref(target).ask(Read(), timeout=30)
+            await sim.regions[1].entity_ref(target).ask(CounterRead(), timeout=30)
         sim.journal.check_per_sender_order(target, {"inj": 2})
         assert [(to, r.request_id, r.error_type) for to, r in replies if r.error_type] == [
             (node1, 41, "p2pshard.ShardingError")
@@ -169,7 +177,7 @@ async def test_a_received_batch_loses_only_its_bad_entries(
         with caplog.at_level(logging.WARNING, logger="p2pshard.region"):
             torn = EntityDeliveries(type_name="Counter", entries=[shard, target, good, 0])
             sim.net.inject_frame(addr(1), addr(2), _wire.encode(torn))
-            await sim.regions[1].entity_ref(target).ask(Read(), timeout=30)
+            await sim.regions[1].entity_ref(target).ask(CounterRead(), timeout=30)
         assert "4 values are not whole entries of 5" in caplog.text
         sim.journal.check_per_sender_order(target, {"inj": 2})
 
@@ -181,7 +189,7 @@ async def test_asks_in_a_batch_for_a_type_not_started_there_are_answered(
         await sim.start_up([1, 2])
         replies = record_replies(sim, 2)
         other = UniqueAddress(addr(3), "n3", 99)
-        payload = _wire.encode(Read())
+        payload = _wire.encode(CounterRead())
         batch = EntityDeliveries(
             type_name="Nope",
             entries=[
@@ -226,12 +234,12 @@ async def test_gathered_asks_fail_at_once_when_their_batch_cannot_be_sent(
 
         transport.send_nowait = no_batches  # type: ignore[method-assign]
         for seq in range(1, 20):  # no yield: the link stays busy, and most are gathered
-            await region.entity_ref(target).tell(Add(sender="n1", seq=seq))
+            await region.entity_ref(target).tell(CounterAdd(sender="n1", seq=seq))
         with (
             caplog.at_level(logging.WARNING, logger="p2pshard.region"),
             pytest.raises(ShardingError, match="transport is closed"),
         ):
-            await region.entity_ref(target).ask(Read(), timeout=30)  # gathered behind them
+            await region.entity_ref(target).ask(CounterRead(), timeout=30)  # gathered behind them
         assert "message(s) dropped: sending to" in caplog.text
         handled = [seq for _, seq in sim.journal.handled(target) if seq]
         assert handled == list(range(1, len(handled) + 1))  # those not gathered, in order
@@ -244,12 +252,12 @@ async def test_a_message_passed_on_goes_behind_those_gathered_for_the_same_node(
     async with cluster_with_entity_on_n2(7) as (sim, target):
         region = sim.regions[1]
         for seq in range(1, 50):  # gathered: the link is busy
-            await region.entity_ref(target).tell(Add(sender="n1", seq=seq))
+            await region.entity_ref(target).tell(CounterAdd(sender="n1", seq=seq))
         # As a region passes on a message that came for a shard it no longer hosts.
         region._route_nowait(
-            stable_shard(target, 10), EntityId(target), Add(sender="n1", seq=50), None
+            stable_shard(target, 10), EntityId(target), CounterAdd(sender="n1", seq=50), None
         )
-        await region.entity_ref(target).ask(Read(), timeout=30)
+        await region.entity_ref(target).ask(CounterRead(), timeout=30)
         sim.journal.check_per_sender_order(target, {"n1": 50})
         assert batches_sent(region) > 0
 
@@ -271,17 +279,17 @@ async def test_a_relayed_hand_off_acknowledgement_waits_for_the_gathered_message
         owner.sharding.handle = record  # type: ignore[method-assign]
         region = sim.regions[1]
         for seq in range(1, 50):  # gathered: the link is busy
-            await region.entity_ref(target).tell(Add(sender="n1", seq=seq))
+            await region.entity_ref(target).tell(CounterAdd(sender="n1", seq=seq))
         shard = stable_shard(target, 10)
         region._relay(owner.address, BeginHandOffAck(type_name="Counter", shard=shard))
-        await region.entity_ref(target).ask(Read(), timeout=30)
+        await region.entity_ref(target).ask(CounterRead(), timeout=30)
         sim.journal.check_per_sender_order(target, {"n1": 49})
         ack = arrived.index("BeginHandOffAck")
         assert "EntityDeliveries" in arrived[:ack]
         assert "EntityDeliveries" not in arrived[ack:]
 
 
-def refuse_batches(sim: SimCluster, node: int) -> Callable[[], None]:
+def refuse_batches(sim: CounterSim, node: int) -> Callable[[], None]:
     """Node ``node``'s send queues are full for batches from now on; returns the undo."""
     transport = sim.nodes[node]._transport
     send_nowait = transport.send_nowait
@@ -310,13 +318,13 @@ async def test_a_batch_that_finds_no_room_is_dropped_after_retry_interval_and_sa
         region = sim.regions[1]
         refuse_batches(sim, 1)
         for seq in range(1, 20):  # the link is busy with these: most are gathered
-            await region.entity_ref(target).tell(Add(sender="n1", seq=seq))
+            await region.entity_ref(target).tell(CounterAdd(sender="n1", seq=seq))
         started = trio.current_time()
         with (
             caplog.at_level(logging.WARNING, logger="p2pshard.region"),
             pytest.raises(ShardingError, match="stayed full"),
         ):
-            await region.entity_ref(target).ask(Read(), timeout=60)
+            await region.entity_ref(target).ask(CounterRead(), timeout=60)
         assert trio.current_time() - started >= region.settings.retry_interval - 1e-9
         assert "message(s) dropped: the send queue to" in caplog.text
         assert region.statistics().dropped > 0
@@ -332,11 +340,11 @@ async def test_a_task_cancelled_while_its_batch_waits_for_room_loses_nothing(
         with trio.move_on_after(1) as waiting:
             while True:  # until a whole batch waits for room, then this task is cancelled
                 seq += 1
-                await region.entity_ref(target).tell(Add(sender="n1", seq=seq))
+                await region.entity_ref(target).tell(CounterAdd(sender="n1", seq=seq))
         assert waiting.cancelled_caught
         assert seq >= BATCH_MESSAGES
         undo()  # room again, for the batcher
-        assert await region.entity_ref(target).ask(Read(), timeout=30) == ("n2", seq)
+        assert await region.entity_ref(target).ask(CounterRead(), timeout=30) == ("n2", seq)
         sim.journal.check_per_sender_order(target, {"n1": seq})
 
 
@@ -345,7 +353,7 @@ async def test_buffered_messages_flush_at_once_and_the_rest_waits_for_room_in_or
 ) -> None:
     # Messages for a shard with no home yet wait in the buffer; when the home comes, what fits
     # in the send queue goes at once, and the rest from a task that waits for room.
-    async def setup(i: int, node: Node, sim: SimCluster) -> None:
+    async def setup(i: int, node: Node, sim: CounterSim) -> None:
         if i == 2:
             sim.regions[i] = await node.sharding.start_proxy("Counter", extractor=HashExtractor(10))
         else:
@@ -370,7 +378,7 @@ async def test_buffered_messages_flush_at_once_and_the_rest_waits_for_room_in_or
         transport.send_nowait = full_at_the_tenth  # type: ignore[method-assign]
         ref = sim.regions[2].entity_ref("e-1")
         for seq in range(1, 31):  # the shard has no home yet: all wait in the buffer
-            await ref.tell(Add(sender="n2", seq=seq))
-        assert await ref.ask(Read(), timeout=30) == ("n1", 30)
+            await ref.tell(CounterAdd(sender="n2", seq=seq))
+        assert await ref.ask(CounterRead(), timeout=30) == ("n1", 30)
         assert calls == 10  # the tenth found the queue "full": the rest went from the task
         sim.journal.check_per_sender_order("e-1", {"n2": 30})

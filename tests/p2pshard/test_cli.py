@@ -8,44 +8,22 @@ import signal
 import socket
 import stat
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
 
 import pytest
 from cryptography import x509
 
 from p2pshard.cli import EXIT_DOWNED, main
 from p2pshard.cli._localcluster import LocalCluster
-
-PYTHON = [sys.executable, "-m", "p2pshard"]
-
-
-def free_port_block(count: int) -> int:
-    """A base port with ``count`` consecutive free ports (checked, not reserved).
-
-    Each pytest-xdist worker looks in a range of its own, so that two workers never pick the
-    same block between its check and its use.
-    """
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    first = 31000 + (int(worker) % 4 if worker.isdigit() else 0) * 7000
-    for base in range(first, first + 7000 - count, 97):
-        sockets = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket()
-                sockets.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in sockets:
-                s.close()
-    raise AssertionError("no free port block")
+from p2pshard.testing import free_port_block
+from tests._support.node_processes import (
+    PYTHON,
+    node_processes,
+    read_until,
+    time_wait_port,
+    wait_for_lines,
+)
 
 
 def test_certs_init_and_node_write_keys_with_mode_0600(
@@ -231,32 +209,6 @@ def test_node_process_stops_on_sigterm(tmp_path: Path) -> None:
                 child.wait()
 
 
-@contextmanager
-def node_processes(
-    configs: list[Path], logs: list[Path], env: dict[str, str]
-) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """``p2pshard node`` for each config, its stderr in the matching log; on the way out, every
-    one still running is woken (SIGCONT), asked to leave (SIGTERM), and killed after 30 s."""
-    children: list[subprocess.Popen[bytes]] = []
-    try:
-        for config, log in zip(configs, logs, strict=True):
-            with log.open("w") as out:
-                command = [*PYTHON, "node", "--config", str(config)]
-                children.append(subprocess.Popen(command, stderr=out, env=env))
-        yield children
-    finally:
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGCONT)
-                child.send_signal(signal.SIGTERM)
-        for child in children:
-            try:
-                child.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-
-
 def test_three_processes_remove_a_node_killed_with_sigkill(tmp_path: Path) -> None:
     """Real processes over TLS: kill -9 one node; the other two detect, down and remove it."""
     base = free_port_block(3)
@@ -308,17 +260,6 @@ def test_a_node_downed_by_the_cluster_exits_with_exit_downed_and_a_leaving_one_w
         for child in children[:2]:
             child.send_signal(signal.SIGTERM)
         assert [child.wait(timeout=60) for child in children[:2]] == [0, 0]
-
-
-def wait_for_lines(logs: list[Path], text: str, *, limit: float, after: str = "") -> None:
-    """Wait until every log contains ``text`` (after the first ``after``)."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        contents = [log.read_text() for log in logs]
-        if all(text in (c.split(after, 1)[-1] if after else c) for c in contents):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"not in every log within {limit} s: {text!r}\n" + "\n".join(contents))
 
 
 # -- misconfiguration fails at start, with the reason ---------------------------------------------
@@ -390,17 +331,6 @@ def test_node_with_nowhere_to_join_refuses_to_start(tmp_path: Path) -> None:
 
 
 # -- Ctrl-C --------------------------------------------------------------------------------------
-
-
-def read_until(stream: IO[str], text: str, seen: list[str], *, limit: float = 60) -> None:
-    """Read lines of ``stream`` into ``seen`` until one contains ``text``."""
-    deadline = time.monotonic() + limit
-    for line in stream:
-        seen.append(line)
-        if text in line:
-            return
-        assert time.monotonic() < deadline, "".join(seen)
-    raise AssertionError(f"{text!r} never came:\n" + "".join(seen))
 
 
 def test_a_second_ctrl_c_while_the_node_leaves_prints_no_traceback(tmp_path: Path) -> None:
@@ -488,23 +418,6 @@ def test_local_cluster_port_check_ignores_connections_in_time_wait(tmp_path: Pat
     """A cluster stopped a moment ago leaves TIME-WAIT connections on its ports: not taken."""
     plan = LocalCluster(nodes=1, data_dir=tmp_path, base_port=time_wait_port())
     plan.check_ports()
-
-
-def time_wait_port() -> int:
-    """A port whose last connection is in TIME-WAIT, listened on as the nodes do (SO_REUSEADDR)."""
-    with socket.socket() as listener:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        port: int = listener.getsockname()[1]
-        with socket.create_connection(("127.0.0.1", port)) as client:
-            accepted, _ = listener.accept()
-            accepted.close()  # the server side closes first: its end waits in TIME-WAIT
-            assert client.recv(1) == b""
-    # A port check without SO_REUSEADDR finds it taken:
-    with socket.socket() as probe, pytest.raises(OSError, match="Address already in use"):
-        probe.bind(("127.0.0.1", port))
-    return port
 
 
 def test_sighup_reloads_the_deny_list_and_keeps_the_old_one_when_the_new_is_bad(

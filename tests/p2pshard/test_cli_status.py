@@ -37,7 +37,7 @@ from p2pshard._node import open_node
 from p2pshard._status import client_identity, open_client
 from p2pshard.cli._localcluster import LocalCluster
 from p2pshard.cli._main import main
-from tests.p2pshard.test_cli import free_port_block
+from p2pshard.testing import free_port_block
 
 FAST = ClusterSettings(
     gossip_interval=0.2,

@@ -33,8 +33,7 @@ from p2pshard import (
 )
 from p2pshard.sharding._entity import EntityState
 from p2pshard.sharding._shard import SPARE_MAILBOXES
-
-from .sharding_sim import SimCluster, sim_cluster
+from tests._support.sharding_sim import CounterSim, sim_cluster
 
 TYPE = "Worker"
 BOUND = 120.0
@@ -199,7 +198,7 @@ class Worker:
 # -- cluster helpers ------------------------------------------------------------------------
 
 
-Setup = Callable[[int, Node, SimCluster], Awaitable[None]]
+Setup = Callable[[int, Node, CounterSim], Awaitable[None]]
 
 
 def worker_setup(
@@ -214,7 +213,7 @@ def worker_setup(
     settings.setdefault("passivate_idle_after", None)
     sharding_settings = ShardingSettings(**settings)
 
-    async def setup(i: int, node: Node, sim: SimCluster) -> None:
+    async def setup(i: int, node: Node, sim: CounterSim) -> None:
         extractor = HashExtractor((per_node_shards or {}).get(i, shards))
         if proxy_only:
             sim.regions[i] = await node.sharding.start_proxy(
@@ -232,7 +231,7 @@ def worker_setup(
     return setup
 
 
-async def up(sim: SimCluster, nodes: list[int]) -> None:
+async def up(sim: CounterSim, nodes: list[int]) -> None:
     for i in nodes:
         await sim.start(i)
     await sim.all_up(nodes)
@@ -616,7 +615,7 @@ async def test_a_full_buffer_fails_asks_at_once_and_counts_dropped_tells(
 def proxy_only_setup(nodes: set[int], buffer_size: int) -> Setup:
     """``nodes`` run a proxy of the type, the others nothing: no region, no coordinator."""
 
-    async def setup(i: int, node: Node, sim: SimCluster) -> None:
+    async def setup(i: int, node: Node, sim: CounterSim) -> None:
         if i in nodes:
             sim.regions[i] = await node.sharding.start_proxy(
                 TYPE,
@@ -627,7 +626,7 @@ def proxy_only_setup(nodes: set[int], buffer_size: int) -> Setup:
     return setup
 
 
-async def check_proxy_overflows(sim: SimCluster, i: int) -> None:
+async def check_proxy_overflows(sim: CounterSim, i: int) -> None:
     region = sim.regions[i]
     assert region.is_proxy
     for seq in (1, 2, 3):

@@ -24,8 +24,7 @@ from membership._heartbeat import Heartbeat
 from membership._member import Member, MemberStatus
 from p2pshard.sharding._extractor import stable_shard
 from p2pshard.sharding._protocol import EntityDelivery
-
-from .sharding_sim import Add, Read, SimCluster, addr, sim_cluster
+from tests._support.sharding_sim import CounterAdd, CounterRead, CounterSim, addr, sim_cluster
 
 INTRUDER = Address("10.0.0.66", 6666)
 
@@ -34,33 +33,33 @@ def fake(i: int) -> UniqueAddress:
     return UniqueAddress(Address("10.0.0.77", 7000 + i), f"ghost-{i}", 1000 + i)
 
 
-def members(sim: SimCluster, i: int) -> dict[str, MemberStatus]:
+def members(sim: CounterSim, i: int) -> dict[str, MemberStatus]:
     return {m.node.name: m.status for m in sim.nodes[i].cluster.members}
 
 
 UP3 = {"n1": MemberStatus.UP, "n2": MemberStatus.UP, "n3": MemberStatus.UP}
 
 
-def refused(sim: SimCluster, i: int) -> dict[str, int]:
+def refused(sim: CounterSim, i: int) -> dict[str, int]:
     return dict(sim.nodes[i].cluster.statistics().refused)
 
 
 @asynccontextmanager
 async def cluster_and_intruder(
     kind: IdentityKind = IdentityKind.NODE, name: str = "mallory"
-) -> AsyncIterator[tuple[SimCluster, SimTransport]]:
+) -> AsyncIterator[tuple[CounterSim, SimTransport]]:
     async with sim_cluster(20) as sim:
         await sim.start_up([1, 2, 3])
         async with sim.net.transport(INTRUDER, name, kind=kind) as intruder:
             yield sim, intruder
 
 
-async def asks_answered(sim: SimCluster, rounds: int = 3) -> None:
+async def asks_answered(sim: CounterSim, rounds: int = 3) -> None:
     for seq in range(rounds):
         for i in (1, 2, 3):
             ref = sim.regions[i].entity_ref(f"e-{seq}")
-            await ref.tell(Add(sender=f"n{i}", seq=seq))
-            assert await ref.ask(Read(), timeout=10) is not None
+            await ref.tell(CounterAdd(sender=f"n{i}", seq=seq))
+            assert await ref.ask(CounterRead(), timeout=10) is not None
 
 
 @pytest.mark.parametrize("fakes", [1, 5])
@@ -174,7 +173,7 @@ async def test_sharding_traffic_from_a_non_member_never_reaches_an_entity(
                 type_name="Counter",
                 shard=stable_shard("e-0", 10),
                 entity_id="e-0",
-                message=Add(sender="mallory", seq=1),
+                message=CounterAdd(sender="mallory", seq=1),
             )
             await intruder.send(addr(i), delivery)
         await trio.sleep(5)
@@ -212,7 +211,7 @@ async def test_large_refused_messages_close_the_link_by_their_bytes(
             type_name="Counter",
             shard=stable_shard("e-0", 10),
             entity_id="e-0",
-            message=Add(sender="x" * (256 << 10), seq=1),
+            message=CounterAdd(sender="x" * (256 << 10), seq=1),
         )
         for _ in range(100):  # 25 MiB, well under refused_messages_burst messages
             await intruder.send(addr(1), bulky)

@@ -7,7 +7,7 @@ processes); fencing by token per persistence id; durability across a close and r
 :class:`p2pshard.JournalError` naming the persistence id, cause chained, when the storage fails.
 
 The PostgreSQL tests run against a real server started once for the module
-(``tests/p2pshard/postgres_server.py``).
+(``p2pshard/testing/_postgres.py``).
 """
 
 from __future__ import annotations
@@ -36,8 +36,7 @@ from p2pshard import (
     PostgresJournal,
     SqliteJournal,
 )
-
-from .postgres_server import PostgresServer, running_postgres
+from p2pshard.testing import PostgresServer, running_postgres
 
 POISON = b"poison: the test trigger aborts the transaction that inserts this"
 
@@ -333,7 +332,7 @@ async def test_processes_appending_to_one_stream_lose_and_double_nothing(
     workers, count = 4, 15
 
     async def worker(i: int) -> None:
-        command = [sys.executable, "-m", "tests.p2pshard.journal_worker", kit.kind, kit.where]
+        command = [sys.executable, "-m", "tests._support.journal_worker", kit.kind, kit.where]
         done = await trio.run_process(
             [*command, pid, f"p{i}", str(count), str(out)], capture_stderr=True, check=False
         )

@@ -35,8 +35,7 @@ from p2pshard import (
     MemoryLeaseBackend,
     SqliteLeaseBackend,
 )
-
-from .etcd_server import EtcdServer, running_etcd
+from p2pshard.testing import EtcdServer, running_etcd
 
 SETTINGS = LeaseSettings(ttl=2.0, renew_interval=0.3, operation_timeout=1.0, safety_margin=0.3)
 """Short leases: expiry within seconds. etcd rounds 2 s up to 2 s, its smallest here is 1 s."""
@@ -142,7 +141,7 @@ async def test_processes_take_turns_and_tokens_grow_in_time_order(kit: Kit, tmp_
     name, out = fresh_name(), tmp_path / "holds.txt"
 
     async def worker(i: int) -> None:
-        command = [sys.executable, "-m", "tests.p2pshard.lease_worker", kit.kind, kit.where]
+        command = [sys.executable, "-m", "tests._support.lease_worker", kit.kind, kit.where]
         done = await trio.run_process(
             [*command, name, f"worker-{i}", "8", str(out)], capture_stderr=True, check=False
         )

@@ -3,7 +3,7 @@
 What every lease backend must do is the conformance kit's business; these tests cover what is
 etcd's own: tokens from revisions, expiry by etcd lease, keep-alives, endpoint failover, a stopped
 server, and answers that are not what the JSON gateway gives (through ``httpx.MockTransport``).
-Each real etcd starts in about 0.2 s (``tests/p2pshard/etcd_server.py``).
+Each real etcd starts in about 0.2 s (``p2pshard/testing/_etcd.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from membership import ConfigurationError
 from p2pshard._errors import LeaseUnavailable
 from p2pshard.leases._etcd import EtcdLeaseBackend
 from p2pshard.leases._lease import Lease, LeaseSettings
-from tests.p2pshard.etcd_server import EtcdServer, running_etcd, start_etcd
+from p2pshard.testing import EtcdServer, running_etcd, start_etcd
 
 TEST_LIMIT = 10.0
 """Seconds any one test may take."""

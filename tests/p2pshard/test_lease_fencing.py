@@ -19,8 +19,7 @@ from pathlib import Path
 import trio
 
 from p2pshard import Lease, SqliteLeaseBackend
-
-from .fencing_worker import SETTINGS, FencedStore
+from tests._support.fencing_worker import SETTINGS, FencedStore
 
 
 def ask(worker: subprocess.Popen[str], line: str, answers: int = 1) -> list[str]:
@@ -34,7 +33,7 @@ def ask(worker: subprocess.Popen[str], line: str, answers: int = 1) -> list[str]
 def test_a_paused_holder_wakes_up_fenced_off(tmp_path: Path) -> None:
     lease_db, store_db = tmp_path / "leases.db", tmp_path / "store.db"
     with subprocess.Popen(
-        [sys.executable, "-m", "tests.p2pshard.fencing_worker", str(lease_db), str(store_db), "a"],
+        [sys.executable, "-m", "tests._support.fencing_worker", str(lease_db), str(store_db), "a"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

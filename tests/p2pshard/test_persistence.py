@@ -35,8 +35,7 @@ from p2pshard import (
     ShardingSettings,
     message,
 )
-
-from .sharding_sim import SimCluster, addr, sim_cluster
+from tests._support.sharding_sim import CounterSim, addr, sim_cluster
 
 SHARDS = 10
 
@@ -184,8 +183,8 @@ def room_setup(
     *,
     room: type[Room] = Room,
     settings: ShardingSettings | None = None,
-) -> Callable[[int, Node, SimCluster], Awaitable[None]]:
-    async def setup(i: int, node: Node, sim: SimCluster) -> None:
+) -> Callable[[int, Node, CounterSim], Awaitable[None]]:
+    async def setup(i: int, node: Node, sim: CounterSim) -> None:
         def factory(ctx: EntityContext) -> Room:
             return room(ctx, journal, f"n{i}", probe)
 

@@ -29,9 +29,10 @@ from membership.transport._tcp import Hello
 from membership.transport._tls import TlsIdentity
 from p2pshard.cli._localcluster import LocalCluster
 from p2pshard.cli._main import main
+from p2pshard.testing import free_port_block
+from tests._support.node_processes import node_processes, wait_for_lines
 
 from ..membership.test_tcp_security import tls_client
-from .test_cli import free_port_block, node_processes, wait_for_lines
 
 PYTHON = [sys.executable, "-m", "p2pshard"]
 ROUNDS = 3

@@ -1,6 +1,6 @@
 """Remembered entities across a full cluster crash: node processes over TLS on 127.0.0.1.
 
-Each node runs ``tests/p2pshard/sharding_worker.py`` in its own process, driven line by line
+Each node runs ``tests/_support/sharding_worker.py`` in its own process, driven line by line
 through its stdin and stdout (as ``tests/crdt/test_durability_processes.py`` drives its workers);
 its log goes to a file under ``tmp_path``. The replicator keeps ``sharding/*`` in each node's
 SQLite file: the remembered entity ids of every shard and the coordinator's state. Every test
@@ -20,11 +20,11 @@ from crdt import ReplicatorSettings
 from p2pshard import NodeConfig
 from p2pshard.cli._localcluster import LocalCluster
 from p2pshard.sharding._extractor import stable_shard
-from tests.crdt.test_durability_processes import FAST, Worker, all_up, workers
-from tests.p2pshard.sharding_worker import SHARDS
-from tests.p2pshard.test_cli import free_port_block
+from p2pshard.testing import free_port_block
+from tests._support.sharding_worker import SHARDS
+from tests._support.workers import FAST, Worker, all_up, workers
 
-WORKER = [sys.executable, "-m", "tests.p2pshard.sharding_worker"]
+WORKER = [sys.executable, "-m", "tests._support.sharding_worker"]
 RECOVERY_LIMIT = 30.0
 """Seconds the restarted cluster may take to restart every remembered entity."""
 

@@ -23,14 +23,12 @@ from p2pshard import (
     message,
 )
 from p2pshard.sharding._extractor import stable_shard
-from p2pshard.testing import History
-
-from .sharding_sim import (
-    SIM_LEASES,
-    Add,
+from p2pshard.testing import SIM_LEASES, History
+from tests._support.sharding_sim import (
+    CounterAdd,
+    CounterRead,
+    CounterSim,
     PassivateMe,
-    Read,
-    SimCluster,
     Sleep,
     StopNow,
     addr,
@@ -48,10 +46,10 @@ async def test_tell_and_ask_reach_one_entity_from_every_node(
         await sim.start_up([1, 2, 3])
         for seq in range(1, 4):
             for i in (1, 2, 3):
-                await sim.regions[i].entity_ref("e-1").tell(Add(sender=f"n{i}", seq=seq))
+                await sim.regions[i].entity_ref("e-1").tell(CounterAdd(sender=f"n{i}", seq=seq))
         answers: list[tuple[str, int]] = []
         for i in (1, 2, 3):
-            answer = await sim.regions[i].entity_ref("e-1").ask(Read(), timeout=30)
+            answer = await sim.regions[i].entity_ref("e-1").ask(CounterRead(), timeout=30)
             assert isinstance(answer, tuple)
             answers.append(answer)
         assert len({owner for owner, _ in answers}) == 1
@@ -71,33 +69,33 @@ def entity_per_shard(number_of_shards: int) -> dict[str, str]:
 
 
 async def send_forever(
-    sim: SimCluster, i: int, entities: list[str], sent: Counts, *, name: str = "", pause: float
+    sim: CounterSim, i: int, entities: list[str], sent: Counts, *, name: str = "", pause: float
 ) -> None:
     """Node ``i`` sends numbered Adds to ``entities`` round-robin until cancelled."""
     name = name or f"n{i}"
     while True:
         for entity_id in entities:
             seq = sent.setdefault(entity_id, {}).get(name, 0) + 1
-            await sim.regions[i].entity_ref(entity_id).tell(Add(sender=name, seq=seq))
+            await sim.regions[i].entity_ref(entity_id).tell(CounterAdd(sender=name, seq=seq))
             sent[entity_id][name] = seq
         await trio.sleep(pause)
 
 
-async def settle(sim: SimCluster, nodes: list[int], entities: list[str]) -> None:
+async def settle(sim: CounterSim, nodes: list[int], entities: list[str]) -> None:
     """Every node's earlier messages to ``entities`` have been handled."""
     for i in nodes:
         for entity_id in entities:
-            await sim.regions[i].entity_ref(entity_id).ask(Read(), timeout=60)
+            await sim.regions[i].entity_ref(entity_id).ask(CounterRead(), timeout=60)
 
 
 async def owner_of(region: ShardRegion, entity_id: str, *, timeout: float) -> str:  # noqa: ASYNC109
     """The node whose incarnation of ``entity_id`` answers."""
-    answer = await region.entity_ref(entity_id).ask(Read(), timeout=timeout)
+    answer = await region.entity_ref(entity_id).ask(CounterRead(), timeout=timeout)
     assert isinstance(answer, tuple)
     return str(answer[0])
 
 
-def shard_counts(sim: SimCluster, nodes: list[int]) -> list[int]:
+def shard_counts(sim: CounterSim, nodes: list[int]) -> list[int]:
     return [sim.regions[i].statistics().shards for i in nodes]
 
 
@@ -127,7 +125,7 @@ async def joining_scenario(seed: int) -> None:
             await (
                 sim.regions[1 + int(entity_id[2:]) % 3]
                 .entity_ref(entity_id)
-                .tell(Add(sender="warmup", seq=1))
+                .tell(CounterAdd(sender="warmup", seq=1))
             )
         await settle(sim, [1, 2, 3], list(ids.values()))
         assert sum(shard_counts(sim, [1, 2, 3])) == shards
@@ -159,7 +157,7 @@ async def joining_scenario(seed: int) -> None:
         assert all(sim.regions[i].statistics().dropped == 0 for i in (1, 2, 3, 4))
 
 
-def hosted(sim: SimCluster, i: int) -> set[str]:
+def hosted(sim: CounterSim, i: int) -> set[str]:
     return {s.shard_id for s in sim.nodes[i].sharding.region_state("Counter").shards}
 
 
@@ -173,7 +171,7 @@ async def test_the_coordinator_crashing_moves_only_its_shards_and_known_homes_ke
         used = {s: e for s, e in ids.items() if int(s) % 2 == 0}  # odd shards stay unused
         for entity_id in used.values():
             for i in (2, 3):  # both survivors learn every home
-                await sim.regions[i].entity_ref(entity_id).ask(Read(), timeout=30)
+                await sim.regions[i].entity_ref(entity_id).ask(CounterRead(), timeout=30)
         before = {i: hosted(sim, i) for i in (1, 2, 3)}
         assert all(before.values())
         survivors = [ids[s] for s in sorted(before[2] | before[3])]
@@ -182,7 +180,7 @@ async def test_the_coordinator_crashing_moves_only_its_shards_and_known_homes_ke
         # Known homes answer throughout, with no coordinator at all for a while.
         while trio.current_time() - crashed_at < 20:
             for entity_id in survivors:
-                await sim.regions[3].entity_ref(entity_id).ask(Read(), timeout=5)
+                await sim.regions[3].entity_ref(entity_id).ask(CounterRead(), timeout=5)
             await trio.sleep(1)
         # A shard never used before resolves once the new coordinator runs.
         fresh = ids[str(1)]
@@ -190,7 +188,7 @@ async def test_the_coordinator_crashing_moves_only_its_shards_and_known_homes_ke
         assert owner in ("n2", "n3")
         # n1's shards come back on the survivors when used; nobody else's moved.
         for shard in sorted(before[1]):
-            await sim.regions[2].entity_ref(ids[shard]).ask(Read(), timeout=30)
+            await sim.regions[2].entity_ref(ids[shard]).ask(CounterRead(), timeout=30)
         for i in (2, 3):
             assert before[i] <= hosted(sim, i)
         assert before[1] <= hosted(sim, 2) | hosted(sim, 3)
@@ -208,7 +206,11 @@ async def test_one_get_shard_home_per_new_shard_per_region_and_none_afterwards(
         for rounds in range(5):
             for i in (1, 2, 3):
                 for entity_id in ids.values():
-                    await sim.regions[i].entity_ref(entity_id).tell(Add(sender=f"n{i}", seq=rounds))
+                    await (
+                        sim.regions[i]
+                        .entity_ref(entity_id)
+                        .tell(CounterAdd(sender=f"n{i}", seq=rounds))
+                    )
         await settle(sim, [1, 2, 3], list(ids.values()))
         for i in (1, 2, 3):
             stats = sim.regions[i].statistics()
@@ -241,7 +243,7 @@ async def test_each_step_of_a_new_shards_first_message_goes_from_the_task_that_g
         homes = set()
         for entity_id in entity_per_shard(shards).values():
             sent.clear()
-            answer = await sim.regions[2].entity_ref(entity_id).ask(Read(), timeout=30)
+            answer = await sim.regions[2].entity_ref(entity_id).ask(CounterRead(), timeout=30)
             assert isinstance(answer, tuple)
             homes.add(answer[0])
             steps = [(i, kind, task) for i, kind, task in sent if kind != "Heartbeat"]
@@ -319,7 +321,7 @@ async def test_without_a_write_majority_known_routes_work_and_new_shards_wait(
         owners: dict[str, str] = {}
         for entity_id in [ids[s] for s in sorted(ids)[:6]]:
             for i in (1, 2):
-                answer = await sim.regions[i].entity_ref(entity_id).ask(Read(), timeout=30)
+                answer = await sim.regions[i].entity_ref(entity_id).ask(CounterRead(), timeout=30)
                 assert isinstance(answer, tuple)
                 owners[entity_id] = answer[0]
         reachable = [e for e, owner in owners.items() if owner != "n3"]
@@ -328,10 +330,10 @@ async def test_without_a_write_majority_known_routes_work_and_new_shards_wait(
         # The coordinator (n1) needs every replica for a write in a cluster this small.
         new = ids[sorted(ids)[7]]
         with pytest.raises(AskTimeout):
-            await sim.regions[2].entity_ref(new).ask(Read(), timeout=20)
+            await sim.regions[2].entity_ref(new).ask(CounterRead(), timeout=20)
         for entity_id in reachable:  # homes already known keep working
             for i in (1, 2):
-                await sim.regions[i].entity_ref(entity_id).ask(Read(), timeout=5)
+                await sim.regions[i].entity_ref(entity_id).ask(CounterRead(), timeout=5)
         sim.net.heal()
         owner = await owner_of(sim.regions[2], new, timeout=60)
         assert owner in ("n1", "n2", "n3")
@@ -344,7 +346,7 @@ async def test_min_nr_of_members_holds_allocation_until_enough_regions_registere
     async with sim_cluster(8, setup) as sim:
         await sim.start_up([1, 2])
         with pytest.raises(AskTimeout):
-            await sim.regions[1].entity_ref("e-1").ask(Read(), timeout=30)
+            await sim.regions[1].entity_ref("e-1").ask(CounterRead(), timeout=30)
         assert sum(r.statistics().shards for r in sim.regions.values()) == 0
         await sim.start(3)
         owner = await owner_of(sim.regions[1], "e-1", timeout=60)
@@ -360,7 +362,7 @@ async def test_an_entity_that_ignores_its_stop_message_is_stopped_after_handoff_
         await sim.start_up([1, 2])
         ids = entity_per_shard(4)
         for entity_id in ids.values():
-            await sim.regions[1].entity_ref(entity_id).ask(Read(), timeout=30)
+            await sim.regions[1].entity_ref(entity_id).ask(CounterRead(), timeout=30)
         on_two = sorted(hosted(sim, 2))
         assert on_two
         started = trio.current_time()
@@ -382,7 +384,7 @@ async def test_remembered_entities_restart_without_a_message_after_their_node_cr
         await sim.start_up([1, 2, 3])
         ids = entity_per_shard(shards)
         for entity_id in ids.values():
-            await sim.regions[2].entity_ref(entity_id).ask(Read(), timeout=30)
+            await sim.regions[2].entity_ref(entity_id).ask(CounterRead(), timeout=30)
         on_one = sorted(hosted(sim, 1))
         assert on_one
         # One remembered entity is passivated: it is forgotten and must not come back.
@@ -432,7 +434,7 @@ async def test_a_shard_starts_entities_only_while_it_holds_its_lease(
         async def receive(self, msg: object, ctx: EntityContext) -> object:
             return (ctx.lease_token, self.started)
 
-    async def setup(i: int, node: Node, sim: SimCluster) -> None:
+    async def setup(i: int, node: Node, sim: CounterSim) -> None:
         node.sharding.observe(lifetimes.observer(f"n{i}"))
         sim.regions[i] = await node.sharding.start(
             "Counter",
@@ -511,7 +513,7 @@ async def test_no_message_runs_once_the_lease_deadline_passed_even_before_it_is_
         async def receive(self, msg: object, ctx: EntityContext) -> object:
             return ctx.lease_token
 
-    async def setup(i: int, node: Node, sim: SimCluster) -> None:
+    async def setup(i: int, node: Node, sim: CounterSim) -> None:
         node.sharding.observe(lifetimes.observer(f"n{i}"))
         sim.regions[i] = await node.sharding.start(
             "Counter",
@@ -541,7 +543,7 @@ async def test_a_hand_off_releases_the_shard_lease_so_the_new_home_need_not_wait
     backend = MemoryLeaseBackend()
     lifetimes = History()
 
-    async def setup(i: int, node: Node, sim: SimCluster) -> None:
+    async def setup(i: int, node: Node, sim: CounterSim) -> None:
         node.sharding.observe(lifetimes.observer(f"n{i}"))
         await standard_setup(
             1, settings=ShardingSettings(use_lease=True, lease_retry_interval=30.0)
@@ -551,11 +553,11 @@ async def test_a_hand_off_releases_the_shard_lease_so_the_new_home_need_not_wait
         sim.lease_backend = backend
         await sim.start(1)
         await sim.all_up([1])
-        assert await sim.regions[1].entity_ref("e").ask(Read(), timeout=10) == ("n1", 0)
+        assert await sim.regions[1].entity_ref("e").ask(CounterRead(), timeout=10) == ("n1", 0)
         await sim.start(2)
         await sim.all_up([1, 2])
         await sim.graceful_leave(1)  # the shard moves to n2
-        assert await sim.regions[2].entity_ref("e").ask(Read(), timeout=10) == ("n2", 0)
+        assert await sim.regions[2].entity_ref("e").ask(CounterRead(), timeout=10) == ("n2", 0)
         first, second = lifetimes.incarnations["Counter/e"]
         assert first.node == "n1"
         assert second.node == "n2"
@@ -582,7 +584,7 @@ async def test_a_downed_node_gives_its_leases_back_and_a_crashed_one_cannot(
         sim.exit_when_terminated = True
         await sim.start_up([1, 2, 3])
         for k in range(40):
-            await sim.regions[1].entity_ref(f"e-{k}").ask(Read(), timeout=30)
+            await sim.regions[1].entity_ref(f"e-{k}").ask(CounterRead(), timeout=30)
         names = [f"sim-shard-Counter-{shard}" for shard in range(8)]
 
         async def held_by(i: int) -> set[str]:
@@ -613,7 +615,7 @@ async def test_the_coordinator_runs_under_its_lease_and_leases_need_a_backend(
         sim.lease_backend = backend
         await sim.start(1)
         await sim.all_up([1])
-        assert await sim.regions[1].entity_ref("e").ask(Read(), timeout=10) == ("n1", 0)
+        assert await sim.regions[1].entity_ref("e").ask(CounterRead(), timeout=10) == ("n1", 0)
         holder = await backend.holder("sim-singleton-sharding/Counter")
         assert holder is not None
         assert holder[0] == str(sim.nodes[1].address)

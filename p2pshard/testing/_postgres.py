@@ -28,9 +28,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import attrs
-import psycopg
 
-from .server_process import ServerProcess, free_port
+from ._ports import free_port
+from ._server_process import ServerProcess
 
 START_TIMEOUT = 30.0
 """Seconds initdb plus the server's start may take."""
@@ -186,6 +186,8 @@ def _start(bindir: Path, user: pwd.struct_passwd | None, *, fsync: bool) -> Post
 
 
 def _became_ready(server: PostgresServer, deadline: float) -> bool:
+    import psycopg  # only here: importing p2pshard.testing must not need the postgresql extra
+
     """True once the server accepts a connection, False if it exits first."""
     while not server.exited():
         if time.monotonic() > deadline:
@@ -213,6 +215,11 @@ def running_postgres(*, fsync: bool = True) -> Iterator[PostgresServer]:
     Raises:
         PostgresNotInstalled: the binaries (or, as root, the ``postgres`` user) are missing.
         RuntimeError: initdb failed or the server did not start; the message has its log.
+
+    Example:
+        >>> from p2pshard.testing import running_postgres
+        >>> with running_postgres(fsync=False) as pg:  # doctest: +SKIP
+        ...     journal = PostgresJournal(pg.dsn)
     """
     bindir, user = find_bindir(), _run_as()
     started: list[PostgresServer] = []

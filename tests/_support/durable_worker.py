@@ -1,7 +1,7 @@
 """One real node process driven line by line, for the durability tests.
 
-Run as ``python -m tests.crdt.durable_worker CONFIG``. It opens a node from the TOML file, prints
-``ready`` once the node is Up, then answers each command on stdin with one line on stdout:
+Run as ``python -m tests._support.durable_worker CONFIG``. It opens a node from the TOML file,
+prints ``ready`` once the node is Up, then answers each command on stdin with one line on stdout:
 
     put KEY FIELD VALUE local|majority|all    -> ok | error <ExceptionClass> <message>
     fill KEY FIELD SIZE local|majority|all    -> as put, with a value of SIZE "x"s

@@ -1,9 +1,10 @@
 """A simulated cluster running sharded entities, for the sharding scenario tests.
 
 Each node runs ``open_node`` over one :class:`SimNetwork` (``p2pshard.testing.SimCluster``), and
-starts the entity type ``Counter`` (or whatever the test passes). :class:`Journal` is the workload's
-checker: every ``Counter`` incarnation records the (sender, sequence number) pairs it handled,
-so a test can assert that no message was lost and that each sender's numbers arrived in order.
+starts the entity type ``Counter`` (or whatever the test passes). :class:`IncarnationLog` is the
+workload's checker: every ``Counter`` incarnation records the (sender, sequence number) pairs it
+handled, so a test can assert that no message was lost and that each sender's numbers arrived
+in order.
 """
 
 from __future__ import annotations
@@ -19,19 +20,17 @@ import trio
 from membership import LinkConditions
 from p2pshard import EntityContext, HashExtractor, Node, message, testing
 
-BOUND = testing.BOUND
-
 
 @message(name="tests.sharding.Add")
 @attrs.frozen(kw_only=True)
-class Add:
+class CounterAdd:
     sender: str
     seq: int
 
 
 @message(name="tests.sharding.Read")
 @attrs.frozen(kw_only=True)
-class Read:
+class CounterRead:
     pass
 
 
@@ -59,7 +58,6 @@ class StopNow:
     pass
 
 
-SIM_LEASES = testing.SIM_LEASES
 addr = testing.node_address
 
 
@@ -73,7 +71,7 @@ class Incarnation:
 
 
 @attrs.define
-class Journal:
+class IncarnationLog:
     """Every incarnation of every entity, and what each handled."""
 
     incarnations: list[Incarnation] = attrs.field(factory=list)
@@ -107,7 +105,7 @@ class Journal:
                 assert a.end <= b.start, f"{entity_id}: incarnations overlap: {a.node}, {b.node}"
 
 
-def counter_factory(journal: Journal, node: str) -> Callable[[EntityContext], Any]:
+def counter_factory(journal: IncarnationLog, node: str) -> Callable[[EntityContext], Any]:
     class Counter:
         def __init__(self, ctx: EntityContext) -> None:
             self.inc = Incarnation(node, ctx.entity_id, trio.current_time())
@@ -115,10 +113,10 @@ def counter_factory(journal: Journal, node: str) -> Callable[[EntityContext], An
 
         async def receive(self, msg: object, ctx: EntityContext) -> object:
             match msg:
-                case Add(sender=sender, seq=seq):
+                case CounterAdd(sender=sender, seq=seq):
                     self.inc.handled.append((sender, seq))
                     return len(self.inc.handled)
-                case Read():
+                case CounterRead():
                     return (node, len(self.inc.handled))
                 case Fail(text=text):
                     raise RuntimeError(text)
@@ -138,16 +136,16 @@ def counter_factory(journal: Journal, node: str) -> Callable[[EntityContext], An
 
 
 @attrs.define(eq=False)
-class SimCluster(testing.SimCluster):
+class CounterSim(testing.SimCluster):
     """The package's simulated cluster, plus the journal of the test counter below."""
 
-    journal: Journal = attrs.field(factory=Journal)
+    journal: IncarnationLog = attrs.field(factory=IncarnationLog)
 
 
 def standard_setup(
     number_of_shards: int = 10, **kwargs: Any
-) -> Callable[[int, Node, SimCluster], Awaitable[None]]:
-    async def setup(i: int, node: Node, sim: SimCluster) -> None:
+) -> Callable[[int, Node, CounterSim], Awaitable[None]]:
+    async def setup(i: int, node: Node, sim: CounterSim) -> None:
         sim.regions[i] = await node.sharding.start(
             "Counter",
             counter_factory(sim.journal, f"n{i}"),
@@ -160,10 +158,10 @@ def standard_setup(
 
 def sim_cluster(
     seed: int,
-    setup: Callable[[int, Node, SimCluster], Awaitable[None]] | None = None,
+    setup: Callable[[int, Node, CounterSim], Awaitable[None]] | None = None,
     *,
     conditions: LinkConditions | None = None,
-) -> AbstractAsyncContextManager[SimCluster]:
+) -> AbstractAsyncContextManager[CounterSim]:
     return testing.simulated_cluster_of(
-        SimCluster, seed, setup or standard_setup(), links=conditions
+        CounterSim, seed, setup or standard_setup(), links=conditions
     )

@@ -44,7 +44,7 @@ def config(
 
 
 @attrs.define
-class Cluster:
+class ReplicatorCluster:
     """Nodes n1..nN on one simulated network; ``start``/``stop``/``crash`` by number."""
 
     net: SimNetwork
@@ -127,12 +127,12 @@ async def cluster(
     *,
     conditions: LinkConditions | None = None,
     sbr: SplitBrainResolverSettings | None = None,
-) -> AsyncIterator[Cluster]:
+) -> AsyncIterator[ReplicatorCluster]:
     net = SimNetwork(
         seed, conditions=conditions or LinkConditions(delay_min=0.001, delay_max=0.005)
     )
     async with trio.open_nursery() as nursery:
-        yield Cluster(
+        yield ReplicatorCluster(
             net,
             nursery,
             seed,

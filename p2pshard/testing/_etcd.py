@@ -28,7 +28,8 @@ import attrs
 import httpx
 import trio
 
-from .server_process import ServerProcess, free_port
+from ._ports import free_port
+from ._server_process import ServerProcess
 
 START_TIMEOUT = 15.0
 """Seconds etcd may take to answer ``/health`` after it was started."""
@@ -237,7 +238,17 @@ async def start_etcd(tmp_path: Path) -> AsyncIterator[EtcdServer]:
 
 @contextmanager
 def running_etcd(tmp_path: Path) -> Iterator[EtcdServer]:
-    """:func:`start_etcd` for synchronous code such as a module-scoped pytest fixture."""
+    """:func:`start_etcd` for synchronous code such as a module-scoped pytest fixture.
+
+    Raises:
+        EtcdNotInstalled: the binary is missing.
+        RuntimeError: etcd did not become healthy; the message has the end of its log.
+
+    Example:
+        >>> from p2pshard.testing import running_etcd
+        >>> with running_etcd(tmp_path) as etcd:  # doctest: +SKIP
+        ...     backend = EtcdLeaseBackend([etcd.url])
+    """
     started: list[EtcdServer] = []
     try:
         with httpx.Client(timeout=1.0, trust_env=False) as client:

@@ -1,6 +1,6 @@
 """One process appending to a shared stream, for the journal kit's many-process test.
 
-Run as ``python -m tests.p2pshard.journal_worker BACKEND WHERE PERSISTENCE_ID WORKER COUNT OUT``:
+Run as ``python -m tests._support.journal_worker BACKEND WHERE PERSISTENCE_ID WORKER COUNT OUT``:
 BACKEND is ``sqlite`` (WHERE a file) or ``postgresql`` (WHERE a connection string). The worker
 appends COUNT events ``<WORKER>-<i>`` to PERSISTENCE_ID, one at a time: it recovers to learn
 the highest sequence number, appends after it, and on :class:`p2pshard.JournalConflict` (another

@@ -1,18 +1,9 @@
-"""What the fixtures that start a real server process (etcd, PostgreSQL) share."""
+"""What the helpers that start a real server process (etcd, PostgreSQL) share."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 from pathlib import Path
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class ServerProcess:

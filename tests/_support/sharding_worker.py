@@ -1,6 +1,6 @@
 """One real node process running sharded ``Counter`` entities with remember-entities.
 
-Run as ``python -m tests.p2pshard.sharding_worker CONFIG``. The config's replicator must keep
+Run as ``python -m tests._support.sharding_worker CONFIG``. The config's replicator must keep
 ``sharding/*`` in its durable store (``tests/p2pshard/test_remember_processes.py`` writes such
 configs). The worker opens a node, waits until it is Up, starts the entity type ``Counter``
 (``remember_entities=True``, 20 shards), prints ``ready``, then answers each command on stdin
@@ -42,7 +42,7 @@ from p2pshard import (
     open_node,
 )
 from p2pshard.sharding._remember import entities_key
-from tests.crdt.durable_worker import Lines, answer, is_up
+from tests._support.durable_worker import Lines, answer, is_up
 
 TYPE_NAME = "Counter"
 SHARDS = 20

@@ -1,6 +1,6 @@
 """One process competing for a lease, for the conformance kit's many-process exclusion test.
 
-Run as ``python -m tests.p2pshard.lease_worker BACKEND WHERE NAME OWNER ROUNDS OUT``: BACKEND is
+Run as ``python -m tests._support.lease_worker BACKEND WHERE NAME OWNER ROUNDS OUT``: BACKEND is
 ``sqlite`` (WHERE a file) or ``etcd`` (WHERE a client URL). Each round the worker asks for the
 lease until it is granted (bounded by ``ROUND_LIMIT``), holds it for a few milliseconds while
 ``check()`` is true, and releases it. It appends one line per hold to OUT:

@@ -1,6 +1,6 @@
 """A process that holds a lease and writes with its fencing token, for the SIGSTOP fencing test.
 
-Run as ``python -m tests.p2pshard.fencing_worker LEASE_DB STORE_DB OWNER``. It takes the lease
+Run as ``python -m tests._support.fencing_worker LEASE_DB STORE_DB OWNER``. It takes the lease
 ``fenced`` in the SQLite lease file LEASE_DB, prints ``granted <token>``, and then answers each
 line on stdin:
 
