@@ -10,7 +10,7 @@ How to run it (from the project root)::
 
 Everything runs in this process, on 127.0.0.1: the SQLite file and the node's files live in a
 temporary directory that is removed at the end; etcd is a real single-member server
-(``tests/p2pshard/etcd_server.py``: fresh ports, a temporary data directory, a 100 ms election
+(``p2pshard.testing.running_etcd``: fresh ports, a temporary data directory, a 100 ms election
 timeout) that this benchmark starts and stops, on every exit path. Every figure is beside a
 baseline measured in the same run, and a ratio is the median of per-round ratios, each from a
 pair measured back to back (this shared machine's speed drifts).
@@ -112,7 +112,7 @@ from p2pshard.leases._etcd import EtcdLeaseBackend  # noqa: E402
 from p2pshard.leases._lease import Lease, LeaseBackend  # noqa: E402
 from p2pshard.leases._sqlite import SqliteLeaseBackend  # noqa: E402
 from p2pshard.sharding._region import ShardRegion  # noqa: E402
-from tests.p2pshard.etcd_server import EtcdNotInstalled, running_etcd  # noqa: E402
+from p2pshard.testing import EtcdNotInstalled, running_etcd  # noqa: E402
 
 HOST = "127.0.0.1"
 OWNER = "127.0.0.1:25520"

@@ -9,7 +9,7 @@ How to run it (from the project root)::
 (``python benchmarks/persistence.py`` works too.) Progress lines go to stderr unless ``--json``.
 
 Everything runs in this process, on this machine: the SQLite files live in a temporary
-directory; PostgreSQL is a real server (``tests/p2pshard/postgres_server.py``: initdb into a
+directory; PostgreSQL is a real server (``p2pshard.testing.running_postgres``: initdb into a
 temporary directory, a free port on 127.0.0.1, fsync on as in production) that this benchmark
 starts and stops. Each event is 100 bytes, one event per append, as an entity's ``persist`` makes.
 
@@ -62,7 +62,7 @@ import trio  # noqa: E402
 
 from benchmarks._report import quantiles_ms  # noqa: E402
 from p2pshard import Journal, PostgresJournal, SqliteJournal  # noqa: E402
-from tests.p2pshard.postgres_server import PostgresNotInstalled, running_postgres  # noqa: E402
+from p2pshard.testing import PostgresNotInstalled, running_postgres  # noqa: E402
 
 EVENT = b"e" * 100
 TASKS = 16

@@ -80,6 +80,12 @@ from ._fanout import room_members as room_members
 from ._history import History as History
 from ._history import Sent as Sent
 from ._history import Span as Span
+from ._journal_kit import JOURNAL_CHECKS as JOURNAL_CHECKS
+from ._journal_kit import check_journal as check_journal
+from ._lease_kit import KIT_LEASE_SETTINGS as KIT_LEASE_SETTINGS
+from ._lease_kit import LEASE_CHECKS as LEASE_CHECKS
+from ._lease_kit import CutOff as CutOff
+from ._lease_kit import check_lease_backend as check_lease_backend
 from ._ports import free_port as free_port
 from ._ports import free_port_block as free_port_block
 from ._postgres import PostgresNotInstalled as PostgresNotInstalled
