@@ -1,11 +1,15 @@
-"""What the benchmark scripts share to report: quantiles, JSON without NaN, table cells, progress,
-and running a whole benchmark to a printed report.
+"""What the benchmark scripts share to report: median and percentiles, JSON without NaN, table
+cells, progress, and running a whole benchmark to a printed report.
+
+Every script is a module of the ``benchmarks`` package, run from the project root as
+``python -m benchmarks.NAME``; none edits ``sys.path``.
 
 A figure that could not be had is NaN in the report, ``-`` in a table and null in JSON.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import signal
@@ -16,20 +20,45 @@ from collections.abc import Callable
 from typing import Any
 
 
+def benchmark_parser(doc: str | None, *, quick: str) -> argparse.ArgumentParser:
+    """The arguments every benchmark takes: ``--quick`` (its help says what it cuts) and ``--json``.
+
+    The description is the first line of the script's docstring ``doc``.
+    """
+    parser = argparse.ArgumentParser(description=doc.split("\n", 1)[0] if doc else None)
+    parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser
+
+
 def progress_line(enabled: bool, text: str) -> None:
     """One progress line on stderr."""
     if enabled:
         print(text, file=sys.stderr, flush=True)
 
 
+def median(samples: list[float]) -> float:
+    """The median, NaN for no samples."""
+    return statistics.median(samples) if samples else math.nan
+
+
+def p99(samples: list[float]) -> float:
+    """The 99th percentile (the inclusive method, interpolated), NaN for no samples."""
+    if not samples:
+        return math.nan
+    if len(samples) == 1:
+        return samples[0]
+    return statistics.quantiles(samples, n=100, method="inclusive")[98]
+
+
 def quantiles_ms(samples: list[float]) -> dict[str, float]:
     """p50 and p99 of ``samples`` (seconds) in milliseconds; NaN for no samples."""
-    if not samples:
-        return {"p50_ms": math.nan, "p99_ms": math.nan}
-    if len(samples) == 1:
-        return {"p50_ms": samples[0] * 1e3, "p99_ms": samples[0] * 1e3}
-    cuts = statistics.quantiles(samples, n=100, method="inclusive")
-    return {"p50_ms": statistics.median(samples) * 1e3, "p99_ms": cuts[98] * 1e3}
+    return {"p50_ms": median(samples) * 1e3, "p99_ms": p99(samples) * 1e3}
+
+
+def quantiles_us(samples: list[float]) -> dict[str, float]:
+    """p50 and p99 of ``samples`` (seconds) in microseconds; NaN for no samples."""
+    return {"p50_us": median(samples) * 1e6, "p99_us": p99(samples) * 1e6}
 
 
 def json_safe(value: Any) -> Any:

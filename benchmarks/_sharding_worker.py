@@ -39,6 +39,7 @@ import attrs
 import trio
 
 from benchmarks import transport as transport_bench
+from benchmarks._report import quantiles_us
 from membership import Address
 from membership._member import MemberStatus
 from membership.transport._tcp import open_tcp_transport
@@ -165,12 +166,7 @@ def latency_summary(samples: list[float]) -> dict[str, float]:
     if len(samples) == 1:
         only = samples[0] * 1e6
         return {"p50_us": only, "p99_us": only, "mean_us": only}
-    cuts = statistics.quantiles(samples, n=100, method="inclusive")
-    return {
-        "p50_us": cuts[49] * 1e6,
-        "p99_us": cuts[98] * 1e6,
-        "mean_us": statistics.fmean(samples) * 1e6,
-    }
+    return {**quantiles_us(samples), "mean_us": statistics.fmean(samples) * 1e6}
 
 
 def rss_bytes() -> int:

@@ -6,7 +6,7 @@ How to run it (from the project root)::
     .venv/bin/python -m benchmarks.chat --quick    # smaller counts, under a minute
     .venv/bin/python -m benchmarks.chat --json     # one JSON object instead of the table
 
-(``python benchmarks/chat.py`` works too.) Progress lines go to stderr unless ``--json``.
+Progress lines go to stderr unless ``--json``.
 
 Ours: the chat example as ``scripts/run-chat.sh`` runs it (:class:`ChatCluster`: three node
 processes on 127.0.0.1, TLS between them, the SQLite journal and lease file in a temporary
@@ -38,35 +38,28 @@ stopped and the temporary directory removed.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import json
+import os
+import select
+import statistics
+import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-# Run as a script, Python puts this directory first on sys.path, where benchmarks/membership.py
-# would shadow the membership package: take it out, and put the project root in its place.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-sys.path.insert(0, str(_HERE.parent))
+import attrs
+import trio
+import trio_websocket
 
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import select  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from typing import Any  # noqa: E402
-
-import attrs  # noqa: E402
-import trio  # noqa: E402
-import trio_websocket  # noqa: E402
-
-from benchmarks._process import ROOT, BenchmarkError  # noqa: E402
-from benchmarks._report import cell, progress_line, quantiles_ms, run_and_print  # noqa: E402
-from examples.chat.client import ChatClient, open_chat_client  # noqa: E402
-from examples.chat.cluster import ChatCluster, free_base_port  # noqa: E402
+from benchmarks._process import ROOT, BenchmarkError
+from benchmarks._report import benchmark_parser, cell, progress_line, quantiles_ms, run_and_print
+from examples.chat.client import ChatClient, open_chat_client
+from examples.chat.cluster import ChatCluster, free_base_port
 
 HOST = "127.0.0.1"
 NODES = 3
@@ -451,9 +444,7 @@ def format_table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the arguments, run the benchmark, print the table or the JSON."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="smaller counts; under a minute")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser = benchmark_parser(__doc__, quick="smaller counts; under a minute")
     parser.add_argument("--baseline-server", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.baseline_server:

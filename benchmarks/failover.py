@@ -7,7 +7,7 @@ How to run it (from the project root, as root: it builds network namespaces)::
     .venv/bin/python -m benchmarks.failover --json     # one JSON object instead of the table
     .venv/bin/python -m benchmarks.failover --dir D    # keep the node logs and histories in D
 
-(``python benchmarks/failover.py`` works too.) Progress lines go to stderr unless ``--json``.
+Progress lines go to stderr unless ``--json``.
 ``--profiles fast-lan`` measures one profile, ``--faults N --leaves N`` change the counts. The
 exit status is 1 when an entity ran twice at once (a double activation) or a measurement failed.
 Without root (or with ``--loopback``) every node runs on 127.0.0.1 instead, and every fault is a
@@ -84,48 +84,38 @@ benchmark with an error naming it (the data directory is then kept, and named).
 
 from __future__ import annotations
 
+import contextlib
+import io
+import math
+import os
+import shutil
 import sys
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-# Run as a script, Python puts this directory first on sys.path, where benchmarks/membership.py
-# would shadow the membership package: take it out, and put the project root in its place so
-# the benchmarks package can be imported.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-sys.path.insert(0, str(_HERE.parent))
+import attrs
+import trio
 
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import io  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import shutil  # noqa: E402
-import statistics  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
-from typing import Any  # noqa: E402
-
-import attrs  # noqa: E402
-import trio  # noqa: E402
-
-from benchmarks._process import BenchmarkError  # noqa: E402
-from benchmarks._report import cell, progress_line, run_and_print  # noqa: E402
-from membership import SplitBrainResolverSettings, TransportSettings  # noqa: E402
-from membership._cluster_core import ClusterSettings  # noqa: E402
-from membership._failure_detector import FailureDetectorSettings  # noqa: E402
-from p2pshard import FAST_LAN, FailoverProfile, LeaseSettings  # noqa: E402
-from p2pshard.testing import check_history, check_single_activation  # noqa: E402
-from p2pshard.testing._netns import netns_unavailable  # noqa: E402
-from p2pshard.testing._netns_cluster import (  # noqa: E402
+from benchmarks._process import BenchmarkError
+from benchmarks._report import benchmark_parser, cell, median, p99, progress_line, run_and_print
+from membership import SplitBrainResolverSettings, TransportSettings
+from membership._cluster_core import ClusterSettings
+from membership._failure_detector import FailureDetectorSettings
+from p2pshard import FAST_LAN, FailoverProfile, LeaseSettings
+from p2pshard.testing import check_history, check_single_activation
+from p2pshard.testing._netns import netns_unavailable
+from p2pshard.testing._netns_cluster import (
     NetnsCluster,
     NetnsClusterSettings,
     NetnsTimeout,
     check_single_cluster,
     open_netns_cluster,
 )
-from p2pshard.testing._real_node import probe_entities  # noqa: E402
-from p2pshard.testing._workload import COUNTER  # noqa: E402
+from p2pshard.testing._real_node import probe_entities
+from p2pshard.testing._workload import COUNTER
 
 NODES = 5
 VICTIMS = (2, 3, 4, 5)
@@ -475,20 +465,6 @@ async def measure_profile(
 # ==== the report =================================================================================
 
 
-def p99(samples: list[float]) -> float:
-    """The 99th percentile (inclusive method), NaN for none."""
-    if not samples:
-        return math.nan
-    if len(samples) == 1:
-        return samples[0]
-    return statistics.quantiles(samples, n=100, method="inclusive")[98]
-
-
-def median(samples: list[float]) -> float:
-    """The median, NaN for none."""
-    return statistics.median(samples) if samples else math.nan
-
-
 def summary(samples: list[float]) -> dict[str, Any]:
     """Count, p50, p99 and max of ``samples`` (seconds)."""
     return {
@@ -720,9 +696,7 @@ def format_table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the arguments, run the benchmark, print the table or the JSON."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="2 faults and 1 leave a profile")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser = benchmark_parser(__doc__, quick="2 faults and 1 leave a profile")
     parser.add_argument("--dir", type=Path, help="keep the node logs and histories here")
     parser.add_argument(
         "--profiles",

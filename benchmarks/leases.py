@@ -6,7 +6,7 @@ How to run it (from the project root)::
     .venv/bin/python -m benchmarks.leases --quick    # smaller counts, under a minute
     .venv/bin/python -m benchmarks.leases --json     # one JSON object instead of the table
 
-(``python benchmarks/leases.py`` works too.) Progress lines go to stderr unless ``--json``.
+Progress lines go to stderr unless ``--json``.
 
 Everything runs in this process, on 127.0.0.1: the SQLite file and the node's files live in a
 temporary directory that is removed at the end; etcd is a real single-member server
@@ -68,38 +68,36 @@ benchmark with an error naming it.
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import logging
+import math
+import os
+import sqlite3
+import statistics
 import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
-# Run as a script, Python puts this directory first on sys.path, where benchmarks/membership.py
-# would shadow the membership package: take it out, and put the project root in its place so
-# the benchmarks package can be imported.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-sys.path.insert(0, str(_HERE.parent))
+import attrs
+import httpx
+import trio
 
-import argparse  # noqa: E402
-import base64  # noqa: E402
-import contextlib  # noqa: E402
-import logging  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import sqlite3  # noqa: E402
-import statistics  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator  # noqa: E402
-from typing import Any  # noqa: E402
-
-import attrs  # noqa: E402
-import httpx  # noqa: E402
-import trio  # noqa: E402
-
-from benchmarks import _sharding_worker as worker  # noqa: E402
-from benchmarks import transport as transport_bench  # noqa: E402
-from benchmarks._process import BenchmarkError  # noqa: E402
-from benchmarks._report import cell, progress_line, quantiles_ms, run_and_print  # noqa: E402
-from p2pshard import (  # noqa: E402
+from benchmarks import _sharding_worker as worker
+from benchmarks import transport as transport_bench
+from benchmarks._process import BenchmarkError
+from benchmarks._report import (
+    benchmark_parser,
+    cell,
+    median,
+    progress_line,
+    quantiles_ms,
+    run_and_print,
+)
+from p2pshard import (
     HashExtractor,
     LeaseSettings,
     NodeConfig,
@@ -107,12 +105,12 @@ from p2pshard import (  # noqa: E402
     TlsFiles,
     open_node,
 )
-from p2pshard._errors import AskTimeout, LeaseUnavailable  # noqa: E402
-from p2pshard.leases._etcd import EtcdLeaseBackend  # noqa: E402
-from p2pshard.leases._lease import Lease, LeaseBackend  # noqa: E402
-from p2pshard.leases._sqlite import SqliteLeaseBackend  # noqa: E402
-from p2pshard.sharding._region import ShardRegion  # noqa: E402
-from p2pshard.testing import EtcdNotInstalled, running_etcd  # noqa: E402
+from p2pshard._errors import AskTimeout, LeaseUnavailable
+from p2pshard.leases._etcd import EtcdLeaseBackend
+from p2pshard.leases._lease import Lease, LeaseBackend
+from p2pshard.leases._sqlite import SqliteLeaseBackend
+from p2pshard.sharding._region import ShardRegion
+from p2pshard.testing import EtcdNotInstalled, running_etcd
 
 HOST = "127.0.0.1"
 OWNER = "127.0.0.1:25520"
@@ -180,11 +178,6 @@ def make_plan(*, quick: bool) -> Plan:
 def ms(seconds: float) -> float:
     """Seconds in milliseconds."""
     return seconds * 1e3
-
-
-def median(values: list[float]) -> float:
-    """The median, NaN for no values."""
-    return statistics.median(values) if values else math.nan
 
 
 @contextlib.contextmanager
@@ -1156,9 +1149,7 @@ def format_table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the arguments, run the benchmark, print the table or the JSON."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="smaller counts; under a minute")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser = benchmark_parser(__doc__, quick="smaller counts; under a minute")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING,

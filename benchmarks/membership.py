@@ -2,13 +2,13 @@
 
 How to run it (from the project root)::
 
-    .venv/bin/python benchmarks/membership.py            # full run (N up to 200), ~25 min
-    .venv/bin/python benchmarks/membership.py --quick    # N = 5 and 25 only, under 60 s
-    .venv/bin/python benchmarks/membership.py --json     # one JSON object instead of the table
-    .venv/bin/python benchmarks/membership.py --max-n 100  # full run without the N = 200 cluster
-    .venv/bin/python benchmarks/membership.py --json-file out.json  # the table, and the JSON too
+    .venv/bin/python -m benchmarks.membership            # full run (N up to 200), ~25 min
+    .venv/bin/python -m benchmarks.membership --quick    # N = 5 and 25 only, under 60 s
+    .venv/bin/python -m benchmarks.membership --json     # one JSON object instead of the table
+    .venv/bin/python -m benchmarks.membership --max-n 100  # full run without the N = 200 cluster
+    .venv/bin/python -m benchmarks.membership --json-file out.json  # the table, and the JSON too
 
-(``python -m benchmarks.membership`` works too.) Progress lines go to stderr unless ``--json``.
+Progress lines go to stderr unless ``--json``.
 
 Everything runs on ``trio.testing.MockClock(autojump_threshold=0)`` over ``membership.SimNetwork``
 (links delay every frame uniformly by 1-5 ms, nothing is lost unless a scenario cuts a link), with
@@ -68,31 +68,23 @@ full run about 25 minutes, ``--quick`` about 40 s.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if __name__ == "__main__":
-    # Run as a script, this file's directory comes first on sys.path, and this module, named
-    # membership, would shadow the membership package it benchmarks.
-    _here = Path(__file__).resolve().parent
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
-    sys.path.insert(0, str(_here.parent))
-
-import argparse
 import json
 import logging
 import math
 import random
 import signal
 import statistics
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
 import trio
 import trio.testing
 
+from benchmarks._report import benchmark_parser
 from membership import (
     Address,
     LinkConditions,
@@ -1158,9 +1150,7 @@ def format_table(report: dict[str, Any], plan: Plan) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the arguments, run the benchmark, print the tables or the JSON."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="N = 5 and 25 only; under 60 s")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser = benchmark_parser(__doc__, quick="N = 5 and 25 only; under 60 s")
     parser.add_argument(
         "--max-n", type=int, default=200, help="leave out clusters larger than this (default 200)"
     )

@@ -6,7 +6,7 @@ How to run it (from the project root)::
     .venv/bin/python -m benchmarks.persistence --quick    # smaller counts, well under a minute
     .venv/bin/python -m benchmarks.persistence --json     # one JSON object instead of the table
 
-(``python benchmarks/persistence.py`` works too.) Progress lines go to stderr unless ``--json``.
+Progress lines go to stderr unless ``--json``.
 
 Everything runs in this process, on this machine: the SQLite files live in a temporary
 directory; PostgreSQL is a real server (``p2pshard.testing.running_postgres``: initdb into a
@@ -33,36 +33,28 @@ sequence checks) and, for PostgreSQL, the extra round trips of those statements.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import json
+import math
+import os
+import sqlite3
+import statistics
 import sys
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
-# Run as a script, Python puts this directory first on sys.path, where benchmarks/membership.py
-# would shadow the membership package: take it out, and put the project root in its place.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-sys.path.insert(0, str(_HERE.parent))
+import attrs
+import psycopg
+import trio
 
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import itertools  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import sqlite3  # noqa: E402
-import statistics  # noqa: E402
-import tempfile  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Awaitable, Callable, Iterator  # noqa: E402
-from typing import Any  # noqa: E402
-
-import attrs  # noqa: E402
-import psycopg  # noqa: E402
-import trio  # noqa: E402
-
-from benchmarks._report import quantiles_ms  # noqa: E402
-from p2pshard import Journal, PostgresJournal, SqliteJournal  # noqa: E402
-from p2pshard.testing import PostgresNotInstalled, running_postgres  # noqa: E402
+from benchmarks._report import benchmark_parser, quantiles_ms
+from p2pshard import Journal, PostgresJournal, SqliteJournal
+from p2pshard.testing import PostgresNotInstalled, running_postgres
 
 EVENT = b"e" * 100
 TASKS = 16
@@ -357,9 +349,7 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="smaller counts")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser = benchmark_parser(__doc__, quick="smaller counts")
     args = parser.parse_args(argv)
     report = run_all(make_plan(quick=args.quick), show=not args.json)
     print(json.dumps(report, indent=2) if args.json else format_table(report))

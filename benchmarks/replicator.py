@@ -2,15 +2,15 @@
 
 How to run it (from the project root)::
 
-    .venv/bin/python benchmarks/replicator.py            # full run, about 5 minutes
-    .venv/bin/python benchmarks/replicator.py --quick    # smaller counts, about a minute
-    .venv/bin/python benchmarks/replicator.py --json     # one JSON object instead of the table
-    .venv/bin/python benchmarks/replicator.py --quick --profile /tmp/prof
+    .venv/bin/python -m benchmarks.replicator            # full run, about 5 minutes
+    .venv/bin/python -m benchmarks.replicator --quick    # smaller counts, about a minute
+    .venv/bin/python -m benchmarks.replicator --json     # one JSON object instead of the table
+    .venv/bin/python -m benchmarks.replicator --quick --profile /tmp/prof
         # also cProfile every node process during each measured step, into
         # /tmp/prof/<cluster>-<step>-node-<i>.prof (read with: python -m pstats FILE); profiling
         # slows the nodes, so the figures printed in that mode are not comparable with normal runs
 
-(``python -m benchmarks.replicator`` works too.) Progress lines go to stderr unless ``--json``.
+Progress lines go to stderr unless ``--json``.
 
 Every node is its own OS process (this file run with ``--worker CONFIG``) running
 ``p2pshard.open_node`` with mutual TLS 1.3 on 127.0.0.1, with certificates and TOML files written
@@ -58,45 +58,37 @@ killed on every exit path (Ctrl-C included), and end by themselves when this pro
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import cProfile
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
-# Run as a script, Python puts this directory first on sys.path, where benchmarks/membership.py
-# would shadow the membership package: take it out, and put the project root in its place so
-# benchmarks.transport can be imported (its ping-pong is the baseline).
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-sys.path.insert(0, str(_HERE.parent))
+import attrs
+import pycrdt
+import trio
 
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import cProfile  # noqa: E402
-import hashlib  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import multiprocessing  # noqa: E402
-import os  # noqa: E402
-import random  # noqa: E402
-import signal  # noqa: E402
-import socket  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable, Iterator, Sequence  # noqa: E402
-from typing import Any  # noqa: E402
-
-import attrs  # noqa: E402
-import pycrdt  # noqa: E402
-import trio  # noqa: E402
-
-from benchmarks import transport as transport_bench  # noqa: E402
-from benchmarks._process import BenchmarkError, CommandProcess  # noqa: E402
-from benchmarks._report import progress_line  # noqa: E402
-from crdt import ReplicationError, WriteLocal, WriteMajority  # noqa: E402
-from membership import MemberStatus  # noqa: E402
-from p2pshard import Node, NodeConfig, open_node  # noqa: E402
-from p2pshard.cli._localcluster import LocalCluster  # noqa: E402
+from benchmarks import transport as transport_bench
+from benchmarks._process import BenchmarkError, CommandProcess
+from benchmarks._report import benchmark_parser, progress_line, quantiles_us
+from crdt import ReplicationError, WriteLocal, WriteMajority
+from membership import MemberStatus
+from p2pshard import Node, NodeConfig, open_node
+from p2pshard.cli._localcluster import LocalCluster
 
 CLUSTER = "bench"
 HOST = "127.0.0.1"
@@ -171,7 +163,7 @@ def latency_us(samples: Sequence[float]) -> dict[str, float | None]:
     if len(samples) < 2:
         only = samples[0] * 1e6 if samples else None
         return {"p50_us": only, "p99_us": only}
-    cuts = transport_bench._latency(list(samples))
+    cuts = quantiles_us(list(samples))
     return {"p50_us": cuts["p50_us"], "p99_us": cuts["p99_us"]}
 
 
@@ -1104,9 +1096,7 @@ def format_table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the arguments, run the benchmark (or one node), print the table or the JSON."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="smaller counts; about a minute")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser = benchmark_parser(__doc__, quick="smaller counts; about a minute")
     parser.add_argument(
         "--profile", type=Path, help="cProfile the node processes of each step into this directory"
     )

@@ -2,15 +2,15 @@
 
 How to run it (from the project root)::
 
-    .venv/bin/python benchmarks/sharding.py            # full run, a few minutes
-    .venv/bin/python benchmarks/sharding.py --quick    # smaller counts, well under a minute
-    .venv/bin/python benchmarks/sharding.py --json     # one JSON object instead of the table
-    .venv/bin/python benchmarks/sharding.py --quick --profile /tmp/prof
+    .venv/bin/python -m benchmarks.sharding            # full run, a few minutes
+    .venv/bin/python -m benchmarks.sharding --quick    # smaller counts, well under a minute
+    .venv/bin/python -m benchmarks.sharding --json     # one JSON object instead of the table
+    .venv/bin/python -m benchmarks.sharding --quick --profile /tmp/prof
         # also cProfile the node processes during the measured steps, into /tmp/prof/*.prof
         # (read with: python -m pstats FILE); profiling slows them, so the figures printed in
         # that mode are not comparable with normal runs
 
-(``python -m benchmarks.sharding`` works too.) Progress lines go to stderr unless ``--json``.
+Progress lines go to stderr unless ``--json``.
 
 Node processes are ``benchmarks/_sharding_worker.py`` (one ``p2pshard.open_node`` each, mutual
 TLS 1.3 on 127.0.0.1 with certificates made for the run, default settings unless said), driven by
@@ -71,49 +71,39 @@ killed on every exit path (Ctrl-C included), and end by themselves when this pro
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
+import math
+import os
+import random
+import signal
+import statistics
+import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
-# Run as a script, Python puts this directory first on sys.path, where benchmarks/membership.py
-# would shadow the membership package: take it out, and put the project root in its place so
-# the benchmarks package can be imported.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-sys.path.insert(0, str(_HERE.parent))
+import attrs
+import trio
+import trio.testing
 
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import random  # noqa: E402
-import signal  # noqa: E402
-import socket  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable, Iterator  # noqa: E402
-from typing import Any  # noqa: E402
-
-import attrs  # noqa: E402
-import trio  # noqa: E402
-import trio.testing  # noqa: E402
-
-from benchmarks import _sharding_worker as worker  # noqa: E402
-from benchmarks import transport as transport_bench  # noqa: E402
-from benchmarks._process import BenchmarkError, CommandProcess  # noqa: E402
-from benchmarks._report import progress_line  # noqa: E402
-from membership import (  # noqa: E402
+from benchmarks import _sharding_worker as worker
+from benchmarks import transport as transport_bench
+from benchmarks._process import BenchmarkError, CommandProcess
+from benchmarks._report import benchmark_parser, progress_line
+from membership import (
     Address,
     LinkConditions,
     SimNetwork,
     deterministic_scheduling,
 )
-from membership._member import MemberStatus  # noqa: E402
-from membership.transport import _wire  # noqa: E402
-from p2pshard import (  # noqa: E402
+from membership._member import MemberStatus
+from membership.transport import _wire
+from p2pshard import (
     HashExtractor,
     LeastShardAllocationStrategy,
     Node,
@@ -122,9 +112,10 @@ from p2pshard import (  # noqa: E402
     TlsFiles,
     open_node,
 )
-from p2pshard.sharding._extractor import stable_shard  # noqa: E402
-from p2pshard.sharding._protocol import EntityDelivery  # noqa: E402
-from p2pshard.sharding._region import ShardRegion  # noqa: E402
+from p2pshard.sharding._extractor import stable_shard
+from p2pshard.sharding._protocol import EntityDelivery
+from p2pshard.sharding._region import ShardRegion
+from p2pshard.testing import free_port
 
 HOST = worker.HOST
 LOCAL_SHARDS = 100
@@ -209,14 +200,6 @@ def make_plan(*, quick: bool, seed: int | None) -> Plan:
         step_timeout=60.0 if quick else 180.0,
         lifetime=300.0 if quick else 1200.0,
     )
-
-
-def free_port() -> int:
-    """A port on 127.0.0.1 that is free now (checked, not reserved)."""
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        port: int = probe.getsockname()[1]
-    return port
 
 
 def paired_median(numerators: list[float], denominators: list[float]) -> float:
@@ -1078,9 +1061,7 @@ def format_table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the arguments, run the benchmark, print the table or the JSON."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="smaller counts; under a minute")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser = benchmark_parser(__doc__, quick="smaller counts; under a minute")
     parser.add_argument(
         "--seed", type=int, help="seed of the simulated rebalance (default: 1 quick, 1-5 full)"
     )

@@ -2,10 +2,10 @@
 
 How to run it (from the project root)::
 
-    .venv/bin/python benchmarks/transport.py            # full run, a few minutes
-    .venv/bin/python benchmarks/transport.py --quick    # smaller counts, under 60 s
-    .venv/bin/python benchmarks/transport.py --json     # one JSON object instead of the table
-    .venv/bin/python benchmarks/transport.py --quick --profile /tmp/prof
+    .venv/bin/python -m benchmarks.transport            # full run, a few minutes
+    .venv/bin/python -m benchmarks.transport --quick    # smaller counts, under 60 s
+    .venv/bin/python -m benchmarks.transport --json     # one JSON object instead of the table
+    .venv/bin/python -m benchmarks.transport --quick --profile /tmp/prof
         # also cProfile every child process into /tmp/prof/<run>-<impl>-<workload>-<role>.prof
         # (read with: python -m pstats FILE); profiling slows both sides, so the rates printed
         # in that mode are not comparable with normal runs
@@ -60,7 +60,6 @@ Ours can pass 1.0 where its leaner TLS layer saves more than its envelope and qu
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import json
 import logging
@@ -79,18 +78,15 @@ from multiprocessing.context import SpawnContext, SpawnProcess
 from pathlib import Path
 from typing import Any, Literal
 
-# Run as a script, Python puts this directory first on sys.path, where benchmarks/membership.py
-# would shadow the membership package: take it out before importing the project.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+import attrs
+import msgpack
+import trio
 
-import attrs  # noqa: E402
-import msgpack  # noqa: E402
-import trio  # noqa: E402
-
-from membership import Address, Envelope, UniqueAddress, message  # noqa: E402
-from membership.transport._certs import create_cluster_ca, create_node_certificate  # noqa: E402
-from membership.transport._tcp import open_tcp_transport  # noqa: E402
-from membership.transport._tls import TlsIdentity  # noqa: E402
+from benchmarks._report import benchmark_parser, quantiles_us
+from membership import Address, Envelope, UniqueAddress, message
+from membership.transport._certs import create_cluster_ca, create_node_certificate
+from membership.transport._tcp import open_tcp_transport
+from membership.transport._tls import TlsIdentity
 
 CLUSTER = "bench"
 SERVER_NODE = "bench-server"
@@ -478,8 +474,9 @@ async def ceiling_pingpong_client(job: Job, ready: Callable[[int], None]) -> dic
 
 
 def _latency(rtts: list[float]) -> dict[str, float]:
-    cuts = statistics.quantiles(rtts, n=100, method="inclusive")
-    return {"p50_us": cuts[49] * 1e6, "p99_us": cuts[98] * 1e6}
+    if len(rtts) < 2:
+        raise statistics.StatisticsError("must have at least two data points")
+    return quantiles_us(rtts)
 
 
 RoleFunction = Callable[[Job, Callable[[int], None]], Awaitable[dict[str, float] | None]]
@@ -812,9 +809,7 @@ def format_table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the arguments, run the benchmark, print the table or the JSON."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="smaller counts; under 60 s")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser = benchmark_parser(__doc__, quick="smaller counts; under 60 s")
     parser.add_argument("--repeats", type=int, help="runs per value (default 3 quick, 5 full)")
     parser.add_argument(
         "--profile", type=Path, help="cProfile every child process into this directory"
