@@ -513,7 +513,7 @@ class Worker(CommandProcess):
     """One node process and its command pipe."""
 
     def __init__(self, name: str, config: Path, log: Path, *, lifetime: float) -> None:
-        args = [sys.executable, str(Path(__file__).resolve()), "--worker", str(config)]
+        args = [sys.executable, "-m", "benchmarks.replicator", "--worker", str(config)]
         super().__init__(name, [*args, "--lifetime", str(lifetime)], log)
         self.launched_at = time.time()
         self.opened_at = 0.0
