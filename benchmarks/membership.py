@@ -112,7 +112,7 @@ from membership._events import (
 from membership._failure_detector import FailureDetectorSettings
 from membership._heartbeat import Heartbeat, HeartbeatRsp
 from membership._member import MemberStatus
-from membership.sbr._resolver import SplitBrainResolverSettings
+from membership.sbr._settings import SplitBrainResolverSettings
 from membership.transport import _wire as wire
 
 HOST = "10.0.0.1"

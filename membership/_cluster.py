@@ -51,8 +51,8 @@ from .sbr._resolver import (
     ReleaseLease,
     SplitBrainResolverCore,
     SplitBrainResolverEffect,
-    SplitBrainResolverSettings,
 )
+from .sbr._settings import SplitBrainResolverSettings
 from .transport._address import Address, UniqueAddress
 from .transport._errors import ClusterError, SendQueueFull, TransportClosed
 from .transport._refusals import Refusals

@@ -266,7 +266,7 @@ class NodeConfig:
         threshold = 8.0
         acceptable_heartbeat_pause = 3.0
 
-        [split_brain_resolver]  # membership.sbr._resolver.SplitBrainResolverSettings
+        [split_brain_resolver]  # membership.SplitBrainResolverSettings
         active_strategy = "keep-majority"
         stable_after = 20.0
         down_all_when_unstable = "on"  # or "off", or seconds

@@ -16,7 +16,7 @@ from membership._cluster_core import ClusterSettings, InitJoin
 from membership._events import ClusterEvent, MemberEvent, MemberRemoved, UnreachableMember
 from membership._failure_detector import FailureDetectorSettings
 from membership._member import MemberStatus
-from membership.sbr._resolver import SplitBrainResolverSettings
+from membership.sbr._settings import SplitBrainResolverSettings
 
 S = MemberStatus
 

@@ -16,7 +16,7 @@ import trio.testing
 
 from membership import Address, LinkConditions, SimNetwork
 from membership._member import MemberStatus
-from membership.sbr._resolver import SplitBrainResolverSettings
+from membership.sbr._settings import SplitBrainResolverSettings
 from p2pshard import Node, NodeConfig, TlsFiles, open_node
 
 TLS = TlsFiles(
