@@ -112,7 +112,7 @@ import trio  # noqa: E402
 from benchmarks._process import BenchmarkError  # noqa: E402
 from benchmarks._report import cell, progress_line, run_and_print  # noqa: E402
 from membership import SplitBrainResolverSettings, TransportSettings  # noqa: E402
-from membership._cluster_core import ClusterSettings  # noqa: E402
+from membership._cluster_settings import ClusterSettings  # noqa: E402
 from membership._failure_detector import FailureDetectorSettings  # noqa: E402
 from p2pshard import FAST_LAN, FailoverProfile, LeaseSettings  # noqa: E402
 from p2pshard.testing import check_history, check_single_activation  # noqa: E402

@@ -102,7 +102,8 @@ from membership import (
     deterministic_scheduling,
 )
 from membership._cluster import Cluster
-from membership._cluster_core import ClusterSettings, GossipEnvelope, GossipStatus
+from membership._cluster_messages import GossipEnvelope, GossipStatus
+from membership._cluster_settings import ClusterSettings
 from membership._events import (
     ClusterEvent,
     MemberEvent,

@@ -26,18 +26,9 @@ import attrs
 import trio
 
 from ._authorization import Refused, Standing, authorize_membership
-from ._cluster_core import (
-    CLUSTER_MESSAGES,
-    ClusterCore,
-    ClusterSettings,
-    Effect,
-    InitJoin,
-    Phase,
-    Publish,
-    Send,
-    Shutdown,
-    StartExiting,
-)
+from ._cluster_core import ClusterCore, Effect, Phase, Publish, Send, Shutdown, StartExiting
+from ._cluster_messages import CLUSTER_MESSAGES, InitJoin
+from ._cluster_settings import ClusterSettings
 from ._events import ClusterEvent, diff
 from ._failure_detector import FailureDetectorSettings
 from ._gossip import Gossip, convergence, leader, oldest, reachability_excluding_downed

@@ -255,7 +255,7 @@ class NodeConfig:
         max_frame_size = 2097152
         connect_timeout = 5.0
 
-        [cluster]  # membership._cluster_core.ClusterSettings: gossip, joining, the leader
+        [cluster]  # membership.ClusterSettings: gossip, joining, the leader
         gossip_interval = 1.0
         weakly_up_after = 7.0
 

@@ -15,7 +15,7 @@ from membership import (
     PeerIdentity,
     TransportSettings,
 )
-from membership._cluster_core import ClusterSettings
+from membership._cluster_settings import ClusterSettings
 from membership._failure_detector import FailureDetectorSettings
 from membership.sbr._settings import SplitBrainResolverSettings
 from membership.transport._certs import create_certificate, create_cluster_ca

@@ -18,7 +18,7 @@ import trio
 import trio.testing
 
 from membership import Address, IdentityKind, SimTransport, UniqueAddress
-from membership._cluster_core import Down, GossipEnvelope, GossipStatus, InitJoin, Join, Leave
+from membership._cluster_messages import Down, GossipEnvelope, GossipStatus, InitJoin, Join, Leave
 from membership._gossip import Gossip
 from membership._heartbeat import Heartbeat
 from membership._member import Member, MemberStatus

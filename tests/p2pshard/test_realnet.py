@@ -34,7 +34,7 @@ import pytest
 import trio
 
 from membership import SplitBrainResolverSettings, TransportSettings
-from membership._cluster_core import ClusterSettings
+from membership._cluster_settings import ClusterSettings
 from p2pshard.cli import EXIT_DOWNED
 from p2pshard.testing import check_history, check_single_activation
 from p2pshard.testing._netns import (
