@@ -102,7 +102,7 @@ import trio
 from benchmarks._process import BenchmarkError
 from benchmarks._report import benchmark_parser, cell, median, p99, progress_line, run_and_print
 from membership import SplitBrainResolverSettings, TransportSettings
-from membership._cluster_core import ClusterSettings
+from membership._cluster_settings import ClusterSettings
 from membership._failure_detector import FailureDetectorSettings
 from p2pshard import FAST_LAN, FailoverProfile, LeaseSettings
 from p2pshard.testing import check_history, check_single_activation

@@ -94,7 +94,8 @@ from membership import (
     deterministic_scheduling,
 )
 from membership._cluster import Cluster
-from membership._cluster_core import ClusterSettings, GossipEnvelope, GossipStatus
+from membership._cluster_messages import GossipEnvelope, GossipStatus
+from membership._cluster_settings import ClusterSettings
 from membership._events import (
     ClusterEvent,
     MemberEvent,
@@ -104,7 +105,7 @@ from membership._events import (
 from membership._failure_detector import FailureDetectorSettings
 from membership._heartbeat import Heartbeat, HeartbeatRsp
 from membership._member import MemberStatus
-from membership.sbr._resolver import SplitBrainResolverSettings
+from membership.sbr._settings import SplitBrainResolverSettings
 from membership.transport import _wire as wire
 
 HOST = "10.0.0.1"

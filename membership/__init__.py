@@ -8,7 +8,7 @@ from ._cluster import Cluster as Cluster
 from ._cluster import ClusterStatistics as ClusterStatistics
 from ._cluster import DowningLease as DowningLease
 from ._cluster import Subscription as Subscription
-from ._cluster_core import ClusterSettings as ClusterSettings
+from ._cluster_settings import ClusterSettings as ClusterSettings
 from ._events import ClusterEvent as ClusterEvent
 from ._events import LeaderChanged as LeaderChanged
 from ._events import MemberDowned as MemberDowned

@@ -24,7 +24,7 @@ import enum
 
 import attrs
 
-from ._cluster_core import (
+from ._cluster_messages import (
     Down,
     ExitingConfirmed,
     GossipEnvelope,

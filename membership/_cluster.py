@@ -26,18 +26,9 @@ import attrs
 import trio
 
 from ._authorization import Refused, Standing, authorize_membership
-from ._cluster_core import (
-    CLUSTER_MESSAGES,
-    ClusterCore,
-    ClusterSettings,
-    Effect,
-    InitJoin,
-    Phase,
-    Publish,
-    Send,
-    Shutdown,
-    StartExiting,
-)
+from ._cluster_core import ClusterCore, Effect, Phase, Publish, Send, Shutdown, StartExiting
+from ._cluster_messages import CLUSTER_MESSAGES, InitJoin
+from ._cluster_settings import ClusterSettings
 from ._events import ClusterEvent, diff
 from ._failure_detector import FailureDetectorSettings
 from ._gossip import Gossip, convergence, leader, oldest, reachability_excluding_downed
@@ -51,8 +42,8 @@ from .sbr._resolver import (
     ReleaseLease,
     SplitBrainResolverCore,
     SplitBrainResolverEffect,
-    SplitBrainResolverSettings,
 )
+from .sbr._settings import SplitBrainResolverSettings
 from .transport._address import Address, UniqueAddress
 from .transport._errors import ClusterError, SendQueueFull, TransportClosed
 from .transport._refusals import Refusals

@@ -53,11 +53,24 @@ import enum
 import hashlib
 import logging
 import random
-from collections.abc import Collection, Iterable
-from typing import Any
+from collections.abc import Collection
 
 import attrs
 
+from ._cluster_messages import (
+    Down,
+    ExitingConfirmed,
+    GossipEnvelope,
+    GossipStatus,
+    InitJoin,
+    InitJoinAck,
+    InitJoinNack,
+    Join,
+    Leave,
+    OtherClusterSeen,
+    Welcome,
+)
+from ._cluster_settings import ClusterSettings, check_roles
 from ._events import ClusterEvent, MemberRemoved, diff
 from ._gossip import (
     Gossip,
@@ -72,98 +85,8 @@ from ._islands import IslandFinder, Sighting, Verdict
 from ._member import Member, MemberStatus
 from ._vclock import Order, VectorClock
 from .transport._address import Address, UniqueAddress, node_order
-from .transport._errors import ConfigurationError
-from .transport._settings import in_range
-from .transport._wire import message
 
 logger = logging.getLogger("membership.cluster")
-
-
-def _roles(value: Iterable[str]) -> frozenset[str]:
-    roles = frozenset(value)
-    for role in roles:
-        if not isinstance(role, str) or not role or "," in role or role != role.strip():
-            raise ConfigurationError(
-                f"roles contain {role!r}: roles are non-empty strings without "
-                "commas or surrounding spaces"
-            )
-    return roles
-
-
-def _per_role(value: Iterable[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
-    pairs = []
-    for role, count in value:
-        _roles([role])
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ConfigurationError(
-                f"ClusterSettings.min_nr_of_members_of_role[{role!r}] = {count!r} is invalid: "
-                "must be an integer of at least 1"
-            )
-        pairs.append((role, count))
-    return tuple(sorted(pairs))
-
-
-def _optional_seconds(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None:
-        in_range(0.0, 3600.0)(instance, attribute, value)
-
-
-@attrs.frozen(kw_only=True)
-class ClusterSettings:
-    """How the membership protocol behaves (Akka's ``pekko.cluster`` defaults)."""
-
-    gossip_interval: float = attrs.field(default=1.0, validator=in_range(0.001, 60))
-    """Seconds between gossip rounds (default 1)."""
-
-    leader_actions_interval: float = attrs.field(default=1.0, validator=in_range(0.001, 60))
-    """Seconds between the leader's moves of members (default 1)."""
-
-    seed_node_timeout: float = attrs.field(default=5.0, validator=in_range(0.001, 3600))
-    """How long the first seed waits for other seeds before forming the cluster (default 5 s)."""
-
-    own_seed_listen: float = attrs.field(default=2.0, validator=in_range(0.0, 3600))
-    """How long a node whose only seed node is itself listens before it forms its cluster
-    (default 2 s; 0: at once). A running cluster of its name probes it meanwhile if it was
-    restarted while that cluster went on, and it joins that one instead of forming a second."""
-
-    seed_node_retry_interval: float = attrs.field(default=1.0, validator=in_range(0.001, 60))
-    """Seconds between InitJoin rounds to the seed nodes (default 1)."""
-
-    retry_unsuccessful_join_after: float = attrs.field(
-        default=10.0, validator=in_range(0.001, 3600)
-    )
-    """Resend Join when no Welcome came after this many seconds (default 10)."""
-
-    weakly_up_after: float | None = attrs.field(default=7.0, validator=_optional_seconds)
-    """Move reachable Joining members to WeaklyUp after this long without convergence
-    (default 7 s; None turns WeaklyUp off)."""
-
-    min_nr_of_members: int = attrs.field(default=1, validator=in_range(1, 10_000, integer=True))
-    """The leader moves nobody to Up before this many members joined (default 1)."""
-
-    min_nr_of_members_of_role: tuple[tuple[str, int], ...] = attrs.field(
-        default=(), converter=_per_role
-    )
-    """The same, per role: ``(("backend", 2),)`` (default none)."""
-
-    gossip_different_view_probability: float = attrs.field(default=0.8, validator=in_range(0, 1))
-    """Chance of gossiping to a member that has not seen the current version (default 0.8)."""
-
-    reduce_gossip_different_view_probability: int = attrs.field(
-        default=400, validator=in_range(1, 1_000_000, integer=True)
-    )
-    """Above this cluster size that chance is reduced, as in Akka (default 400)."""
-
-    prune_gossip_tombstones_after: float = attrs.field(
-        default=24 * 3600.0, validator=in_range(1, 365 * 24 * 3600)
-    )
-    """Forget removed incarnations after this many seconds (default 24 h)."""
-
-    seed_probe_interval: float = attrs.field(default=5.0, validator=in_range(0.001, 3600))
-    """Seconds between a member's InitJoin probes to the seed addresses where its cluster has
-    no live member (none in a healthy cluster), to find a second cluster of the same name and
-    merge it (default 5 s; not in Akka). A foreign cluster is acted on after two probe rounds in
-    a row saw it."""
 
 
 class Phase(enum.Enum):
@@ -174,153 +97,6 @@ class Phase(enum.Enum):
     JOINING = "joining"
     MEMBER = "member"
     SHUT_DOWN = "shut_down"
-
-
-# ---- protocol messages ------------------------------------------------------------------------
-
-
-def _optional_node(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None and not isinstance(value, UniqueAddress):
-        raise TypeError(f"{attribute.name} must be a UniqueAddress or None, not {value!r}")
-
-
-def _count(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise TypeError(f"{attribute.name} must be a non-negative integer, not {value!r}")
-
-
-@message(name="p2pshard.cluster.InitJoin")
-@attrs.frozen(kw_only=True)
-class InitJoin:
-    """To a seed node: are you a member I can join through?
-
-    A member sends it too, as a probe for another cluster of its name (see ``_islands``); then
-    ``oldest`` and ``size`` name the prober's cluster. They are new: an older node sends
-    neither, and a joining node has no cluster to name.
-    """
-
-    sender: UniqueAddress
-    oldest: UniqueAddress | None = attrs.field(default=None, validator=_optional_node)
-    """The prober's cluster's oldest Up member (None: not a member's probe)."""
-    size: int = attrs.field(default=0, validator=_count)
-    """How many Up and WeaklyUp members the prober's cluster has."""
-
-
-@message(name="p2pshard.cluster.InitJoinAck")
-@attrs.frozen(kw_only=True)
-class InitJoinAck:
-    """Yes: send me Join. Also says which cluster answered, to tell islands apart.
-
-    ``oldest`` and ``size`` are new: an older peer sends neither and they take their defaults,
-    which never look like a foreign cluster.
-    """
-
-    sender: UniqueAddress
-    oldest: UniqueAddress | None = attrs.field(default=None, validator=_optional_node)
-    """The answering node's oldest Up member (None: nobody is Up yet)."""
-    size: int = attrs.field(default=0, validator=_count)
-    """How many Up and WeaklyUp members the answering node's cluster has."""
-
-
-@message(name="p2pshard.cluster.InitJoinNack")
-@attrs.frozen(kw_only=True)
-class InitJoinNack:
-    """No: I am not a member (yet)."""
-
-    sender: UniqueAddress
-
-
-@message(name="p2pshard.cluster.Join")
-@attrs.frozen(kw_only=True)
-class Join:
-    """Please add me as a Joining member."""
-
-    node: UniqueAddress
-    roles: frozenset[str] = frozenset()
-
-
-@message(name="p2pshard.cluster.Welcome")
-@attrs.frozen(kw_only=True)
-class Welcome:
-    """You are in: here is the gossip with you as Joining."""
-
-    sender: UniqueAddress
-    gossip: Gossip
-
-
-@message(name="p2pshard.cluster.GossipEnvelope")
-@attrs.frozen(kw_only=True)
-class GossipEnvelope:
-    """The full gossip, for one incarnation."""
-
-    sender: UniqueAddress
-    to: UniqueAddress
-    gossip: Gossip
-
-
-@message(name="p2pshard.cluster.GossipStatus")
-@attrs.frozen(kw_only=True)
-class GossipStatus:
-    """Just the version and a digest of who has seen it: who of us is behind?"""
-
-    sender: UniqueAddress
-    version: VectorClock
-    seen_digest: bytes
-
-
-@message(name="p2pshard.cluster.Leave")
-@attrs.frozen(kw_only=True)
-class Leave:
-    """Mark this member Leaving."""
-
-    node: Address
-
-
-@message(name="p2pshard.cluster.Down")
-@attrs.frozen(kw_only=True)
-class Down:
-    """Mark this member Down."""
-
-    node: Address
-
-
-@message(name="p2pshard.cluster.ExitingConfirmed")
-@attrs.frozen(kw_only=True)
-class ExitingConfirmed:
-    """The exiting member finished its exiting tasks: the leader may remove it now."""
-
-    node: UniqueAddress
-
-
-@message(name="p2pshard.cluster.OtherClusterSeen")
-@attrs.frozen(kw_only=True)
-class OtherClusterSeen:
-    """To the members of one's own cluster: another cluster of our name is at ``at``.
-
-    They probe it too, so that it hears from each of us (see ``_islands``).
-    """
-
-    sender: UniqueAddress
-    at: tuple[Address, ...]
-
-    def __attrs_post_init__(self) -> None:
-        if not 1 <= len(self.at) <= 16 or not all(isinstance(a, Address) for a in self.at):
-            raise TypeError(f"at must be 1 to 16 Address values, not {self.at!r}")
-
-
-CLUSTER_MESSAGES: tuple[type, ...] = (
-    InitJoin,
-    InitJoinAck,
-    InitJoinNack,
-    Join,
-    Welcome,
-    GossipEnvelope,
-    GossipStatus,
-    Leave,
-    Down,
-    ExitingConfirmed,
-    OtherClusterSeen,
-)
 
 
 # ---- effects -----------------------------------------------------------------------------------
@@ -372,7 +148,7 @@ class ClusterCore:
     seed_nodes: tuple[Address, ...] = ()
     """Where to ask to join; the first one forms the cluster if nobody answers (none: call
     :meth:`join` yourself)."""
-    roles: frozenset[str] = attrs.field(default=frozenset(), converter=_roles)
+    roles: frozenset[str] = attrs.field(default=frozenset(), converter=check_roles)
     """This node's roles."""
     wall_offset: float = 0.0
     """Added to ``now`` for tombstone stamps, which other nodes compare with their own clocks:

@@ -51,14 +51,26 @@ class HeldLease(Protocol):
         ...
 
 
+FIRST_RETRY_FRACTION = 1 / 16
+"""The first attempt after a refusal comes this fraction of the retry interval later."""
+
+
 async def acquire_until_granted(
     lease: HeldLease, retry_interval: float, what: str, logger: logging.Logger
 ) -> FencedGrant:
-    """Ask for ``lease`` every ``retry_interval`` seconds until it is granted.
+    """Ask for ``lease`` until it is granted, at most ``retry_interval`` seconds apart.
+
+    The first attempts after a refusal come sooner: ``retry_interval / 16`` later, then twice as
+    long each time up to ``retry_interval``. A lease is usually refused during a failover because
+    the node that held it is giving it back at that moment (it downed itself a little later than
+    the others saw it Down), and waiting a whole interval for a lease freed a second later would
+    add that interval to the failover. A lease held on by another owner costs four attempts more
+    than asking every ``retry_interval`` would.
 
     A refusal is logged at info level; a failure of the backend (any exception) is logged as a
     warning and counts as a refusal. ``what`` names the holder in the log ("shard Counter/3").
     """
+    delay = retry_interval * FIRST_RETRY_FRACTION
     while True:
         try:
             grant = await lease.acquire()
@@ -68,4 +80,5 @@ async def acquire_until_granted(
             if grant is not None:
                 return grant
             logger.info("%s: another owner holds its lease", what)
-        await trio.sleep(retry_interval)
+        await trio.sleep(delay)
+        delay = min(retry_interval, delay * 2)

@@ -6,11 +6,11 @@ one list a reader can see. User code uses the names of ``membership`` itself.
 """
 
 from ._authorization import member_traffic_refusal as member_traffic_refusal
-from ._cluster_core import Down as Down
-from ._cluster_core import GossipEnvelope as GossipEnvelope
-from ._cluster_core import GossipStatus as GossipStatus
-from ._cluster_core import Join as Join
-from ._cluster_core import Leave as Leave
+from ._cluster_messages import Down as Down
+from ._cluster_messages import GossipEnvelope as GossipEnvelope
+from ._cluster_messages import GossipStatus as GossipStatus
+from ._cluster_messages import Join as Join
+from ._cluster_messages import Leave as Leave
 from ._failure_detector import phi as phi
 from ._heartbeat import Heartbeat as Heartbeat
 from ._islands import Sighting as Sighting

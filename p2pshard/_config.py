@@ -255,7 +255,7 @@ class NodeConfig:
         max_frame_size = 2097152
         connect_timeout = 5.0
 
-        [cluster]  # membership._cluster_core.ClusterSettings: gossip, joining, the leader
+        [cluster]  # membership.ClusterSettings: gossip, joining, the leader
         gossip_interval = 1.0
         weakly_up_after = 7.0
 
@@ -266,7 +266,7 @@ class NodeConfig:
         threshold = 8.0
         acceptable_heartbeat_pause = 3.0
 
-        [split_brain_resolver]  # membership.sbr._resolver.SplitBrainResolverSettings
+        [split_brain_resolver]  # membership.SplitBrainResolverSettings
         active_strategy = "keep-majority"
         stable_after = 20.0
         down_all_when_unstable = "on"  # or "off", or seconds

@@ -15,8 +15,9 @@ another node only after a chain of steps, and each step is bounded by a setting:
    (again every ``ShardingSettings.retry_interval`` while unanswered).
 4. *The lease.* The new home takes the shard's lease. A killed node's lease ends ``ttl`` after
    its last renewal; a node that was cut off from the others but not from the lease store gives
-   its leases back once it downed itself and its entities stopped. A refused attempt is made
-   again every ``ShardingSettings.lease_retry_interval``.
+   its leases back once it downed itself and its entities stopped, which can be a moment after
+   the others saw it Down. A refused attempt is made again 1/16 of
+   ``ShardingSettings.lease_retry_interval`` later, then twice as long each time, up to it.
 5. *Recovery.* The entity reads its events from the journal and answers.
 
 :meth:`FailoverProfile.defaults` is what ``NodeConfig()`` and ``ShardingSettings()`` give: about

@@ -21,6 +21,7 @@ import errno
 import logging
 import random
 import time
+import warnings
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -210,9 +211,21 @@ class Node:
         """Peers this node has an established outbound link to, ordered by address."""
         return self._transport.connected_peers()
 
-    def statistics(self) -> TransportStatistics:
+    def transport_statistics(self) -> TransportStatistics:
         """The transport's counters: links, frames, refused handshakes, dropped messages."""
         return self._transport.statistics()
+
+    def statistics(self) -> TransportStatistics:
+        """Deprecated alias of :meth:`transport_statistics` (the name said less than it gave).
+
+        Warns with ``DeprecationWarning``; removed in 0.3.
+        """
+        warnings.warn(
+            "Node.statistics() is deprecated: use Node.transport_statistics()",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.transport_statistics()
 
     def _dispatch(self, envelope: Envelope) -> bool | None:
         """Hand one received message to the service it belongs to (runs in the link task).

@@ -135,16 +135,14 @@ def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
 
 
 KNOWN_CYCLES: dict[str, list[set[str]]] = {
-    # The sharding shells reach into each other's private fields: a shard into its region's, a
-    # region into Sharding's, an entity ref calls the region's _tell and _ask. To be replaced by
-    # narrow interfaces the higher module passes in (a ShardHost for shards, the services a
-    # region uses), with the ask machinery and message checking in modules of their own.
+    # Shards reach into their region's private fields and entity refs call the region's _tell
+    # and _ask. To be replaced by narrow interfaces the region passes in (a ShardHost for its
+    # shards, a sender for entity refs), as regions already get RegionServices, not Sharding.
     "p2pshard": [
         {
             "p2pshard.sharding._entity",
             "p2pshard.sharding._region",
             "p2pshard.sharding._shard",
-            "p2pshard.sharding._sharding",
         }
     ],
 }

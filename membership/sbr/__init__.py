@@ -3,4 +3,4 @@
 Its settings, the downing strategies, and the timing that decides when to act.
 """
 
-from ._resolver import SplitBrainResolverSettings as SplitBrainResolverSettings
+from ._settings import SplitBrainResolverSettings as SplitBrainResolverSettings

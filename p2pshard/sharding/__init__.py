@@ -18,7 +18,7 @@ from ._region import RegionStatistics as RegionStatistics
 from ._region import ShardRegion as ShardRegion
 from ._region import ShardRegionState as ShardRegionState
 from ._region import ShardState as ShardState
+from ._services import IncarnationObserver as IncarnationObserver
 from ._settings import ShardingSettings as ShardingSettings
 from ._sharding import ClusterShardingStats as ClusterShardingStats
-from ._sharding import IncarnationObserver as IncarnationObserver
 from ._sharding import Sharding as Sharding

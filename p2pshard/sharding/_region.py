@@ -25,7 +25,7 @@ import collections
 import itertools
 import logging
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import trio
@@ -42,9 +42,10 @@ from membership import (
 from membership.internal import HEADER_SIZE as FRAME_PREFIX_SIZE
 from membership.internal import wire as _wire
 
-from .._errors import AskTimeout, BufferOverflow, RegionStopped, RemoteEntityError, ShardingError
+from .._errors import AskTimeout, RegionStopped, ShardingError
 from ..leases._lease import ShardLease, ShardLeaseFactory
 from ._allocation import EntityId, ShardId
+from ._asks import RemoteReply
 from ._entity import EntityContext, EntityRef, EntityState, Reply
 from ._extractor import MessageExtractor
 from ._protocol import (
@@ -52,7 +53,6 @@ from ._protocol import (
     BeginHandOffAck,
     EntityDeliveries,
     EntityDelivery,
-    EntityReply,
     unchecked_delivery,
 )
 from ._region_core import (
@@ -67,11 +67,9 @@ from ._region_core import (
 )
 from ._region_core import Refused as RefusedEffect
 from ._remember import RememberStore
+from ._services import RegionServices
 from ._settings import ShardingSettings
 from ._shard import FORCED_STOP_FRACTION, EntityFactory, Scheduler, Shard
-
-if TYPE_CHECKING:
-    from ._sharding import Sharding
 
 logger = logging.getLogger("p2pshard.region")
 
@@ -99,61 +97,6 @@ _SHORT_ID = 256
 _DELIVERY_OVERHEAD = 1024
 """Bytes an ``EntityDelivery`` takes besides its ids, type name and payload, at most (the
 asker's address included)."""
-
-_LOCAL_ERRORS: dict[str, type[ShardingError]] = {
-    "p2pshard.BufferOverflow": BufferOverflow,
-    "p2pshard.RegionStopped": RegionStopped,
-    "p2pshard.ShardingError": ShardingError,
-}
-"""Error names an ask's answer can carry that are the region's, not the entity's."""
-
-
-class AskSlot:
-    """An ask waiting for its answer on this node."""
-
-    __slots__ = ("done", "entity_id", "error", "request_id", "value")
-
-    def __init__(self, request_id: int, entity_id: str) -> None:
-        self.request_id = request_id
-        self.entity_id = entity_id
-        self.done = trio.Event()
-        self.value: object = None
-        self.error: Exception | None = None
-
-    def ok(self, value: object) -> None:
-        if not self.done.is_set():
-            self.value = value
-            self.done.set()
-
-    def fail(self, error_type: str, error_text: str) -> None:
-        if self.done.is_set():
-            return
-        local = _LOCAL_ERRORS.get(error_type)
-        if local is not None:
-            self.error = local(error_text)
-        else:
-            self.error = RemoteEntityError(self.entity_id, error_type, error_text)
-        self.done.set()
-
-
-class RemoteReply:
-    """An ask from another node: the answer goes back to ``origin``."""
-
-    __slots__ = ("_sharding", "origin", "request_id")
-
-    def __init__(self, sharding: Sharding, origin: UniqueAddress, request_id: int) -> None:
-        self._sharding = sharding
-        self.origin = origin
-        self.request_id = request_id
-
-    def ok(self, value: object) -> None:
-        self._sharding._reply(self.origin, EntityReply(request_id=self.request_id, value=value))
-
-    def fail(self, error_type: str, error_text: str) -> None:
-        self._sharding._reply(
-            self.origin,
-            EntityReply(request_id=self.request_id, error_type=error_type, error_text=error_text),
-        )
 
 
 class _Outgoing:
@@ -259,7 +202,7 @@ class ShardRegion:
 
     def __init__(
         self,
-        sharding: Sharding,
+        services: RegionServices,
         type_name: str,
         factory: EntityFactory | None,
         extractor: MessageExtractor,
@@ -269,7 +212,10 @@ class ShardRegion:
         nursery: trio.Nursery,
         lease_factory: ShardLeaseFactory | None = None,
     ) -> None:
-        self._sharding = sharding
+        self._services = services
+        self._asks = services.asks
+        self._check_message = services.check_message
+        self._lifecycle = services.lifecycle
         self._lease_factory = lease_factory
         self.type_name = type_name
         self._factory: EntityFactory = factory or _no_factory
@@ -277,7 +223,7 @@ class ShardRegion:
         self.settings = settings
         self._stop_message = stop_message
         self.role = role
-        self._transport = sharding._transport
+        self._transport = services.transport
         self._self_node = self._transport.local_address
         self._core: ShardRegionCore[Delivery] = ShardRegionCore(
             type_name,
@@ -286,9 +232,9 @@ class ShardRegion:
             settings,
             hosting=factory is not None,
             now=trio.current_time(),
-            oldest=_oldest(sharding._cluster, role),
+            oldest=_oldest(services.cluster, role),
         )
-        self._proxy = sharding._singletons.proxy(coordinator_name(type_name), role=role)
+        self._proxy = services.singletons.proxy(coordinator_name(type_name), role=role)
         self._nursery = nursery
         self._scheduler = Scheduler(nursery)
         self._shards: dict[ShardId, Shard] = {}
@@ -420,7 +366,7 @@ class ShardRegion:
             raise ConfigurationError(
                 f"entity type {self.type_name!r} cannot be used on this node: {core.refused}"
             )
-        if core.stopped or self._sharding._closed:
+        if core.stopped or self._lifecycle.closed:
             raise RegionStopped(f"the region of {self.type_name!r} on this node has stopped")
 
     def _tell(self, entity_id: EntityId, message: object) -> Coroutine[Any, Any, None]:
@@ -435,7 +381,7 @@ class ShardRegion:
                 f"an ask timeout must be a non-negative number of seconds, not {timeout!r}"
             )
         self._check_usable(message)
-        slot = self._sharding._new_ask(entity_id)
+        slot = self._asks.new(entity_id)
         try:
             await self._send(entity_id, message, slot)
             with trio.move_on_after(timeout):
@@ -448,7 +394,7 @@ class ShardRegion:
                 raise slot.error
             return slot.value
         finally:
-            self._sharding._forget_ask(slot)
+            self._asks.forget(slot)
 
     async def _send(self, entity_id: EntityId, message: object, reply: Reply | None) -> None:
         shard_id = self._shard_cache.get(entity_id)
@@ -468,7 +414,7 @@ class ShardRegion:
         if home is None:
             # Staying here for now; checked, so it would not fail later when it leaves.
             # (A message for another node is checked by encoding it, below.)
-            size = self._sharding._check_message(message)
+            size = self._check_message(message)
             if size or len(entity_id) > _SHORT_ID:  # else small, and so its envelope
                 self._check_envelope(shard_id, entity_id, message, reply, size)
             if not self._place_here(shard_id, entity_id, message, reply):
@@ -797,7 +743,7 @@ class ShardRegion:
                     exc,
                 )
                 if request_id:
-                    RemoteReply(self._sharding, origin or sender, request_id).fail(
+                    RemoteReply(self._asks, origin or sender, request_id).fail(
                         "p2pshard.ShardingError", f"the message did not decode: {exc}"
                     )
                 continue
@@ -815,7 +761,7 @@ class ShardRegion:
         self._received_remote += 1
         reply: Reply | None = None
         if request_id:
-            reply = RemoteReply(self._sharding, origin or sender, request_id)
+            reply = RemoteReply(self._asks, origin or sender, request_id)
         if self._core.refused is not None or self._core.stopped:
             if reply is not None:
                 reply.fail("p2pshard.RegionStopped", f"the region on {self._self_node} stopped")
@@ -897,7 +843,7 @@ class ShardRegion:
             store = None
             if self.settings.remember_entities:
                 store = RememberStore(
-                    self._sharding._replicator, self.type_name, shard_id, self.settings
+                    self._services.replicator, self.type_name, shard_id, self.settings
                 )
             lease = (
                 None
@@ -1045,7 +991,7 @@ class ShardRegion:
         self._wakeup.set()
 
     async def _run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        cluster = self._sharding._cluster
+        cluster = self._services.cluster
         async with trio.open_nursery() as nursery, cluster.subscribe() as events:
             self._apply(self._core.tick(trio.current_time()))  # the first Register
             task_status.started()
@@ -1056,7 +1002,7 @@ class ShardRegion:
                     oldest = _oldest(cluster, self.role)
                     self._apply(self._core.cluster_changed(oldest, members, trio.current_time()))
                 # The subscription ends when this node is out of the cluster: nothing more to do.
-                self._sharding.close()
+                self._services.close()
 
             nursery.start_soon(follow_cluster)
             nursery.start_soon(self._batcher)

@@ -510,7 +510,7 @@ class Shard:
         instance: Entity = self.region._factory(cell)
         check_entity(self.region.type_name, instance)
         cell._instance = instance
-        observers = self.region._sharding._observers
+        observers = self.region._services.observers
         if observers:
             for observer in observers:
                 observer.entity_started(self.region.type_name, cell.entity_id, self.lease_token)
@@ -521,7 +521,7 @@ class Shard:
         if cell._instance is None:
             return
         cell._instance = None
-        observers = self.region._sharding._observers
+        observers = self.region._services.observers
         if observers:
             for observer in observers:
                 observer.entity_stopped(self.region.type_name, cell.entity_id)

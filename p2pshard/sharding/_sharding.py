@@ -24,7 +24,7 @@ import itertools
 import logging
 import random
 from collections.abc import Awaitable
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 import trio
@@ -39,11 +39,9 @@ from crdt import (
 )
 from membership import (
     Cluster,
-    ClusterError,
     ConfigurationError,
     Envelope,
     SendQueueFull,
-    SerializationError,
     SingletonContext,
     SingletonRequest,
     Singletons,
@@ -51,7 +49,6 @@ from membership import (
     TransportClosed,
     UniqueAddress,
 )
-from membership.internal import wire as _wire
 
 from ..leases._lease import Leases, ShardLease, ShardLeaseFactory
 from ._allocation import (
@@ -60,10 +57,12 @@ from ._allocation import (
     ShardAllocationStrategy,
     ShardId,
 )
+from ._asks import AskTable
 from ._coordinator_core import SendTo, ShardCoordinatorCore, UpdateState
 from ._coordinator_state import CoordinatorState, DomainEvent, apply_event
 from ._entity import check_entity_factory
 from ._extractor import MessageExtractor
+from ._message_check import MessageCheck
 from ._protocol import (
     COORDINATOR_COMMANDS,
     ENTRY_FIELDS,
@@ -80,25 +79,13 @@ from ._protocol import (
     RegisterRefused,
     ShardHome,
 )
-from ._region import AskSlot, ShardRegion, ShardRegionState, coordinator_name
+from ._region import ShardRegion, ShardRegionState, coordinator_name
 from ._retry import until_done
+from ._services import IncarnationObserver, Lifecycle, RegionServices
 from ._settings import ShardingSettings
 from ._shard import EntityFactory
 
 logger = logging.getLogger("p2pshard.sharding")
-
-_PLAIN = frozenset({int, float, str, bytes, bool, type(None)})
-_INT_MIN, _INT_LIMIT = -(1 << 63), 1 << 64  # what msgpack encodes
-_MAX_CHECKED_BYTES = 4096
-
-
-def _small_scalar(value: object) -> bool:
-    """A value msgpack surely encodes in a small frame: a number, a short string, None."""
-    if type(value) is int:
-        return _INT_MIN <= value < _INT_LIMIT
-    if type(value) is str or type(value) is bytes:
-        return len(value) <= _MAX_CHECKED_BYTES
-    return type(value) in _PLAIN
 
 
 def coordinator_key(type_name: str) -> str:
@@ -120,18 +107,6 @@ class _StatsRequest:
         self.waiting = waiting
         self.answers: dict[UniqueAddress, dict[str, int]] = {}
         self.done = trio.Event()
-
-
-class IncarnationObserver(Protocol):
-    """Told of entity incarnations on one node (see :meth:`Sharding.observe`)."""
-
-    def entity_started(self, type_name: str, entity_id: str, lease_token: int | None) -> None:
-        """An incarnation of ``entity_id`` was made (with its shard's lease token, if any)."""
-        ...
-
-    def entity_stopped(self, type_name: str, entity_id: str) -> None:
-        """The incarnation of ``entity_id`` on this node ended."""
-        ...
 
 
 class Sharding:
@@ -163,12 +138,23 @@ class Sharding:
         self._nursery = nursery
         self._rng = rng
         self._regions: dict[str, ShardRegion] = {}
-        self._asks: dict[int, AskSlot] = {}
-        self._ids = itertools.count(rng.getrandbits(32) + 1)
+        self._asks = AskTable(transport, rng.getrandbits(32) + 1)
+        self._stats_ids = itertools.count(1)
         self._stats: dict[int, _StatsRequest] = {}
-        self._scalar_fields: dict[type, tuple[str, ...]] = {}
-        self._closed = False
+        self._message_check = MessageCheck(transport)
+        self._lifecycle = Lifecycle()
         self._observers: list[IncarnationObserver] = []
+        self._services = RegionServices(
+            transport=transport,
+            cluster=cluster,
+            singletons=singletons,
+            replicator=replicator,
+            asks=self._asks,
+            check_message=self._message_check.check,
+            observers=self._observers,
+            lifecycle=self._lifecycle,
+            close=self.close,
+        )
         cluster.add_exiting_task(self._shutdown_on_exit, first=True)
 
     def observe(self, observer: IncarnationObserver) -> None:
@@ -225,7 +211,7 @@ class Sharding:
             )
         check_entity_factory(type_name, entity_factory)
         if stop_message is not None:
-            self._check_message(stop_message)
+            self._message_check.check(stop_message)
         settings = settings or ShardingSettings()
         if role is not None and role not in self._cluster.self_member.roles:
             logger.info(
@@ -306,7 +292,7 @@ class Sharding:
                 f"the extractor of {type_name!r} must provide number_of_shards (a positive int), "
                 "entity_id, entity_message and shard_id; HashExtractor(n) does"
             )
-        if self._closed:
+        if self._lifecycle.closed:
             raise ConfigurationError("sharding on this node has shut down")
 
     async def _start_region(
@@ -320,7 +306,7 @@ class Sharding:
         shard_lease: ShardLeaseFactory | None = None,
     ) -> ShardRegion:
         region = ShardRegion(
-            self,
+            self._services,
             type_name,
             factory,
             extractor,
@@ -374,7 +360,7 @@ class Sharding:
         members = {
             m.node for m in self._cluster.members if region.role is None or m.has_role(region.role)
         }
-        rid = next(self._ids)
+        rid = next(self._stats_ids)
         request = _StatsRequest(set(members))
         self._stats[rid] = request
         try:
@@ -414,7 +400,7 @@ class Sharding:
 
     def close(self) -> None:
         """Stop accepting messages (the node is stopping)."""
-        self._closed = True
+        self._lifecycle.closed = True
 
     def end_incarnations(self) -> None:
         """The node stopped, and none of its tasks runs any more: its entities are gone.
@@ -426,65 +412,6 @@ class Sharding:
             region._end_incarnations()
 
     # -- asks and messages ------------------------------------------------------------------
-
-    def _check_message(self, message: object) -> int:
-        """Raise ``SerializationError`` (naming the type) if ``message`` cannot travel.
-
-        Checked on every send, local ones too, so a message that works while its entity is here
-        does not fail once the shard moves. Encoding every message would cost more than a local
-        delivery; so a registered class whose field values are all plain scalars this time is
-        checked by looking at them, and anything else is encoded.
-
-        Returns:
-            The encoded size in bytes, or 0 when the message was only looked at (it is small).
-        """
-        kind = type(message)
-        if kind in _PLAIN:
-            if _small_scalar(message):
-                return 0
-        else:
-            fields = self._scalar_fields.get(kind)
-            if fields is not None and all(_small_scalar(getattr(message, f)) for f in fields):
-                return 0
-        payload = _wire.encode(message, max_size=self._transport.settings.max_frame_size - 256)
-        if kind not in _PLAIN and _wire.wire_name(kind) is not None and attrs.has(kind):
-            self._scalar_fields[kind] = tuple(f.name for f in attrs.fields(kind))
-        return len(payload)
-
-    def _new_ask(self, entity_id: str) -> AskSlot:
-        slot = AskSlot(next(self._ids), entity_id)
-        self._asks[slot.request_id] = slot
-        return slot
-
-    def _forget_ask(self, slot: AskSlot) -> None:
-        self._asks.pop(slot.request_id, None)
-
-    def _reply(self, origin: UniqueAddress, reply: EntityReply) -> None:
-        if origin == self._transport.local_address:
-            self._complete(reply)
-            return
-        try:
-            self._transport.send_nowait(origin, reply)
-        except SerializationError as exc:
-            logger.warning("the answer to ask %d cannot travel: %s", reply.request_id, exc)
-            failure = EntityReply(
-                request_id=reply.request_id,
-                error_type="membership.SerializationError",
-                error_text=str(exc),
-            )
-            with contextlib.suppress(ClusterError):  # then the asker times out
-                self._transport.send_nowait(origin, failure)
-        except (SendQueueFull, TransportClosed) as exc:
-            logger.warning("the answer to ask %d to %s lost: %s", reply.request_id, origin, exc)
-
-    def _complete(self, reply: EntityReply) -> None:
-        slot = self._asks.get(reply.request_id)
-        if slot is None:
-            return  # timed out already
-        if reply.error_type is None:
-            slot.ok(reply.value)
-        else:
-            slot.fail(reply.error_type, reply.error_text)
 
     def handle(self, envelope: Envelope) -> bool:
         """Take a sharding message from the transport; False if it is not one."""
@@ -501,7 +428,7 @@ class Sharding:
             case EntityDelivery():  # a subclass (messages are never subclassed)
                 self._on_delivery(sender, message)
             case EntityReply():
-                self._complete(message)
+                self._asks.complete(message)
             case EntityDeliveries():
                 region = self._regions.get(message.type_name)
                 if region is not None:
@@ -554,7 +481,7 @@ class Sharding:
 
     def _not_started(self, type_name: str, origin: UniqueAddress, request_id: int) -> None:
         """Fail an ask for an entity type this node has not started."""
-        self._reply(
+        self._asks.reply(
             origin,
             EntityReply(
                 request_id=request_id,

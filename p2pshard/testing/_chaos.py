@@ -961,7 +961,10 @@ async def _check_cluster(
     )
     found += check_no_fakes(
         {node_name(i): [m.node.name for m in sim.nodes[i].cluster.members] for i in live},
-        {node_name(i): [str(p.address) for p in sim.nodes[i].statistics().peers] for i in live},
+        {
+            node_name(i): [str(p.address) for p in sim.nodes[i].transport_statistics().peers]
+            for i in live
+        },
         {name: str(address) for name, address in fakes.items()},
     )
     keys = sorted({key for i in live for key in sim.nodes[i].replicator.keys()})  # noqa: SIM118

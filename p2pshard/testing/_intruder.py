@@ -250,7 +250,7 @@ class Intruder:
 
     def _check_not_dialled(self, address: Address, cause: str) -> None:
         for i in self.sim.live:
-            if any(p.address == address for p in self.sim.nodes[i].statistics().peers):
+            if any(p.address == address for p in self.sim.nodes[i].transport_statistics().peers):
                 self._found(f"n{i} dials {address}, which only the intruder named, after {cause}")
 
     # ---- helpers ----

@@ -15,7 +15,7 @@ from pycrdt import Doc, Map
 from crdt import ReplicatorSettings
 from membership import Address, LinkConditions, SimNetwork
 from membership._member import MemberStatus
-from membership.sbr._resolver import SplitBrainResolverSettings
+from membership.sbr._settings import SplitBrainResolverSettings
 from p2pshard import Node, NodeConfig, TlsFiles, open_node
 
 TLS = TlsFiles(

@@ -60,7 +60,7 @@ async def test_start_update_sends_before_it_returns_and_result_gives_the_outcome
         node = c.nodes[1]
 
         def frames_out() -> int:
-            return sum(p.frames_sent + p.queued_frames for p in node.statistics().peers)
+            return sum(p.frames_sent + p.queued_frames for p in node.transport_statistics().peers)
 
         def set_a(doc: Any) -> str:
             setter("a", "x")(doc)

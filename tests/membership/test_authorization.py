@@ -12,7 +12,7 @@ from membership._authorization import (
     authorize_membership,
     member_traffic_refusal,
 )
-from membership._cluster_core import (
+from membership._cluster_messages import (
     Down,
     ExitingConfirmed,
     GossipEnvelope,

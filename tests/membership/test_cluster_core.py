@@ -18,18 +18,15 @@ import pytest
 from membership import Address, ConfigurationError, UniqueAddress
 from membership._cluster_core import (
     ClusterCore,
-    ClusterSettings,
     Effect,
-    InitJoin,
-    InitJoinAck,
-    InitJoinNack,
-    Join,
     Phase,
     Publish,
     Send,
     Shutdown,
     StartExiting,
 )
+from membership._cluster_messages import InitJoin, InitJoinAck, InitJoinNack, Join
+from membership._cluster_settings import ClusterSettings
 from membership._events import MemberDowned, MemberRemoved, MemberUp
 from membership._gossip import convergence, leader, oldest
 from membership._islands import Verdict, loses_to

@@ -12,11 +12,12 @@ import trio.testing
 
 from membership import Address, LinkConditions, SimNetwork, deterministic_scheduling
 from membership._cluster import PRUNE_INTERVAL, Cluster
-from membership._cluster_core import ClusterSettings, InitJoin
+from membership._cluster_messages import InitJoin
+from membership._cluster_settings import ClusterSettings
 from membership._events import ClusterEvent, MemberEvent, MemberRemoved, UnreachableMember
 from membership._failure_detector import FailureDetectorSettings
 from membership._member import MemberStatus
-from membership.sbr._resolver import SplitBrainResolverSettings
+from membership.sbr._settings import SplitBrainResolverSettings
 
 S = MemberStatus
 

@@ -21,19 +21,14 @@ from membership._member import NOT_UP, Member, MemberStatus
 from membership._reachability import Reachability
 from membership.sbr._resolver import (
     AcquireLease,
-    Decision,
-    DowningView,
     DownNodes,
     ReleaseLease,
     ResolverState,
     SplitBrainResolverCore,
     SplitBrainResolverEffect,
-    SplitBrainResolverSettings,
-    StrategyName,
-    decide,
-    resolve,
-    reverse_decision,
 )
+from membership.sbr._settings import SplitBrainResolverSettings, StrategyName
+from membership.sbr._strategy import Decision, DowningView, decide, resolve, reverse_decision
 
 S = MemberStatus
 D = Decision

@@ -64,15 +64,15 @@ async def cluster_with_entity_on_n2(seed: int) -> AsyncIterator[tuple[CounterSim
 
 def record_replies(sim: CounterSim, node: int) -> list[tuple[UniqueAddress, EntityReply]]:
     """The answers to asks that node ``node`` sends from now on (they still go out)."""
-    sharding = sim.nodes[node].sharding
-    reply = sharding._reply
+    asks = sim.nodes[node].sharding._asks
+    reply = asks.reply
     replies: list[tuple[UniqueAddress, EntityReply]] = []
 
     def record(to: UniqueAddress, answer: EntityReply) -> None:
         replies.append((to, answer))
         reply(to, answer)
 
-    sharding._reply = record  # type: ignore[method-assign,assignment]
+    asks.reply = record  # type: ignore[method-assign,assignment]
     return replies
 
 

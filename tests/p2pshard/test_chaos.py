@@ -3,10 +3,10 @@
 Each seed is a whole cluster in one ``trio.run`` (``p2pshard.testing.run_chaos``): partitions of
 every shape, flaky and slow links, crashes, pauses, downed nodes restarted, under a counter
 workload; then every invariant. The default run covers ``CI_SEEDS`` seeds in two processes, and
-``FAN_OUT_SEEDS`` with the chat-like fan-out workload instead;
-``--slow`` adds ``SLOW_SEEDS``. The checkers are shown to catch what they must: with leases off,
-with a network that delivers frames twice, with a test fault that activates an entity twice, and
-on views made by hand (two islands, fake members).
+``FAN_OUT_SEEDS`` with the chat-like fan-out workload instead; ``--slow`` adds ``SLOW_SEEDS`` and
+``FAN_OUT_SLOW_SEEDS``. The checkers are shown to catch what they must: with leases off, with a
+network that delivers frames twice, with a test fault that activates an entity twice, and on views
+made by hand (two islands, fake members).
 
 ``REALISTIC_CI_SETTINGS`` is as hard as real hosts: seed nodes drawn per seed (a few, not every
 node), seed nodes restarted during partitions, long partitions with the seed nodes on the losing
@@ -60,7 +60,8 @@ from p2pshard.testing import (
 
 CI_SEEDS = range(200)
 CI_SETTINGS = ChaosSettings(duration=15.0, quiet=30.0, message_interval=0.3)
-FAN_OUT_SEEDS = range(200, 240)
+FAN_OUT_SEEDS = range(200, 224)
+FAN_OUT_SLOW_SEEDS = range(224, 400)
 FAN_OUT_SETTINGS = attrs.evolve(CI_SETTINGS, workloads=("fan-out",))
 REALISTIC_CI_SETTINGS = attrs.evolve(
     REALISTIC, duration=CI_SETTINGS.duration, quiet=30.0, message_interval=0.3
@@ -100,6 +101,11 @@ def test_every_invariant_holds_over_the_ci_seeds() -> None:
 def test_every_invariant_holds_over_fan_out_seeds() -> None:
     """Chat-like rooms copying each post to three inboxes before they answer."""
     run_and_check(FAN_OUT_SEEDS, FAN_OUT_SETTINGS)
+
+
+@pytest.mark.slow
+def test_every_invariant_holds_over_more_fan_out_seeds() -> None:
+    run_and_check(FAN_OUT_SLOW_SEEDS, FAN_OUT_SETTINGS)
 
 
 @pytest.mark.slow

@@ -174,7 +174,7 @@ async def test_status_shows_members_and_shard_counts(
             # The asked node forgets the clients once they have their answers: it links only
             # to the other member again, instead of reconnecting to ports that are gone.
             members_only = {nodes[0].address.address}
-            while {p.address for p in nodes[1].statistics().peers} != members_only:  # noqa: ASYNC110
+            while {p.address for p in nodes[1].transport_statistics().peers} != members_only:  # noqa: ASYNC110
                 await trio.sleep(0.05)
 
 

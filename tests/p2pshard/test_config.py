@@ -15,9 +15,9 @@ from membership import (
     PeerIdentity,
     TransportSettings,
 )
-from membership._cluster_core import ClusterSettings
+from membership._cluster_settings import ClusterSettings
 from membership._failure_detector import FailureDetectorSettings
-from membership.sbr._resolver import SplitBrainResolverSettings
+from membership.sbr._settings import SplitBrainResolverSettings
 from membership.transport._certs import create_certificate, create_cluster_ca
 from membership.transport._tls import DenyList
 from p2pshard import ClientConfig, NodeConfig, TlsFiles

@@ -700,13 +700,6 @@ async def test_an_unregistered_message_is_refused_at_tell_and_ask(
         assert await ref.ask(State(), timeout=BOUND) == (1, ())
 
 
-CACHE_BUG = (
-    "Sharding._check_message caches the *type* of a registered message after one successful "
-    "encode, so a later message of that type whose field holds an unserializable value skips "
-    "the check"
-)
-
-
 async def test_an_unserializable_value_in_a_registered_message_is_refused(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

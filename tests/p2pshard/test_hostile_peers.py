@@ -18,7 +18,7 @@ import trio
 import trio.testing
 
 from membership import Address, IdentityKind, SimTransport, UniqueAddress
-from membership._cluster_core import Down, GossipEnvelope, GossipStatus, InitJoin, Join, Leave
+from membership._cluster_messages import Down, GossipEnvelope, GossipStatus, InitJoin, Join, Leave
 from membership._gossip import Gossip
 from membership._heartbeat import Heartbeat
 from membership._member import Member, MemberStatus
@@ -194,7 +194,7 @@ async def test_a_flood_of_refused_messages_closes_the_link_and_gives_a_few_log_l
             await trio.sleep(1)
         # Past refused_messages_burst (1,000 here), refusals faster than
         # refused_messages_per_second (100/s) close the link, and what was in flight is lost.
-        assert sim.nodes[1].statistics().links_closed_refused >= 1
+        assert sim.nodes[1].transport_statistics().links_closed_refused >= 1
         assert 1000 <= refused(sim, 1)["forged-author"] < 2000
         lines = [r for r in caplog.records if "refused" in r.getMessage()]
         # One line at once, then at most one per REPORT_INTERVAL (10 s) over ~10 s of flood.
@@ -217,7 +217,7 @@ async def test_large_refused_messages_close_the_link_by_their_bytes(
             await intruder.send(addr(1), bulky)
         await trio.sleep(2)
         # refused_bytes_burst (16 MiB) is spent after some 64 of them: the link is closed.
-        assert sim.nodes[1].statistics().links_closed_refused >= 1
+        assert sim.nodes[1].transport_statistics().links_closed_refused >= 1
         assert refused(sim, 1)["not-a-member"] < 100
         assert members(sim, 1) == UP3
         await asks_answered(sim)

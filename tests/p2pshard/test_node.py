@@ -16,7 +16,7 @@ import trio.testing
 
 from membership import Address, LinkConditions, SimNetwork
 from membership._member import MemberStatus
-from membership.sbr._resolver import SplitBrainResolverSettings
+from membership.sbr._settings import SplitBrainResolverSettings
 from p2pshard import Node, NodeConfig, TlsFiles, open_node
 
 TLS = TlsFiles(
@@ -198,3 +198,16 @@ async def test_wait_up_does_not_warn_while_joining_through_seed_nodes(
             with trio.fail_after(60):
                 await node.cluster.wait_up()  # the first seed forms the cluster after a while
     assert not [m for _, m in log.records if "wait_up() waits" in m]
+
+
+async def test_node_statistics_is_a_deprecated_alias_of_transport_statistics(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    net = SimNetwork(seed=7)
+    async with (
+        net.transport(Address("10.0.0.1", 1), "n1") as transport,
+        open_node(lone_config(self_join=True), transport=transport) as node,
+    ):
+        with pytest.warns(DeprecationWarning, match=r"use Node\.transport_statistics\(\)"):
+            old = node.statistics()
+        assert old.peers == node.transport_statistics().peers

@@ -18,7 +18,7 @@ from pathlib import Path
 import trio
 
 from membership import Address, UniqueAddress
-from membership._cluster_core import Down, GossipEnvelope, Join, Leave
+from membership._cluster_messages import Down, GossipEnvelope, Join, Leave
 from membership._gossip import Gossip
 from membership._heartbeat import Heartbeat
 from membership._member import Member, MemberStatus

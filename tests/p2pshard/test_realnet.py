@@ -34,7 +34,7 @@ import pytest
 import trio
 
 from membership import SplitBrainResolverSettings, TransportSettings
-from membership._cluster_core import ClusterSettings
+from membership._cluster_settings import ClusterSettings
 from p2pshard.cli import EXIT_DOWNED
 from p2pshard.testing import check_history, check_single_activation
 from p2pshard.testing._netns import (
@@ -480,6 +480,7 @@ async def test_p2pshard_node_exits_non_zero_when_downed(tmp_path: Path) -> None:
     assert status == EXIT_DOWNED, f"p2pshard node exited with {status} when downed"
 
 
+@pytest.mark.slow  # on loopback in the default run: tests/p2pshard/test_cli.py
 @trio_run
 async def test_p2pshard_node_exits_zero_after_sigterm(tmp_path: Path) -> None:
     async with open_netns_cluster(NetnsClusterSettings(), tmp_path / "run") as cluster:

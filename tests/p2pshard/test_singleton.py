@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 
-from membership.sbr._resolver import SplitBrainResolverSettings
+from membership.sbr._settings import SplitBrainResolverSettings
 from membership.singleton._manager import SingletonContext, SingletonRequest, SingletonUnavailable
 from p2pshard import LeaseSettings, MemoryLeaseBackend, Node, testing
 
