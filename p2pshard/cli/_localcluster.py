@@ -129,7 +129,10 @@ class LocalCluster:
         configs = self.prepare()
         self.check_ports()
         children: dict[str, subprocess.Popen[bytes]] = {}
-        previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+        # SIGINT too, rather than Python's KeyboardInterrupt: a launcher started with SIGINT
+        # ignored (from a background job of a script) gets no KeyboardInterrupt at all.
+        stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        previous = {s: signal.signal(s, _raise_stop) for s in stops}
         try:
             for path in configs:
                 name = path.parent.name

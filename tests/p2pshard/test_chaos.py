@@ -10,12 +10,12 @@ made by hand (two islands, fake members).
 
 ``REALISTIC_CI_SETTINGS`` is as hard as real hosts: seed nodes drawn per seed (a few, not every
 node), seed nodes restarted during partitions, long partitions with the seed nodes on the losing
-side, and an intruder sending forged membership messages: the CI seeds run with it, and
-``--slow`` runs them once more with the first wave's schedules (every node a seed node, the
-classic fault kinds). ``FAST_LAN_SETTINGS`` runs the same, with every node on the fast LAN
-failover profile (``p2pshard.FAST_LAN``), over ``FAST_LAN_SEEDS``: the profile is checked safe
-by chaos as well as by the settings' validation. A seed whose run hangs fails in bounded time
-with the seed named.
+side, and an intruder sending forged membership messages: the CI seeds run with it, and ``--slow``
+runs them once more with the first wave's schedules (every node a seed node, the classic fault
+kinds). ``FAST_LAN_SETTINGS`` runs the same, with every node on the fast LAN failover profile
+(``p2pshard.FAST_LAN``), over ``FAST_LAN_SEEDS``: the profile is checked safe by chaos as well as by
+the settings' validation (``--slow`` adds ``FAST_LAN_SLOW_SEEDS``). A seed whose run hangs fails in
+bounded time with the seed named.
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ FAN_OUT_SETTINGS = attrs.evolve(CI_SETTINGS, workloads=("fan-out",))
 REALISTIC_CI_SETTINGS = attrs.evolve(
     REALISTIC, duration=CI_SETTINGS.duration, quiet=30.0, message_interval=0.3
 )
-FAST_LAN_SEEDS = range(400, 440)
+FAST_LAN_SEEDS = range(400, 420)
+FAST_LAN_SLOW_SEEDS = range(420, 500)
 FAST_LAN_SETTINGS = attrs.evolve(REALISTIC_CI_SETTINGS, profile="fast-lan")
 INTRUDER_SEEDS = range(300, 304)
 INTRUDER_SETTINGS = attrs.evolve(REALISTIC_CI_SETTINGS, faults=("intruder",), quiet=20.0)
@@ -118,6 +119,11 @@ def test_every_invariant_holds_with_the_fast_lan_failover_profile() -> None:
     """p2pshard.FAST_LAN (detection in under 2 s, stable_after 1 s, 3 s leases) on every node,
     as hard as real hosts: the profile's timing must keep every invariant too."""
     run_and_check(FAST_LAN_SEEDS, FAST_LAN_SETTINGS)
+
+
+@pytest.mark.slow
+def test_every_invariant_holds_with_the_fast_lan_profile_over_more_seeds() -> None:
+    run_and_check(FAST_LAN_SLOW_SEEDS, FAST_LAN_SETTINGS)
 
 
 def test_the_profile_reaches_every_node_and_entity_type() -> None:

@@ -382,8 +382,9 @@ def test_ctrl_c_while_the_local_cluster_starts_prints_no_traceback(tmp_path: Pat
             pids = [int(pid) for pid in re.findall(r"\(pid (\d+)\)", seen[-1])]
             wait_until_python_takes_sigint(pids)  # the nodes are importing their modules now
             os.killpg(launcher.pid, signal.SIGINT)
-            seen.append(launcher.stdout.read())
-            assert launcher.wait(timeout=30) == 0, "".join(seen)
+            rest, _ = launcher.communicate(timeout=60)
+            seen.append(rest)
+            assert launcher.returncode == 0, "".join(seen)
         finally:
             if launcher.poll() is None:
                 os.killpg(launcher.pid, signal.SIGKILL)
@@ -392,6 +393,37 @@ def test_ctrl_c_while_the_local_cluster_starts_prints_no_traceback(tmp_path: Pat
     assert "stopping the cluster" in output, output
     assert "Traceback" not in output, output
     assert "KeyboardInterrupt" not in output, output
+
+
+def test_ctrl_c_stops_a_local_cluster_started_with_sigint_ignored(tmp_path: Path) -> None:
+    """A launcher started from a script's background job inherits SIGINT ignored, and Python
+    then raises no KeyboardInterrupt: the old launcher ran on after Ctrl-C (a full test run
+    started that way hung on it for 8 minutes). The launcher takes SIGINT itself now."""
+    base = free_port_block(2)
+    command = ["local-cluster", "--nodes", "2", "--base-port", str(base), "--dir", str(tmp_path)]
+    seen: list[str] = []
+    with subprocess.Popen(
+        [*PYTHON, *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    ) as launcher:
+        try:
+            assert launcher.stdout is not None
+            read_until(launcher.stdout, "Ctrl-C stops it", seen)
+            launcher.send_signal(signal.SIGINT)
+            rest, _ = launcher.communicate(timeout=60)
+            seen.append(rest)
+        finally:
+            if launcher.poll() is None:
+                os.killpg(launcher.pid, signal.SIGKILL)
+                launcher.wait()
+    output = "".join(seen)
+    assert launcher.returncode == 0, output
+    assert "stopping the cluster" in output, output
 
 
 def wait_until_python_takes_sigint(pids: list[int]) -> None:
