@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from membership import ClusterError, ConfigurationError
 
 from ._allocation import EntityId, ShardId
+from ._reply import Reply as Reply
 
 if TYPE_CHECKING:
     from ._region import ShardRegion
@@ -165,18 +166,6 @@ def check_entity(type_name: str, instance: object) -> None:
     if not _is_async(receive):
         raise _not_async(type_name, cls.__qualname__, receive)
     _CHECKED_CLASSES.add(cls)
-
-
-class Reply(Protocol):
-    """Where an ask's answer goes: a waiting caller here, or an asking node."""
-
-    request_id: int
-
-    def ok(self, value: object) -> None:
-        """The entity answered ``value``."""
-
-    def fail(self, error_type: str, error_text: str) -> None:
-        """The entity raised, or the message could not be delivered."""
 
 
 class Stop:

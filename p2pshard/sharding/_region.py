@@ -48,6 +48,7 @@ from ._allocation import EntityId, ShardId
 from ._asks import RemoteReply
 from ._entity import EntityContext, EntityRef, EntityState, Reply
 from ._extractor import MessageExtractor
+from ._outbox import ENTRY_OVERHEAD, Outbox, entry_size
 from ._protocol import (
     ENTRY_FIELDS,
     BeginHandOffAck,
@@ -69,7 +70,7 @@ from ._region_core import Refused as RefusedEffect
 from ._remember import RememberStore
 from ._services import RegionServices
 from ._settings import ShardingSettings
-from ._shard import FORCED_STOP_FRACTION, EntityFactory, Scheduler, Shard
+from ._shard import FORCED_STOP_FRACTION, EntityFactory, EntityWorkers, Shard
 
 logger = logging.getLogger("p2pshard.region")
 
@@ -88,63 +89,12 @@ BATCH_MESSAGES = 128
 BATCH_BYTES = 32 * 1024
 """Bytes (an upper estimate) a region gathers into one ``EntityDeliveries`` at most."""
 
-_ENTRY_OVERHEAD = 32
-"""Bytes an entry of ``EntityDeliveries`` takes besides its ids and payload, at most."""
-
 _SHORT_ID = 256
 """Entity ids up to this many characters, with a small message, surely fit in a frame."""
 
 _DELIVERY_OVERHEAD = 1024
 """Bytes an ``EntityDelivery`` takes besides its ids, type name and payload, at most (the
 asker's address included)."""
-
-
-class _Outgoing:
-    """Messages for one node gathered while its link is busy, not yet given to the transport."""
-
-    __slots__ = ("entries", "lock", "replies", "size")
-
-    def __init__(self) -> None:
-        self.entries: list[Any] = []
-        """Flat, ``ENTRY_FIELDS`` values per message, as in ``EntityDeliveries.entries``."""
-        self.replies: list[Reply | None] = []
-        """One per message: the asks to fail if their batch is lost."""
-        self.size = 0
-        """An upper estimate of the entries' encoded size, in bytes."""
-        self.lock = trio.Lock()
-        """Held while a batch is on its way: batches to one node leave in the order made."""
-
-    def take(self, budget: int) -> tuple[list[Any], list[Reply | None]]:
-        """Remove and return the oldest messages that fit in ``budget`` bytes (one at least)."""
-        entries, replies = self.entries, self.replies
-        if self.size <= budget:
-            self.entries, self.replies, self.size = [], [], 0
-            return entries, replies
-        count = size = 0
-        for i in range(0, len(entries), ENTRY_FIELDS):
-            one = _entry_size(entries[i], entries[i + 1], entries[i + 2])
-            if count and size + one > budget:
-                break
-            count += 1
-            size += one
-        cut = count * ENTRY_FIELDS
-        self.entries, self.replies = entries[cut:], replies[count:]
-        self.size -= size
-        return entries[:cut], replies[:count]
-
-    def give_back(self, entries: list[Any], replies: list[Reply | None]) -> None:
-        """Put back what :meth:`take` gave, ahead of what was gathered since."""
-        self.entries[:0] = entries
-        self.replies[:0] = replies
-        self.size += sum(
-            _entry_size(entries[i], entries[i + 1], entries[i + 2])
-            for i in range(0, len(entries), ENTRY_FIELDS)
-        )
-
-
-def _entry_size(shard_id: str, entity_id: str, payload: bytes) -> int:
-    # An upper bound: a character is at most 4 bytes of UTF-8.
-    return len(payload) + 4 * (len(shard_id) + len(entity_id)) + _ENTRY_OVERHEAD
 
 
 @attrs.frozen
@@ -236,7 +186,7 @@ class ShardRegion:
         )
         self._proxy = services.singletons.proxy(coordinator_name(type_name), role=role)
         self._nursery = nursery
-        self._scheduler = Scheduler(nursery)
+        self._scheduler = EntityWorkers(nursery)
         self._shards: dict[ShardId, Shard] = {}
         self._running: dict[ShardId, Shard] = {}
         self._stop_deadlines: dict[ShardId, float] = {}
@@ -258,16 +208,16 @@ class ShardRegion:
         self._batches_sent = 0
         self._received_remote = 0
         self._stopped_event = trio.Event()
-        self._outgoing: dict[UniqueAddress, _Outgoing] = {}
+        self._outgoing: dict[UniqueAddress, Outbox] = {}
         self._gathered = trio.Event()
         """Set when a node gets its first gathered message: the batcher task sends them."""
         self._batch_bytes = min(
             BATCH_BYTES,
-            self._transport.settings.max_frame_size - 4 * len(type_name) - 4 * _ENTRY_OVERHEAD,
+            self._transport.settings.max_frame_size - 4 * len(type_name) - 4 * ENTRY_OVERHEAD,
         )
         """The batch size, in estimated bytes: a message that alone is larger is sent alone."""
         self._recent_home: UniqueAddress | None = None
-        self._recent_outgoing: _Outgoing | None = None
+        self._recent_outgoing: Outbox | None = None
         """The last node gathered for and what :attr:`_outgoing` holds for it."""
 
     # -- public API -------------------------------------------------------------------------
@@ -435,7 +385,7 @@ class ShardRegion:
             # for the batcher task, one scheduler pass more than a queued frame, and asks in
             # flight at once would each pay it.
             payload = _wire.encode(message)  # fails here, as a send would: nothing is gathered
-            size = _entry_size(shard_id, entity_id, payload)
+            size = entry_size(shard_id, entity_id, payload)
             if size <= self._batch_bytes:
                 outgoing = self._gather(home, outgoing, shard_id, entity_id, payload, size, reply)
                 if len(outgoing.replies) >= BATCH_MESSAGES or outgoing.size >= self._batch_bytes:
@@ -499,7 +449,7 @@ class ShardRegion:
             "transport.max_frame_size on every node"
         )
 
-    def _gathered_for(self, home: UniqueAddress) -> _Outgoing | None:
+    def _gathered_for(self, home: UniqueAddress) -> Outbox | None:
         """What :attr:`_outgoing` holds for ``home``: once per remote send.
 
         An address hashes in Python, so the dict is not asked when nothing is gathered, nor
@@ -512,13 +462,13 @@ class ShardRegion:
     def _gather(
         self,
         home: UniqueAddress,
-        outgoing: _Outgoing | None,
+        outgoing: Outbox | None,
         shard_id: ShardId,
         entity_id: EntityId,
         payload: bytes,
         size: int,
         reply: Reply | None,
-    ) -> _Outgoing:
+    ) -> Outbox:
         """Add a message (encoded, ``size`` from :func:`_entry_size`) to those for ``home``.
 
         ``outgoing`` is what :attr:`_outgoing` holds for ``home``, if anything. The batcher task
@@ -527,7 +477,7 @@ class ShardRegion:
         they are out, so that none overtakes them.
         """
         if outgoing is None:
-            outgoing = self._outgoing[home] = _Outgoing()
+            outgoing = self._outgoing[home] = Outbox()
             self._recent_home, self._recent_outgoing = home, outgoing
         if not outgoing.replies:
             self._gathered.set()
@@ -677,7 +627,7 @@ class ShardRegion:
             except SerializationError as exc:
                 self._dropped([(entity_id, message, reply)], f"passing it on failed: {exc}")
                 return
-            size = _entry_size(shard_id, entity_id, payload)
+            size = entry_size(shard_id, entity_id, payload)
             self._gather(home, outgoing, shard_id, entity_id, payload, size, reply)
             return
         try:

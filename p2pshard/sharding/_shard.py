@@ -3,9 +3,9 @@
 Theory of operation. A :class:`Shard` maps entity ids to :class:`EntityContext` objects (the
 entity's state machine, mailbox and instance; see ``p2pshard.sharding._entity``). ``deliver``
 appends to the entity's mailbox and, if the entity is not queued yet, puts it on the region's
-:class:`Scheduler` run queue. A worker task takes an entity off the queue and awaits its ``receive``
-for the waiting messages, one at a time (at most ``BATCH`` before others get a turn). No entity has
-a task of its own, so an idle entity costs only its objects.
+:class:`EntityWorkers` run queue. A worker task takes an entity off the queue and awaits its
+``receive`` for the waiting messages, one at a time (at most ``BATCH`` before others get a turn). No
+entity has a task of its own, so an idle entity costs only its objects.
 
 Workers: a few stay parked while there is nothing to run and are woken directly; when every
 worker is busy and the queue makes no progress for ``SPAWN_AFTER``, another is started (up to
@@ -86,7 +86,7 @@ _CONTROL = frozenset({Stop, Wake})
 """Mailbox entries that are not messages for the entity."""
 
 
-class Scheduler:
+class EntityWorkers:
     """The run queue of entities with waiting messages, and the workers that run them.
 
     A parked worker is woken directly (``trio.lowlevel.reschedule``). When every worker is busy,
@@ -638,4 +638,4 @@ def _qualified(cls: type[Any]) -> str:
 EntityFactory = Callable[[EntityContext], Entity]
 """Makes an entity instance from its context (usually the entity class itself)."""
 
-__all__ = ["BATCH", "EntityFactory", "Mail", "Scheduler", "Shard"]
+__all__ = ["BATCH", "EntityFactory", "Mail", "EntityWorkers", "Shard"]
