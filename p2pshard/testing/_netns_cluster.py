@@ -68,6 +68,7 @@ from .._config import LOG_LEVELS, NodeConfig
 from ..leases._lease import LeaseSettings
 from ..persistence._journal import JournalSettings
 from ._checkers import Violation
+from ._merge import Merged, ProcessRun, merge_histories
 from ._netns import PORT as PORT  # where it was first defined; kept importable from here
 from ._netns import (
     NetnsError,
@@ -76,7 +77,7 @@ from ._netns import (
     netns_unavailable,
     open_network,
 )
-from ._real import Merged, ProcessRun, merge_histories, node_process_command, node_process_env
+from ._real import node_process_command, node_process_env
 from ._real import node_tls as make_node_tls
 
 CLUSTER = "realnet"

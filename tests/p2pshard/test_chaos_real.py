@@ -36,7 +36,8 @@ from p2pshard.testing import (
     run_real_chaos,
     summarize_real,
 )
-from p2pshard.testing._real import QUICK_FAULTS, _Orchestrator, live_pieces
+from p2pshard.testing._merge import live_pieces
+from p2pshard.testing._real import QUICK_FAULTS, _Orchestrator
 
 SEED = 20261122
 
