@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -402,6 +403,7 @@ def test_ctrl_c_stops_a_local_cluster_started_with_sigint_ignored(tmp_path: Path
     base = free_port_block(2)
     command = ["local-cluster", "--nodes", "2", "--base-port", str(base), "--dir", str(tmp_path)]
     seen: list[str] = []
+    nodes: list[int] = []
     with subprocess.Popen(
         [*PYTHON, *command],
         stdout=subprocess.PIPE,
@@ -414,6 +416,7 @@ def test_ctrl_c_stops_a_local_cluster_started_with_sigint_ignored(tmp_path: Path
         try:
             assert launcher.stdout is not None
             read_until(launcher.stdout, "Ctrl-C stops it", seen)
+            nodes = [int(pid) for pid in re.findall(r"\(pid (\d+)\)", seen[-1])]
             launcher.send_signal(signal.SIGINT)
             rest, _ = launcher.communicate(timeout=60)
             seen.append(rest)
@@ -421,6 +424,9 @@ def test_ctrl_c_stops_a_local_cluster_started_with_sigint_ignored(tmp_path: Path
             if launcher.poll() is None:
                 os.killpg(launcher.pid, signal.SIGKILL)
                 launcher.wait()
+                for pid in nodes:  # in sessions of their own: the launcher's group missed them
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(pid, signal.SIGKILL)
     output = "".join(seen)
     assert launcher.returncode == 0, output
     assert "stopping the cluster" in output, output
