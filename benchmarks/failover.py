@@ -604,60 +604,32 @@ def format_table(report: dict[str, Any]) -> str:
     """The report as a table for people."""
     header = ("figure", "samples", "p50", "p99", "max", "baseline (same run)", "ratio", "target")
     rows: list[tuple[str, ...]] = []
+
+    def row(
+        label: str, stats: dict[str, Any], baseline: str = "", ratio: str = "", target: str = ""
+    ) -> None:
+        figures = (cell(stats["p50_s"]), cell(stats["p99_s"]), cell(stats["max_s"]))
+        rows.append((label, str(stats["samples"]), *figures, baseline, ratio, target))
+
     for name, p in report["profiles"].items():
         u, d = p["unavailable"], p["down_seen"]
         target = TARGETS[name]
-        met = verdict(u["p99_s"], target)
-        rows.append(
-            (
-                f"{name}: kill -9 or partition, unavailable (s)",
-                str(u["samples"]),
-                cell(u["p50_s"]),
-                cell(u["p99_s"]),
-                cell(u["max_s"]),
-                f"Down seen {cell(d['p50_s'])} / {cell(d['p99_s'])}; floor {p['floor_s']:.2f}",
-                cell(p["ratio_unavailable_over_down"]),
-                f"p99 <= {target:g}  {met}",
-            )
+        row(
+            f"{name}: kill -9 or partition, unavailable (s)",
+            u,
+            f"Down seen {cell(d['p50_s'])} / {cell(d['p99_s'])}; floor {p['floor_s']:.2f}",
+            cell(p["ratio_unavailable_over_down"]),
+            f"p99 <= {target:g}  {verdict(u['p99_s'], target)}",
         )
         for kind, k in p["by_kind"].items():
-            rows.append(
-                (
-                    f"    {kind} ({k['faults']} faults)",
-                    str(k["samples"]),
-                    cell(k["p50_s"]),
-                    cell(k["p99_s"]),
-                    cell(k["max_s"]),
-                    "",
-                    "",
-                    "",
-                )
-            )
-        a = p["added_by_sharding"]
-        rows.append(
-            (
-                "    after the Down (sharding's share)",
-                str(a["samples"]),
-                cell(a["p50_s"]),
-                cell(a["p99_s"]),
-                cell(a["max_s"]),
-                "",
-                "",
-                "",
-            )
-        )
-        lv, h = p["leave"], p["rebalance_handoff"]
-        rows.append(
-            (
-                f"{name}: graceful leave, unavailable (s)",
-                str(lv["samples"]),
-                cell(lv["p50_s"]),
-                cell(lv["p99_s"]),
-                cell(lv["max_s"]),
-                f"rebalance hand-off {cell(h['p50_s'])} / {cell(h['p99_s'])}",
-                cell(p["leave_ratio_over_handoff"]),
-                "",
-            )
+            row(f"    {kind} ({k['faults']} faults)", k)
+        row("    after the Down (sharding's share)", p["added_by_sharding"])
+        h = p["rebalance_handoff"]
+        row(
+            f"{name}: graceful leave, unavailable (s)",
+            p["leave"],
+            f"rebalance hand-off {cell(h['p50_s'])} / {cell(h['p99_s'])}",
+            cell(p["leave_ratio_over_handoff"]),
         )
     widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
 

@@ -89,6 +89,15 @@ HURRIED_CONNECT_ATTEMPT = 0.5
 """``hurry`` starts afresh a connect attempt unanswered for this long: a SYN lost to a
 partition that has healed since is retransmitted by the kernel only seconds later."""
 
+_LINK_FAILURES = (
+    HandshakeError,
+    ProtocolError,
+    trio.BrokenResourceError,
+    trio.TooSlowError,
+    OSError,
+)
+"""What ends a handshake or a connect attempt (counted and logged, never raised further)."""
+
 
 @_wire.message(name="p2pshard.transport.Hello")
 @attrs.frozen(kw_only=True)
@@ -442,13 +451,7 @@ class TcpTransport(Transport):
                 await link.flush()
                 entry = _OpenLink(link, peer, identity, serial, der, inbound=True)
                 self._register(entry, generation)
-        except (
-            HandshakeError,
-            ProtocolError,
-            trio.BrokenResourceError,
-            trio.TooSlowError,
-            OSError,
-        ) as exc:
+        except _LINK_FAILURES as exc:
             self._counters.handshakes_refused += 1
             self._refusals.refuse(
                 "refused-link",
@@ -567,13 +570,7 @@ class TcpTransport(Transport):
                 with trio.CancelScope() as attempt:
                     self._attempts[outbox] = (attempt, trio.current_time())
                     entry = await self._connect(outbox.address)
-            except (
-                HandshakeError,
-                ProtocolError,
-                trio.BrokenResourceError,
-                trio.TooSlowError,
-                OSError,
-            ) as exc:
+            except _LINK_FAILURES as exc:
                 outbox.connect_failures += 1
                 reason = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) else exc
                 log = logger.warning if outbox.connect_failures == 1 else logger.debug

@@ -952,7 +952,7 @@ class ShardRegion:
                     oldest = _oldest(cluster, self.role)
                     self._apply(self._core.cluster_changed(oldest, members, trio.current_time()))
                 # The subscription ends when this node is out of the cluster: nothing more to do.
-                self._services.close()
+                self._lifecycle.closed = True
 
             nursery.start_soon(follow_cluster)
             nursery.start_soon(self._batcher)

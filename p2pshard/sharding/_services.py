@@ -50,5 +50,4 @@ class RegionServices:
     observers: list[IncarnationObserver]
     """Told of every incarnation that starts or ends here (the list grows as they register)."""
     lifecycle: Lifecycle
-    close: Callable[[], None]
-    """Stop sharding on this node: its node is out of the cluster."""
+    """Closed once this node is out of the cluster: then no region takes messages."""

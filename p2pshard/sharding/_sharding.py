@@ -153,7 +153,6 @@ class Sharding:
             check_message=self._message_check.check,
             observers=self._observers,
             lifecycle=self._lifecycle,
-            close=self.close,
         )
         cluster.add_exiting_task(self._shutdown_on_exit, first=True)
 

@@ -366,31 +366,8 @@ def test_a_second_ctrl_c_while_the_node_leaves_prints_no_traceback(tmp_path: Pat
 
 def test_ctrl_c_while_the_local_cluster_starts_prints_no_traceback(tmp_path: Path) -> None:
     """Ctrl-C reaches the launcher's whole process group, as a terminal sends it."""
-    base = free_port_block(2)
-    command = ["local-cluster", "--nodes", "2", "--base-port", str(base), "--dir", str(tmp_path)]
-    seen: list[str] = []
-    with subprocess.Popen(
-        [*PYTHON, *command],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    ) as launcher:
-        try:
-            assert launcher.stdout is not None
-            read_until(launcher.stdout, "Ctrl-C stops it", seen)
-            pids = [int(pid) for pid in re.findall(r"\(pid (\d+)\)", seen[-1])]
-            wait_until_python_takes_sigint(pids)  # the nodes are importing their modules now
-            os.killpg(launcher.pid, signal.SIGINT)
-            rest, _ = launcher.communicate(timeout=60)
-            seen.append(rest)
-            assert launcher.returncode == 0, "".join(seen)
-        finally:
-            if launcher.poll() is None:
-                os.killpg(launcher.pid, signal.SIGKILL)
-                launcher.wait()
-    output = "".join(seen)
+    status, output = interrupt_local_cluster(tmp_path)
+    assert status == 0, output
     assert "stopping the cluster" in output, output
     assert "Traceback" not in output, output
     assert "KeyboardInterrupt" not in output, output
@@ -400,6 +377,14 @@ def test_ctrl_c_stops_a_local_cluster_started_with_sigint_ignored(tmp_path: Path
     """A launcher started from a script's background job inherits SIGINT ignored, and Python
     then raises no KeyboardInterrupt: the old launcher ran on after Ctrl-C (a full test run
     started that way hung on it for 8 minutes). The launcher takes SIGINT itself now."""
+    status, output = interrupt_local_cluster(tmp_path, sigint_ignored=True)
+    assert status == 0, output
+    assert "stopping the cluster" in output, output
+
+
+def interrupt_local_cluster(tmp_path: Path, *, sigint_ignored: bool = False) -> tuple[int, str]:
+    """Start a two-node local cluster, Ctrl-C its process group once it runs; its exit status
+    and output. Whatever is still running at the end (the launcher, its nodes) is killed."""
     base = free_port_block(2)
     command = ["local-cluster", "--nodes", "2", "--base-port", str(base), "--dir", str(tmp_path)]
     seen: list[str] = []
@@ -411,13 +396,15 @@ def test_ctrl_c_stops_a_local_cluster_started_with_sigint_ignored(tmp_path: Path
         text=True,
         start_new_session=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        preexec_fn=ignore_sigint if sigint_ignored else None,
     ) as launcher:
         try:
             assert launcher.stdout is not None
             read_until(launcher.stdout, "Ctrl-C stops it", seen)
             nodes = [int(pid) for pid in re.findall(r"\(pid (\d+)\)", seen[-1])]
-            launcher.send_signal(signal.SIGINT)
+            if not sigint_ignored:
+                wait_until_python_takes_sigint(nodes)  # the nodes are importing their modules
+            os.killpg(launcher.pid, signal.SIGINT)
             rest, _ = launcher.communicate(timeout=60)
             seen.append(rest)
         finally:
@@ -427,9 +414,12 @@ def test_ctrl_c_stops_a_local_cluster_started_with_sigint_ignored(tmp_path: Path
                 for pid in nodes:  # in sessions of their own: the launcher's group missed them
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(pid, signal.SIGKILL)
-    output = "".join(seen)
-    assert launcher.returncode == 0, output
-    assert "stopping the cluster" in output, output
+    return launcher.returncode, "".join(seen)
+
+
+def ignore_sigint() -> None:
+    """In the child before it runs: SIGINT ignored, as a background job of a script has it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def wait_until_python_takes_sigint(pids: list[int]) -> None:
