@@ -17,6 +17,9 @@ from ._islands import Sighting as Sighting
 from ._islands import Verdict as Verdict
 from ._lease import acquire_until_granted as acquire_until_granted
 from ._member import NOT_UP as NOT_UP
+from ._timer import NEVER as NEVER
+from ._timer import CoreTimer as CoreTimer
+from ._timer import TimedCore as TimedCore
 from .transport import _wire
 from .transport._address import NAME_PATTERN as NAME_PATTERN
 from .transport._address import check_name as check_name
