@@ -579,6 +579,7 @@ async def _run(
                             nursery,
                             node._rng,
                             leases,
+                            removal_margin=config.split_brain_resolver.stable_after,
                         )
                         node._status = StatusService(transport, cluster, node._sharding, nursery)
                         node._member_commands = MemberCommandService(transport, cluster, nursery)

@@ -339,6 +339,12 @@ def _parser() -> argparse.ArgumentParser:
         "--no-lease", action="store_true", help="run without shard and singleton leases"
     )
     chaos.add_argument(
+        "--removal-margin",
+        type=float,
+        help="seconds the coordinator waits before moving a downed node's shards (default: "
+        "stable_after without leases, 0 with them); not with --real",
+    )
+    chaos.add_argument(
         "--jobs",
         type=int,
         default=0,
@@ -428,6 +434,7 @@ def _chaos(args: argparse.Namespace) -> int:
         seed_layout=base.seed_layout if args.seed_layout is None else args.seed_layout,
         seed_restarts=base.seed_restarts if args.seed_restarts is None else args.seed_restarts,
         profile=args.profile,
+        removal_margin=args.removal_margin,
     )
     if args.seeds < 1:
         raise ConfigurationError(f"--seeds {args.seeds} is invalid: must be at least 1")
@@ -502,6 +509,11 @@ def _chaos_real(args: argparse.Namespace) -> int:
         raise ConfigurationError(
             "--seed-layout, --seed-restarts, --profile and --realistic go with the simulated "
             "cluster, not --real"
+        )
+    if args.removal_margin is not None:
+        raise ConfigurationError(
+            "--removal-margin goes with the simulated cluster, not --real (a real node takes "
+            "sharding.down_removal_margin from its entity type's settings)"
         )
     base = RealChaosSettings.quick() if args.quick else RealChaosSettings()
     faults = (

@@ -30,6 +30,14 @@ termination deallocates its shards.
 *Regions leaving.* A region's node that is removed or downed terminates the region: its shards
 are deallocated (remembered as unallocated with remember-entities, to start elsewhere at once). A
 region in graceful shutdown gets no new shards and all of its shards are handed off.
+
+*Removal margin.* A downed node may still be running its entities: on the far side of a
+partition it stops them only once its own split brain resolver decides, which can come a little
+after this side's. So a region whose node was downed (rather than leaving, or stopping its
+region) is terminated only ``removal_margin`` seconds after the coordinator first saw it gone
+(Akka's ``down-removal-margin``). Meanwhile its shards keep their home: asks for them wait, as
+during a hand-off, and no shard is allocated or moved to it. With shard leases the margin is
+usually zero: a lease keeps a shard from running twice.
 """
 
 from __future__ import annotations
@@ -78,6 +86,7 @@ from ._settings import ShardingSettings
 logger = logging.getLogger("p2pshard.coordinator")
 
 _GONE = frozenset({MemberStatus.DOWN, MemberStatus.REMOVED})
+_DEPARTING = frozenset({MemberStatus.LEAVING, MemberStatus.EXITING})
 
 NEW_REGION_REBALANCE_DELAY = 1.0
 """Seconds after a new region registered before a rebalance round (if the interval is longer)."""
@@ -139,8 +148,13 @@ class ShardCoordinatorCore:
         settings: ShardingSettings,
         strategy: ShardAllocationStrategy,
         now: float,
+        removal_margin: float = 0.0,
     ) -> None:
-        """Build a coordinator that waits for :meth:`state_loaded`."""
+        """Build a coordinator that waits for :meth:`state_loaded`.
+
+        ``removal_margin``: seconds between seeing a region's node downed and moving its shards
+        (see the module docstring).
+        """
         self.type_name = type_name
         self.self_node = self_node
         self.number_of_shards = number_of_shards
@@ -161,6 +175,10 @@ class ShardCoordinatorCore:
         self._next_rebalance = now + settings.rebalance_interval
         self._queue: list[_Pending] = []  # events decided while another was being written
         self._early_round = False  # a new region registered: a round soon, when one may run
+        self.removal_margin = removal_margin
+        self._departing: set[UniqueAddress] = set()  # seen Leaving or Exiting: no margin
+        self._downed_at: dict[UniqueAddress, float] = {}  # gone by downing, within the margin
+        self._removing: set[UniqueAddress] = set()  # margin over, termination being written
 
     # -- inputs -----------------------------------------------------------------------------
 
@@ -184,6 +202,13 @@ class ShardCoordinatorCore:
         if self._early_round:
             self._bring_round_forward(now)  # the new region's node may be Up now
         return self._terminate_gone(now)
+
+    def _note_departures(self) -> None:
+        """Remember which regions' nodes leave gracefully: they need no removal margin."""
+        state = self._projected()
+        for node, status in self.cluster.members.items():
+            if status in _DEPARTING and (node in state.regions or node in state.region_proxies):
+                self._departing.add(node)
 
     def _bring_round_forward(self, now: float) -> None:
         """A new region waits for a round: soon, once the cluster lets shards move."""
@@ -246,6 +271,8 @@ class ShardCoordinatorCore:
                     worker.owner,
                 )
                 effects += self._worker_done(shard, ok=False, now=now)
+        if self._downed_at and now >= min(self._downed_at.values()) + self.removal_margin:
+            effects += self._terminate_gone(now)
         if now >= self._next_rebalance:
             self._next_rebalance = now + self.settings.rebalance_interval
             if self.cluster.good_time_to_rebalance():
@@ -260,6 +287,8 @@ class ShardCoordinatorCore:
             return float("inf")  # tick does nothing yet: a past deadline would spin the timer
         deadlines = [self._next_rebalance, *self._unstarted.values()]
         deadlines += [min(w.deadline, w.resend_at) for w in self._workers.values()]
+        if self._downed_at:
+            deadlines.append(min(self._downed_at.values()) + self.removal_margin)
         return min(deadlines)
 
     def rebalance_in_progress(self) -> frozenset[ShardId]:
@@ -337,6 +366,12 @@ class ShardCoordinatorCore:
             self._deferred.setdefault(shard, []).append(sender)  # answered when it ends
             return []
         region = self.state.shards.get(shard)
+        if region is not None and self._held(region):
+            # Its node was downed and may still run the shard: answered once it is terminated.
+            deferred = self._deferred.setdefault(shard, [])
+            if sender not in deferred:
+                deferred.append(sender)
+            return []
         if region is not None:
             return [self._send(sender, self._home(shard, region))]
         candidates = self._candidates()
@@ -386,7 +421,11 @@ class ShardCoordinatorCore:
         chosen = self.strategy.rebalance(candidates, frozenset(self._workers), self.cluster)
         effects: list[CoordinatorEffect] = []
         for shard in sorted(chosen):
-            if shard in self.state.shards and shard not in self._workers:
+            if (
+                shard in self.state.shards
+                and shard not in self._workers
+                and not self._held(self.state.shards[shard])
+            ):
                 effects += self._start_worker(shard, now)
         return effects
 
@@ -513,8 +552,18 @@ class ShardCoordinatorCore:
             case ShardRegionTerminated(region=region):
                 logger.info("coordinator %s: region %s terminated", self.type_name, region)
                 self._shutting_down.discard(region)
+                self._departing.discard(region)
+                self._downed_at.pop(region, None)
+                self._removing.discard(region)
                 effects += self._forget_region(region, now)
+                # Asks held while the region's node was within its removal margin: answered
+                # now that its shards have no home.
+                for shard in [s for s in self._deferred if s not in self._workers]:
+                    effects += self._answer_deferred(shard, now)
             case ShardRegionProxyTerminated(proxy=proxy):
+                self._departing.discard(proxy)
+                self._downed_at.pop(proxy, None)
+                self._removing.discard(proxy)
                 effects += self._forget_region(proxy, now)
         return effects
 
@@ -531,15 +580,39 @@ class ShardCoordinatorCore:
         return effects
 
     def _terminate_gone(self, now: float) -> list[CoordinatorEffect]:
+        self._note_departures()
         effects: list[CoordinatorEffect] = []
         state = self._projected()  # not again for a termination already being written
         for region in _ordered(state.regions):
-            if self._is_gone(region):
+            if self._is_gone(region) and self._margin_over(region, now):
                 effects += self._update(ShardRegionTerminated(region))
         for proxy in _ordered(state.region_proxies):
-            if self._is_gone(proxy):
+            if self._is_gone(proxy):  # hosts no shards: no margin
                 effects += self._update(ShardRegionProxyTerminated(proxy))
         return effects
+
+    def _margin_over(self, node: UniqueAddress, now: float) -> bool:
+        """Whether a gone region may be terminated: it left gracefully, or its margin ended."""
+        if self.removal_margin <= 0 or node in self._departing or node in self._shutting_down:
+            return True
+        since = self._downed_at.get(node)
+        if since is None:
+            since = self._downed_at[node] = now
+            logger.info(
+                "coordinator %s: region %s was downed; its shards move in %g s (removal margin)",
+                self.type_name,
+                node,
+                self.removal_margin,
+            )
+        if now < since + self.removal_margin:
+            return False
+        del self._downed_at[node]
+        self._removing.add(node)
+        return True
+
+    def _held(self, region: UniqueAddress) -> bool:
+        """Whether ``region``'s node was downed and its shards wait for its termination."""
+        return region in self._downed_at or region in self._removing
 
     def _unstash(self, now: float) -> list[CoordinatorEffect]:
         effects: list[CoordinatorEffect] = []
@@ -559,7 +632,9 @@ class ShardCoordinatorCore:
     def _candidates(self) -> dict[UniqueAddress, tuple[ShardId, ...]]:
         """Regions that may get shards: registered and not shutting down."""
         return {
-            r: shards for r, shards in self.state.regions.items() if r not in self._shutting_down
+            r: shards
+            for r, shards in self.state.regions.items()
+            if r not in self._shutting_down and not self._held(r)
         }
 
     def _ack(self, region: UniqueAddress) -> SendTo:

@@ -76,6 +76,17 @@ class ShardingSettings:
     """The coordinator singleton holds the lease ``<cluster>-singleton-sharding/<type>`` while it
     runs (Akka's singleton ``use-lease``; default off)."""
 
+    down_removal_margin: float | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(in_range(0.0, 3600.0)),
+    )
+    """Seconds the coordinator waits, after a region's node was downed, before it moves that
+    region's shards elsewhere (Akka's ``down-removal-margin``): the downed node may still be
+    running them, on the far side of a partition, until its own split brain resolver decides.
+    None (default): the split brain resolver's ``stable_after`` for an entity type without shard
+    leases, 0 with them (a lease keeps a shard from running twice). A node that leaves
+    gracefully hands its shards off, with no margin."""
+
     lease_retry_interval: float = attrs.field(default=5.0, validator=in_range(0.01, 3600.0))
     """Seconds between a shard's attempts to take its lease at most, when the entity type uses
     shard leases (default 5). After a refusal the first attempts come sooner: 1/16 of it later,

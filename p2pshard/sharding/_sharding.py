@@ -129,8 +129,11 @@ class Sharding:
         nursery: trio.Nursery,
         rng: random.Random,
         leases: Leases | None = None,
+        removal_margin: float = 0.0,
     ) -> None:
         self._transport = transport
+        # The default down-removal margin of entity types without shard leases.
+        self._removal_margin = removal_margin
         self._leases = leases
         self._cluster = cluster
         self._singletons = singletons
@@ -223,9 +226,6 @@ class Sharding:
         strategy = allocation_strategy or LeastShardAllocationStrategy()
         number_of_shards = extractor.number_of_shards
 
-        async def coordinator(ctx: SingletonContext) -> None:
-            await self._run_coordinator(ctx, type_name, number_of_shards, settings, strategy)
-
         coordinator_lease = None
         if settings.coordinator_use_lease:
             leases = self._need_leases(type_name, "coordinator_use_lease")
@@ -237,6 +237,15 @@ class Sharding:
 
             def shard_lease(type_name: str, shard_id: ShardId) -> ShardLease:
                 return leases.lease(leases.shard_lease_name(type_name, shard_id))
+
+        margin = settings.down_removal_margin
+        if margin is None:
+            margin = 0.0 if shard_lease is not None else self._removal_margin
+
+        async def coordinator(ctx: SingletonContext) -> None:
+            await self._run_coordinator(
+                ctx, type_name, number_of_shards, settings, strategy, margin
+            )
 
         await self._singletons.start(
             coordinator_name(type_name), coordinator, role=role, lease=coordinator_lease
@@ -499,6 +508,7 @@ class Sharding:
         number_of_shards: int,
         settings: ShardingSettings,
         strategy: ShardAllocationStrategy,
+        removal_margin: float,
     ) -> None:
         core = ShardCoordinatorCore(
             type_name,
@@ -507,6 +517,7 @@ class Sharding:
             settings,
             strategy,
             trio.current_time(),
+            removal_margin,
         )
         key = coordinator_key(type_name)
         replicator = self._replicator

@@ -197,7 +197,14 @@ class ChaosSettings:
     message_interval: float = attrs.field(default=0.1, validator=in_range(0.001, 3600))
     """Seconds each workload client waits between messages (on average)."""
     use_lease: bool = True
-    """Shard and singleton leases; without them single activation is not guaranteed."""
+    """Shard and singleton leases; without them single activation rests on the split brain
+    resolver and the coordinator's removal margin."""
+    removal_margin: float | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(in_range(0, 3600)),
+    )
+    """The counter type's ``down_removal_margin`` (None: the default, ``stable_after`` without
+    leases and 0 with them). 0 without leases shows what the margin prevents."""
     faults: tuple[str, ...] = attrs.field(
         default=CLASSIC_FAULTS, converter=_names, validator=one_or_more_of(FAULTS)
     )
@@ -282,6 +289,8 @@ class ChaosReport:
             parts.append(f"--message-interval {s.message_interval:g}")
         if not s.use_lease:
             parts.append("--no-lease")
+        if s.removal_margin is not None:
+            parts.append(f"--removal-margin {s.removal_margin:g}")
         default = ChaosSettings()
         if s.faults != default.faults:
             parts.append(f"--faults {','.join(s.faults)}")
@@ -658,6 +667,8 @@ async def _scenario(
         sharding or ShardingSettings(lease_retry_interval=1.0, rebalance_interval=5.0),
         use_lease=settings.use_lease,
     )
+    if settings.removal_margin is not None:
+        sharding = attrs.evolve(sharding, down_removal_margin=settings.removal_margin)
     profile = None if settings.profile is None else FAILOVER_PROFILES[settings.profile]
     if profile is not None:
         sharding = profile.sharding(sharding)

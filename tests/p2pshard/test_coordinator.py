@@ -24,7 +24,7 @@ from functools import partial
 import attrs
 import pytest
 
-from membership import Address, MemberStatus, UniqueAddress
+from membership import Address, ConfigurationError, MemberStatus, UniqueAddress
 from p2pshard.sharding._allocation import (
     ClusterView,
     LeastShardAllocationStrategy,
@@ -203,6 +203,7 @@ class Driver:
         strategy: ShardAllocationStrategy | None = None,
         members: Iterable[UniqueAddress] = (),
         manual: Iterable[UniqueAddress] = (),
+        removal_margin: float = 0.0,
     ) -> None:
         self.settings = settings or ShardingSettings()
         self.now = 0.0
@@ -215,6 +216,7 @@ class Driver:
             self.settings,
             strategy or LeastShardAllocationStrategy(rebalance_absolute_limit=0),
             self.now,
+            removal_margin,
         )
         self.sent: list[SendTo] = []
         self.writes: list[DomainEvent] = []  # every UpdateState, retries included
@@ -350,10 +352,16 @@ def running(
     settings: ShardingSettings | None = None,
     manual: Iterable[UniqueAddress] = (),
     remember_entities: bool = False,
+    removal_margin: float = 0.0,
 ) -> Driver:
     """A loaded coordinator with these regions (Up) and their shards already allocated."""
     proxies = list(proxies)
-    driver = Driver(settings=settings, members=[*allocations, *proxies], manual=manual)
+    driver = Driver(
+        settings=settings,
+        members=[*allocations, *proxies],
+        manual=manual,
+        removal_margin=removal_margin,
+    )
     assert driver.load(state_of(allocations, proxies, remember_entities=remember_entities)) == []
     assert driver.phase() is CoordinatorPhase.ACTIVE
     return driver
@@ -1094,6 +1102,93 @@ def test_region_stopped_terminates_the_region() -> None:
     assert d.writes == [ShardRegionTerminated(N1)]
 
 
+# -- 7b. the removal margin (Akka's down-removal-margin) ------------------------------------
+
+
+MARGIN = 12.0
+QUIET = ShardingSettings(rebalance_interval=1000.0)  # no rounds in the way
+
+
+@pytest.mark.parametrize("status", GONE)
+def test_a_downed_regions_shards_move_only_after_the_removal_margin(
+    status: MemberStatus | None,
+) -> None:
+    # Issue 19: without leases, a downed node on the far side of a partition may still run its
+    # entities until its own resolver decides, a little after this side's. The coordinator
+    # waits the margin before its shards start elsewhere.
+    d = running({N1: ["a"], N2: ["b"]}, [P9], settings=QUIET, removal_margin=MARGIN)
+    d.tick(1.0)
+    assert d.set_status(N2, status) == []
+    assert d.writes == []
+    assert d.send(P9, ask("b")) == []  # held: n2 may still run b
+    assert d.send(N1, ask("b")) == []
+    assert d.send(P9, ask("b")) == []  # asked again: still one answer due
+    assert d.core.next_deadline() == 1.0 + MARGIN
+    assert d.tick(1.0 + MARGIN - 0.1) == []
+    assert d.core.state.shards == {"a": N1, "b": N2}
+    sent = d.tick(1.0 + MARGIN)
+    assert d.writes == [ShardRegionTerminated(N2), ShardHomeAllocated(ShardId("b"), N1)]
+    # Each asker answered once, in the order they first asked.
+    assert sent == [SendTo(P9, home("b", N1)), SendTo(N1, host("b")), SendTo(N1, home("b", N1))]
+    assert d.core.next_deadline() > 1.0 + MARGIN  # nothing left past due to spin the timer
+    check_state(d.core.state)
+
+
+def test_within_the_removal_margin_no_shard_goes_to_the_downed_region() -> None:
+    d = running({N1: ["a"], N2: []}, settings=QUIET, removal_margin=MARGIN)
+    d.set_status(N1, MemberStatus.DOWN)
+    assert d.send(N2, ask("new")) == [SendTo(N2, host("new"))]  # not to n1, though it has fewer
+    assert d.core.state.shards == {"a": N1, "new": N2}
+
+
+def test_a_region_that_leaves_gracefully_needs_no_removal_margin() -> None:
+    d = running({N1: ["a"], N2: ["b"]}, settings=QUIET, removal_margin=MARGIN)
+    d.set_status(N2, MemberStatus.LEAVING)
+    d.set_status(N2, MemberStatus.EXITING)
+    d.set_status(N2, None)
+    assert d.writes == [ShardRegionTerminated(N2)]
+
+
+def test_a_proxy_needs_no_removal_margin() -> None:
+    d = running({N1: ["a"]}, [P9], settings=QUIET, removal_margin=MARGIN)
+    d.set_status(P9, MemberStatus.DOWN)
+    assert d.writes == [ShardRegionProxyTerminated(P9)]
+
+
+def test_a_downed_region_found_on_loading_waits_the_margin_from_then() -> None:
+    d = Driver(settings=QUIET, members=[N1], removal_margin=MARGIN)
+    d.now = 3.0
+    assert d.load(state_of({N1: ["a"], N2: ["b"]})) == []
+    assert d.writes == []
+    assert d.core.next_deadline() == 3.0 + MARGIN
+    d.tick(3.0 + MARGIN)
+    assert d.writes == [ShardRegionTerminated(N2)]
+
+
+def test_the_margin_timer_does_not_spin_while_the_termination_is_written() -> None:
+    d = running({N1: ["a"], N2: ["b"]}, settings=QUIET, removal_margin=MARGIN)
+    d.set_status(N2, MemberStatus.DOWN)
+    d.hold = True
+    d.tick(MARGIN)
+    assert d.held == [ShardRegionTerminated(N2)]
+    assert d.core.next_deadline() > MARGIN
+    assert d.send(N1, ask("b")) == []  # still held until the termination is written
+    d.hold = False
+    assert d.release() == [SendTo(N1, host("b"))]
+
+
+@pytest.mark.parametrize("margin", [-1.0, 3601.0])
+def test_an_invalid_removal_margin_is_refused_naming_it(margin: float) -> None:
+    with pytest.raises(ConfigurationError, match=r"ShardingSettings.down_removal_margin = .* is"):
+        ShardingSettings(down_removal_margin=margin)
+
+
+def test_without_a_margin_a_downed_region_is_terminated_at_once() -> None:
+    d = running({N1: ["a"], N2: ["b"]})
+    d.set_status(N2, MemberStatus.DOWN)
+    assert d.writes == [ShardRegionTerminated(N2)]
+
+
 # -- 8. randomized --------------------------------------------------------------------------
 
 
@@ -1178,6 +1273,8 @@ class Invariants:
 def random_run(seed: int, steps: int) -> None:
     print(f"seed={seed}")
     rng = random.Random(seed)
+    # Drawn apart from rng, so that what a seed does besides is what it did before the margin.
+    removal_margin = random.Random(f"margin {seed}").choice([0.0, 0.0, 5.0])
     settings = ShardingSettings(
         rebalance_interval=10.0,
         shard_start_timeout=3.0,
@@ -1187,7 +1284,7 @@ def random_run(seed: int, steps: int) -> None:
     )
     incarnation = dict.fromkeys(range(1, 7), 1)
     members = [node(i) for i in incarnation]
-    d = Driver(settings=settings, members=members)
+    d = Driver(settings=settings, members=members, removal_margin=removal_margin)
     d.observers.append(Invariants(d))
     shut: set[UniqueAddress] = set()  # nodes that asked for a graceful shutdown
     shards = [f"s{k}" for k in range(10)]

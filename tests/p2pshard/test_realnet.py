@@ -393,13 +393,11 @@ async def test_a_restarted_first_seed_joins_the_running_cluster_after_a_heal(
 # --- issue 19, defect 3: the minority's decision does not reach its own side ------------------
 
 
-# Known to fail now and then (one full run in four on 2026-11-26, an overlap of 0.16 s), and
-# so run only with --slow until it is fixed: since the coordinator's write no longer waits out
-# state_timeout, the winners take over 1-2 s after their decision, and the losing side's own
-# decision can come that much later (it saw several nodes become unreachable one after another,
-# each a change that restarts its stable_after). What is missing is a margin on the winning side
-# for entity types without leases, as Akka's down-removal-margin (issue 19 stays open for it).
-@pytest.mark.slow
+# This failed now and then (one full run in four on 2026-11-26, an overlap of 0.16 s): the
+# winners took over 1-2 s after their decision, and the losing side's own decision can come that
+# much later (it saw several nodes become unreachable one after another, each a change that
+# restarts its stable_after). The coordinator's removal margin (stable_after without leases, as
+# Akka's down-removal-margin) now holds a downed region's shards that long.
 @trio_run
 async def test_the_losing_side_stops_before_the_winning_side_takes_over(tmp_path: Path) -> None:
     # Without leases single activation rests on the split brain resolver: the winning side
