@@ -2,11 +2,8 @@
 
 Theory of operation. :meth:`Sharding.start` makes a :class:`ShardRegion` for an entity type and
 registers its coordinator as a cluster singleton (``sharding/<type>``) on every node that may
-host it, so the coordinator runs on the oldest member of the role. The coordinator shell feeds
-:class:`ShardCoordinatorCore` with the regions' commands (they come through the singleton proxy)
-and the cluster's changes, sends its messages straight to the regions' nodes, and keeps its state
-in the replicator under ``sharding/<type>/coordinator``: a ReadMajorityPlus before anything else,
-then one WriteMajorityPlus per event, retried until it succeeds (each failure is logged).
+host it, so the coordinator (a :class:`ShardCoordinator`, see ``_coordinator.py``) runs on the
+oldest member of the role.
 
 Every sharding message a node receives comes through :meth:`Sharding.handle`, which passes it to
 the region of its entity type; asks made here wait in a table keyed by request id, which the
@@ -23,19 +20,12 @@ import contextlib
 import itertools
 import logging
 import random
-from collections.abc import Awaitable
-from typing import Any
 
 import attrs
 import trio
 
 from crdt import (
-    GetFailure,
-    PendingUpdate,
-    ReadMajorityPlus,
-    ReplicationError,
     Replicator,
-    WriteMajorityPlus,
 )
 from membership import (
     Cluster,
@@ -43,7 +33,6 @@ from membership import (
     Envelope,
     SendQueueFull,
     SingletonContext,
-    SingletonRequest,
     Singletons,
     Transport,
     TransportClosed,
@@ -52,19 +41,16 @@ from membership import (
 
 from ..leases._lease import Leases, ShardLease, ShardLeaseFactory
 from ._allocation import (
-    ClusterView,
     LeastShardAllocationStrategy,
     ShardAllocationStrategy,
     ShardId,
 )
 from ._asks import AskTable
-from ._coordinator_core import SendTo, ShardCoordinatorCore, UpdateState
-from ._coordinator_state import CoordinatorState, DomainEvent, apply_event
+from ._coordinator import ShardCoordinator
 from ._entity import check_entity_factory
 from ._extractor import MessageExtractor
 from ._message_check import MessageCheck
 from ._protocol import (
-    COORDINATOR_COMMANDS,
     ENTRY_FIELDS,
     BeginHandOff,
     BeginHandOffAck,
@@ -80,17 +66,11 @@ from ._protocol import (
     ShardHome,
 )
 from ._region import ShardRegion, ShardRegionState, coordinator_name
-from ._retry import until_done
 from ._services import IncarnationObserver, Lifecycle, RegionServices
 from ._settings import ShardingSettings
 from ._shard import EntityFactory
 
 logger = logging.getLogger("p2pshard.sharding")
-
-
-def coordinator_key(type_name: str) -> str:
-    """The replicator key holding ``type_name``'s coordinator state."""
-    return f"sharding/{type_name}/coordinator"
 
 
 @attrs.frozen
@@ -510,145 +490,14 @@ class Sharding:
         strategy: ShardAllocationStrategy,
         removal_margin: float,
     ) -> None:
-        core = ShardCoordinatorCore(
-            type_name,
-            self._transport.local_address,
-            number_of_shards,
-            settings,
-            strategy,
-            trio.current_time(),
-            removal_margin,
+        coordinator = ShardCoordinator(
+            type_name=type_name,
+            number_of_shards=number_of_shards,
+            settings=settings,
+            strategy=strategy,
+            removal_margin=removal_margin,
+            transport=self._transport,
+            cluster=self._cluster,
+            replicator=self._replicator,
         )
-        key = coordinator_key(type_name)
-        replicator = self._replicator
-        cluster = self._cluster
-        wakeup = trio.Event()
-        sleeping_until = float("inf")
-        read = ReadMajorityPlus(
-            additional=settings.read_majority_plus,
-            min_cap=settings.majority_min_cap,
-            timeout=settings.state_timeout,
-        )
-        write = WriteMajorityPlus(
-            additional=settings.write_majority_plus,
-            min_cap=settings.majority_min_cap,
-            timeout=settings.state_timeout,
-        )
-
-        def view() -> ClusterView:
-            return ClusterView(
-                members={m.node: m.status for m in cluster.members},
-                unreachable=frozenset(m.node for m in cluster.unreachable),
-            )
-
-        async with trio.open_nursery() as nursery:
-
-            def apply(effects: list[Any]) -> None:
-                for effect in effects:
-                    if isinstance(effect, SendTo):
-                        try:
-                            self._transport.send_nowait(effect.to, effect.message)
-                        except (SendQueueFull, TransportClosed) as exc:
-                            logger.warning(
-                                "coordinator %s: %s to %s lost: %s",
-                                type_name,
-                                type(effect.message).__name__,
-                                effect.to,
-                                exc,
-                            )
-                    elif isinstance(effect, UpdateState):
-                        nursery.start_soon(write_event, effect.event, start_write(effect.event))
-                if core.next_deadline() < sleeping_until:
-                    wakeup.set()  # something is due sooner than the timer sleeps
-
-            def start_write(event: DomainEvent) -> PendingUpdate[None] | None:
-                # Begun here, not in write_event's task: the change leaves without waiting for
-                # a scheduler pass (a first message to a new shard waits for this write).
-                try:
-                    return replicator.start_update(key, lambda doc: apply_event(doc, event), write)
-                except ReplicationError:
-                    return None  # write_event tries again, as after any failed write
-
-            async def write_event(event: DomainEvent, started: PendingUpdate[None] | None) -> None:
-                confirmed = False
-                failure: Exception | None = None
-
-                def on_confirmed() -> None:
-                    # Called by the replicator in the task that took the last acknowledgement:
-                    # the answers (a new shard's ShardHome) leave without waiting for this task.
-                    nonlocal confirmed, failure
-                    confirmed = True
-                    try:
-                        apply(core.state_updated(event, True, trio.current_time()))
-                    except Exception as exc:  # raised here instead, ending the coordinator
-                        failure = exc
-
-                def attempt() -> Awaitable[None]:
-                    nonlocal started
-                    if started is not None:
-                        first, started = started, None
-                        if not first.done:  # only while awaited: a cancelled wait drops it
-                            first.on_success(on_confirmed)
-                        return first.result()
-                    return replicator.update(key, lambda doc: apply_event(doc, event), write)
-
-                await until_done(attempt, f"coordinator {type_name}: writing {event}", logger)
-                if failure is not None:
-                    raise failure
-                if not confirmed:
-                    apply(core.state_updated(event, True, trio.current_time()))
-
-            async def load() -> None:
-                doc = await until_done(
-                    lambda: replicator.get(key, read),
-                    f"coordinator {type_name}: reading its state",
-                    logger,
-                    retry_on=GetFailure,
-                )
-                state = (
-                    CoordinatorState(remember_entities=settings.remember_entities)
-                    if doc is None
-                    else CoordinatorState.from_document(
-                        doc, remember_entities=settings.remember_entities
-                    )
-                )
-                now = trio.current_time()
-                apply(core.set_cluster(view(), now))
-                apply(core.state_loaded(state, now))
-
-            async def follow_cluster() -> None:
-                async with cluster.subscribe() as events:
-                    apply(core.set_cluster(view(), trio.current_time()))
-                    async for _ in events:
-                        apply(core.set_cluster(view(), trio.current_time()))
-
-            async def timer() -> None:
-                nonlocal wakeup, sleeping_until
-                while True:
-                    sleeping_until = core.next_deadline()
-                    with trio.move_on_at(sleeping_until):
-                        await wakeup.wait()
-                    wakeup = trio.Event()
-                    sleeping_until = -float("inf")
-                    apply(core.tick(trio.current_time()))
-
-            nursery.start_soon(follow_cluster)
-            nursery.start_soon(load)
-            nursery.start_soon(timer)
-            logger.info("%s: coordinator of %r started", self._transport.local_address, type_name)
-
-            def receive(request: SingletonRequest) -> None:
-                message = request.message
-                if not isinstance(message, COORDINATOR_COMMANDS) or message.type_name != type_name:
-                    logger.warning(
-                        "coordinator %s: ignoring %s from %s: not a coordinator command for it",
-                        type_name,
-                        type(message).__name__,
-                        request.sender,
-                    )
-                    return
-                apply(core.receive(request.sender, message, trio.current_time()))
-
-            # Each command is handled as it arrives, with no pass through this task: a first
-            # message to a new shard waits for its GetShardHome to be handled.
-            await ctx.serve(receive)
+        await coordinator.run(ctx)
