@@ -58,6 +58,7 @@ from ._tls import (
 from ._tlslink import TlsLink
 from ._transport import Outbox, Transport
 from ._trioutil import single_error
+from ._versions import CURRENT_PROTOCOL, ProtocolRange
 
 logger = logging.getLogger("membership.transport")
 
@@ -102,18 +103,38 @@ _LINK_FAILURES = (
 @_wire.message(name="p2pshard.transport.Hello")
 @attrs.frozen(kw_only=True)
 class Hello:
-    """First frame on a new link: who is connecting."""
+    """First frame on a new link: who is connecting, and which protocol versions it speaks."""
 
     cluster: str
     sender: UniqueAddress
+    protocol_low: int = 1
+    protocol_high: int = 1
+    app_version: str = ""
 
 
 @_wire.message(name="p2pshard.transport.HelloAck")
 @attrs.frozen(kw_only=True)
 class HelloAck:
-    """The accepting node's answer: who accepted."""
+    """The accepting node's answer: who accepted, and the protocol version the link speaks."""
 
     sender: UniqueAddress
+    protocol: int = 1
+    app_version: str = ""
+
+
+@_wire.message(name="p2pshard.transport.HelloRefused")
+@attrs.frozen(kw_only=True)
+class HelloRefused:
+    """The accepting node's answer to a hello it cannot take: why (then it closes the link)."""
+
+    reason: str
+
+
+def _peer_range(hello: Hello) -> ProtocolRange:
+    try:
+        return ProtocolRange(hello.protocol_low, hello.protocol_high)
+    except ConfigurationError as exc:
+        raise HandshakeError(f"hello with an invalid protocol range: {exc}") from None
 
 
 def check_hello(message: object, *, cluster: str, certificate_name: str) -> UniqueAddress:
@@ -149,6 +170,10 @@ class _OpenLink:
     certificate: bytes
     """The peer's certificate (DER), to check whether a CA of new settings signed it."""
     inbound: bool
+    protocol: int = 1
+    """The protocol version the link speaks."""
+    app_version: str = ""
+    """The peer's ``app_version``, as its hello or hello answer gave it."""
 
     def __str__(self) -> str:
         way = "from" if self.inbound else "to"
@@ -181,9 +206,16 @@ class TcpTransport(Transport):
         nursery: trio.Nursery,
         identity: PeerIdentity | None = None,
         deny: DenyList | None = None,
+        *,
+        protocol: ProtocolRange = CURRENT_PROTOCOL,
+        app_version: str = "",
     ) -> None:
         super().__init__(local, settings, identity)
         self._cluster = cluster
+        self._protocol = protocol
+        self._app_version = app_version
+        self._peer_protocols: dict[Address, tuple[int, str]] = {}
+        """Per peer address, the protocol version and app version of our link to it."""
         self._server_context, self._client_context = contexts
         self._deny = deny or DenyList()
         self._trusted: tuple[x509.Certificate, ...] = ()
@@ -211,6 +243,25 @@ class TcpTransport(Transport):
     def cluster(self) -> str:
         """The cluster this transport accepts peers of."""
         return self._cluster
+
+    @property
+    def protocol(self) -> ProtocolRange:
+        """The wire protocol versions this node speaks."""
+        return self._protocol
+
+    def peer_protocol(self, address: Address) -> int | None:
+        """The protocol version of the link to ``address``: None while there is none.
+
+        A message type or frame kind that a version added goes to a peer only if this is that
+        version or later.
+        """
+        known = self._peer_protocols.get(address)
+        return None if known is None else known[0]
+
+    def peer_app_version(self, address: Address) -> str | None:
+        """The ``app_version`` the peer at ``address`` gave in the handshake (None: no link)."""
+        known = self._peer_protocols.get(address)
+        return None if known is None else known[1]
 
     def reload_tls(self, identity: TlsIdentity) -> int:
         """Take new TLS settings and close the open links they refuse; the number closed.
@@ -447,9 +498,27 @@ class TcpTransport(Transport):
                 first, *rest = await self._read_frame(link, decoder)
                 hello = _wire.decode(first).message
                 peer = check_hello(hello, cluster=self.cluster, certificate_name=identity.name)
-                link.write_nowait(encode_frame(_wire.encode(HelloAck(sender=self._local))))
+                assert isinstance(hello, Hello)
+                try:
+                    version = self._protocol.agree(_peer_range(hello))
+                except HandshakeError as exc:  # told to the peer too, so both logs say why
+                    refused = HelloRefused(reason=f"{self._local} refused the link: {exc}")
+                    link.write_nowait(encode_frame(_wire.encode(refused)))
+                    await link.flush()
+                    raise
+                ack = HelloAck(sender=self._local, protocol=version, app_version=self._app_version)
+                link.write_nowait(encode_frame(_wire.encode(ack)))
                 await link.flush()
-                entry = _OpenLink(link, peer, identity, serial, der, inbound=True)
+                entry = _OpenLink(
+                    link,
+                    peer,
+                    identity,
+                    serial,
+                    der,
+                    inbound=True,
+                    protocol=version,
+                    app_version=hello.app_version,
+                )
                 self._register(entry, generation)
         except _LINK_FAILURES as exc:
             self._counters.handshakes_refused += 1
@@ -535,18 +604,41 @@ class TcpTransport(Transport):
                 # the address its hello announced.
                 identity, serial, der = self._admit(link, generation)
                 name = identity.name
-                hello = Hello(cluster=self.cluster, sender=self._local)
+                hello = Hello(
+                    cluster=self.cluster,
+                    sender=self._local,
+                    protocol_low=self._protocol.low,
+                    protocol_high=self._protocol.high,
+                    app_version=self._app_version,
+                )
                 link.write_nowait(encode_frame(_wire.encode(hello)))
                 await link.flush()
                 decoder = FrameDecoder(self._settings.max_frame_size)
                 first, *rest = await self._read_frame(link, decoder)
                 ack = _wire.decode(first).message
+                if isinstance(ack, HelloRefused):
+                    raise HandshakeError(ack.reason)
                 if rest or not isinstance(ack, HelloAck) or ack.sender.name != name:
                     raise HandshakeError(
                         f"{address} answered the hello with {ack!r}, not a HelloAck from {name!r}"
                     )
-                entry = _OpenLink(link, ack.sender, identity, serial, der, inbound=False)
+                if ack.protocol not in self._protocol:
+                    raise HandshakeError(
+                        f"{address} chose wire protocol version {ack.protocol}, and this node "
+                        f"speaks {self._protocol}"
+                    )
+                entry = _OpenLink(
+                    link,
+                    ack.sender,
+                    identity,
+                    serial,
+                    der,
+                    inbound=False,
+                    protocol=ack.protocol,
+                    app_version=ack.app_version,
+                )
                 self._register(entry, generation)
+                self._peer_protocols[address] = (ack.protocol, ack.app_version)
         except BaseException as exc:
             if isinstance(exc, _Refused):
                 self._counters.handshakes_refused += 1
@@ -596,6 +688,7 @@ class TcpTransport(Transport):
                     nursery.cancel_scope.cancel()
             finally:
                 self._open_links.discard(entry)
+                self._peer_protocols.pop(outbox.address, None)
                 outbox.connected = False
                 link.close()
             if not outbox.closed:
@@ -743,6 +836,8 @@ async def open_tcp_transport(
     settings: TransportSettings | None = None,
     uid: int | None = None,
     kind: IdentityKind = IdentityKind.NODE,
+    protocol: ProtocolRange = CURRENT_PROTOCOL,
+    app_version: str = "",
 ) -> AsyncIterator[TcpTransport]:
     """Listen on ``bind`` and yield a transport; leaving the block closes it.
 
@@ -757,6 +852,9 @@ async def open_tcp_transport(
         uid: this incarnation's uid; random by default (tests pin it).
         kind: the identity kind of this transport's certificate (a node's by default; a
             command-line client's certificate is a ``client`` or ``admin`` one).
+        protocol: the wire protocol versions this node speaks (this release's by default;
+            tests of mixed versions give others).
+        app_version: the application's version, told to peers in the handshake.
 
     Example:
         >>> async def main() -> None:
@@ -791,6 +889,8 @@ async def open_tcp_transport(
                     nursery,
                     PeerIdentity(kind, node_name),
                     identity.deny,
+                    protocol=protocol,
+                    app_version=app_version,
                 )
                 await nursery.start(transport._serve, listeners)
                 logger.info("%s: listening on %s", local, Address(bind.host, port))

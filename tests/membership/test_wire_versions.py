@@ -1,0 +1,117 @@
+"""Wire protocol versions: the range each node speaks, the version a link agrees on, and the
+refusal of a peer whose range does not meet ours, told on both sides (issue 22)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import pytest
+import trio
+
+from membership import Address, ConfigurationError, HandshakeError
+from membership.transport._tcp import open_tcp_transport
+from membership.transport._versions import CURRENT_PROTOCOL, ProtocolRange
+
+from .conftest import CertSet, Seq
+
+LOCAL = Address("127.0.0.1", 0)
+
+
+async def wait_until(predicate: Callable[[], bool], limit: float = 10) -> None:
+    with trio.fail_after(limit):
+        while not predicate():  # noqa: ASYNC110
+            await trio.sleep(0.005)
+
+
+# --- the range, sans-IO ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs", "agreed"),
+    [((1, 1), (1, 1), 1), ((1, 3), (2, 5), 3), ((2, 5), (1, 3), 3), ((1, 4), (2, 2), 2)],
+)
+def test_two_nodes_agree_on_the_newest_version_both_speak(
+    ours: tuple[int, int], theirs: tuple[int, int], agreed: int
+) -> None:
+    assert ProtocolRange(*ours).agree(ProtocolRange(*theirs)) == agreed
+
+
+def test_ranges_that_do_not_meet_are_refused_naming_both() -> None:
+    with pytest.raises(HandshakeError) as caught:
+        ProtocolRange(1, 2).agree(ProtocolRange(3, 4))
+    text = str(caught.value)
+    assert "the peer speaks versions 3-4, this node versions 1-2" in text
+    assert "upgrade the older node" in text
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "error"),
+    [
+        (0, 1, "ProtocolRange.low = 0 is invalid: must be an int from 1 to 255"),
+        (1, 256, "ProtocolRange.high = 256 is invalid"),
+        (3, 2, "ProtocolRange(3, 2) is invalid: low must not be above high"),
+    ],
+)
+def test_an_invalid_range_is_refused(low: int, high: int, error: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        ProtocolRange(low, high)
+    assert error in str(caught.value)
+
+
+def test_this_release_speaks_version_1() -> None:
+    assert ProtocolRange(1, 1) == CURRENT_PROTOCOL
+    assert 1 in CURRENT_PROTOCOL
+    assert 2 not in CURRENT_PROTOCOL
+
+
+# --- over TCP -------------------------------------------------------------------------------------
+
+
+async def test_a_link_speaks_the_newest_version_both_ends_speak(certs: CertSet) -> None:
+    async with (
+        open_tcp_transport(
+            certs.identity("old"), "old", LOCAL, protocol=ProtocolRange(1, 2), app_version="1.4"
+        ) as old,
+        open_tcp_transport(
+            certs.identity("new"), "new", LOCAL, protocol=ProtocolRange(2, 3), app_version="2.0"
+        ) as new,
+    ):
+        await new.send(old.local_address.address, Seq(1))
+        await old.send(new.local_address.address, Seq(2))
+        with trio.fail_after(10):
+            assert (await old.receive()).message == Seq(1)
+            assert (await new.receive()).message == Seq(2)
+        assert new.peer_protocol(old.local_address.address) == 2
+        assert old.peer_protocol(new.local_address.address) == 2
+        assert new.peer_app_version(old.local_address.address) == "1.4"
+        assert old.peer_app_version(new.local_address.address) == "2.0"
+        assert new.peer_protocol(Address("127.0.0.1", 1)) is None  # no link there
+
+
+async def test_a_peer_of_an_unsupported_version_is_refused_on_both_sides(
+    certs: CertSet, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    async with (
+        open_tcp_transport(certs.identity("server"), "server", LOCAL) as server,
+        open_tcp_transport(
+            certs.identity("future"), "future", LOCAL, protocol=ProtocolRange(2, 3)
+        ) as future,
+        open_tcp_transport(certs.identity("good"), "good", LOCAL) as good,
+    ):
+        await future.send(server.local_address.address, Seq(0))
+        await wait_until(lambda: server.statistics().handshakes_refused >= 1)
+        await wait_until(lambda: future.statistics().peers[0].connect_failures >= 1)
+        assert future.peer_protocol(server.local_address.address) is None
+        # Nothing crashed, and the server still serves a peer of its own version.
+        await good.send(server.local_address.address, Seq(7))
+        with trio.fail_after(10):
+            envelope = await server.receive()
+        assert envelope.message == Seq(7)
+        assert server.statistics().messages_received == 1
+    both = "the peer speaks versions 2-3, this node version 1"
+    server_side = [r.getMessage() for r in caplog.records if "refused a link" in r.getMessage()]
+    assert any(both in line for line in server_side), server_side
+    dialer_side = [r.getMessage() for r in caplog.records if "cannot link to" in r.getMessage()]
+    assert any(both in line and "refused the link" in line for line in dialer_side), dialer_side
