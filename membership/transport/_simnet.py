@@ -51,6 +51,7 @@ import contextlib
 import hashlib
 import heapq
 import importlib
+import logging
 import math
 import random
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
@@ -64,6 +65,7 @@ from ._errors import (
     ConfigurationError,
     FrameDecodeError,
     FrameTooLarge,
+    HandshakeError,
     TooManyRefused,
     TransportError,
 )
@@ -72,6 +74,9 @@ from ._identity import IdentityKind, PeerIdentity
 from ._settings import TransportSettings, in_range
 from ._transport import Outbox, Transport
 from ._trioutil import single_error
+from ._versions import CURRENT_PROTOCOL, ProtocolRange
+
+logger = logging.getLogger("membership.transport")
 
 __all__ = [
     "LinkConditions",
@@ -192,12 +197,14 @@ TraceKind = Literal[
     "deliver",
     "lost",
     "bad-frame",
+    "refused",
 ]
 """What a :class:`TraceEvent` records: node lifecycle (attach, close, crash), fault settings
 (conditions, link, partition, isolate, heal), and the fate of frames: ``send`` (a link took it
 from the queue), ``drop-partition``, ``drop-random``, ``duplicate``, ``reorder`` (it will
 overtake), ``deliver``, ``lost`` (in flight when a node went away or a link broke), ``bad-frame``
-(the receiver closed the link on it), ``inject`` (a raw frame queued by a test)."""
+(the receiver closed the link on it), ``inject`` (a raw frame queued by a test), ``refused`` (two
+nodes whose wire protocol versions do not meet: their link never comes up, as over TCP)."""
 
 
 @attrs.frozen
@@ -338,6 +345,8 @@ class SimNetwork:
         self._link_conditions: dict[tuple[Address, Address], LinkConditions] = {}
         self._blocked: dict[tuple[Address, Address], None] = {}
         self._isolated: dict[Address, None] = {}
+        self._mixed = False
+        """Whether any node attached with another protocol range than this release's."""
         self._nodes: dict[Address, SimTransport] = {}
         self._counters = _Counters()
         self.trace: list[TraceEvent] = []
@@ -377,11 +386,14 @@ class SimNetwork:
         *,
         settings: TransportSettings | None = None,
         kind: IdentityKind = IdentityKind.NODE,
+        protocol: ProtocolRange = CURRENT_PROTOCOL,
     ) -> contextlib.AbstractAsyncContextManager[SimTransport]:
         """Attach a node at ``address``: an async context manager that yields its transport.
 
         Its links carry the identity ``kind`` named ``name`` (a node's unless told otherwise),
-        as a TLS link carries its certificate's.
+        as a TLS link carries its certificate's. ``protocol`` is the range of wire protocol
+        versions it speaks (this release's by default): a link between two nodes whose ranges
+        do not meet never comes up, and both nodes log why, as the TCP handshake refuses it.
 
         Entering draws a new incarnation uid from :attr:`random`; leaving closes the transport
         gracefully (queued frames to connected peers go out first, for a bounded time). After
@@ -405,11 +417,17 @@ class SimNetwork:
             raise TypeError(f"settings must be TransportSettings, not {type(settings).__name__}")
         if not isinstance(kind, IdentityKind):
             raise TypeError(f"kind must be an IdentityKind, not {type(kind).__name__}")
-        return self._attach(address, PeerIdentity(kind, name), settings or self._settings)
+        if not isinstance(protocol, ProtocolRange):
+            raise TypeError(f"protocol must be a ProtocolRange, not {type(protocol).__name__}")
+        return self._attach(address, PeerIdentity(kind, name), settings or self._settings, protocol)
 
     @contextlib.asynccontextmanager
     async def _attach(
-        self, address: Address, identity: PeerIdentity, settings: TransportSettings
+        self,
+        address: Address,
+        identity: PeerIdentity,
+        settings: TransportSettings,
+        protocol: ProtocolRange,
     ) -> AsyncIterator[SimTransport]:
         name = identity.name
         current = self._nodes.get(address)
@@ -419,7 +437,10 @@ class SimNetwork:
                 "there; crash it or leave its block first"
             )
         uid = self.random.getrandbits(63) or 1
-        node = SimTransport(self, UniqueAddress(address, name, uid), settings, identity)
+        node = SimTransport(
+            self, UniqueAddress(address, name, uid), settings, identity, protocol=protocol
+        )
+        self._mixed = self._mixed or protocol != CURRENT_PROTOCOL
         self._nodes[address] = node
         self._counters.attaches += 1
         self._record("attach", node.local_address)
@@ -611,6 +632,15 @@ class SimNetwork:
         for address, node in self._nodes.items():
             node._inbound_links = inbound[address]
 
+    def _cut(self, src: Address, dst: Address) -> bool:
+        """Whether frames from ``src`` to ``dst`` are dropped: a partition, or a link refused."""
+        if self.is_blocked(src, dst):
+            return True
+        if not self._mixed:
+            return False  # one protocol range everywhere: nothing to refuse (the common case)
+        source, target = self._nodes.get(src), self._nodes.get(dst)
+        return source is not None and target is not None and source._agreed(target) is None
+
     def _update_link(self, link: _Link) -> bool:
         """Set whether ``link`` is up (a node is there, no partition); return that."""
         outbox = link.outbox
@@ -618,12 +648,30 @@ class SimNetwork:
         if target is None or self.is_blocked(link.source.local_address.address, link.address):
             outbox.connected = False
             return False
+        if self._mixed and link.source._agreed(target) is None:
+            outbox.connected = False
+            if link.refused is not target.local_address:
+                link.refused = target.local_address  # once per incarnation, as one handshake
+                self._refuse(link.source, target)
+            return False
         if not outbox.connected or outbox.peer != target.local_address:
             outbox.connects += 1
             outbox.peer = target.local_address
             outbox.connected = True
             link.source._link_up(link.address)
         return True
+
+    def _refuse(self, source: SimTransport, target: SimTransport) -> None:
+        """The handshake of a link between nodes whose protocol versions do not meet."""
+        reason = "their wire protocol versions do not meet"
+        try:
+            target._protocol.agree(source._protocol)
+        except HandshakeError as exc:
+            reason = str(exc)
+        self._record("refused", source.local_address, target.local_address)
+        source._outbox(target.local_address.address).connect_failures += 1
+        source._refuse_link(target, f"{target.local_address} refused the link: {reason}")
+        target._refused_link(source, str(reason))
 
 
 class _Link:
@@ -633,6 +681,8 @@ class _Link:
         self.network = network
         self.source = source
         self.outbox = outbox
+        self.refused: UniqueAddress | None = None
+        """The incarnation at the address that refused this link (counted once)."""
         self.address = outbox.address
         # A string seed is hashed with sha512, independent of PYTHONHASHSEED.
         self.random = random.Random(f"{network.seed}/{source.local_address}/{outbox.address}")
@@ -656,7 +706,7 @@ class _Link:
             await outbox.wait_for_frames()
             if outbox.closed:
                 return
-            if self.network.is_blocked(source, self.address):
+            if self.network._cut(source, self.address):
                 now = trio.current_time()
                 while outbox.frames:
                     # take(1) takes exactly one frame: the second never fits in one byte.
@@ -739,7 +789,7 @@ class _Link:
         if target is None:  # pragma: no cover - detaching a node empties the links to it
             self._count_lost(1, digest)
             return
-        if network.is_blocked(source.address, self.address):
+        if network._cut(source.address, self.address):
             counters.frames_dropped_partition += 1
             network._record("drop-partition", source, target.local_address, digest)
             await trio.lowlevel.checkpoint()
@@ -805,8 +855,11 @@ class SimTransport(Transport):
         local: UniqueAddress,
         settings: TransportSettings,
         identity: PeerIdentity | None = None,
+        *,
+        protocol: ProtocolRange = CURRENT_PROTOCOL,
     ) -> None:
         super().__init__(local, settings, identity)
+        self._protocol = protocol
         self._network = network
         self._links: dict[Address, _Link] = {}
         self._nursery: trio.Nursery | None = None
@@ -817,6 +870,36 @@ class SimTransport(Transport):
     def network(self) -> SimNetwork:
         """The network this transport is attached to."""
         return self._network
+
+    @property
+    def protocol(self) -> ProtocolRange:
+        """The wire protocol versions this node speaks."""
+        return self._protocol
+
+    def peer_protocol(self, address: Address) -> int | None:
+        """The protocol version of the link to ``address``: None while there is none."""
+        link = self._links.get(address)
+        target = self._network._node(address)
+        if link is None or target is None or not link.outbox.connected:
+            return None
+        return self._agreed(target)
+
+    def _agreed(self, other: SimTransport) -> int | None:
+        try:
+            return self._protocol.agree(other._protocol)
+        except HandshakeError:
+            return None
+
+    def _refuse_link(self, target: SimTransport, reason: str) -> None:
+        logger.warning("%s: cannot link to %s: %s", self._local, target.local_address, reason)
+
+    def _refused_link(self, source: SimTransport, reason: str) -> None:
+        self._counters.handshakes_refused += 1
+        self._refusals.refuse(
+            "refused-link",
+            f"{self._local}: refused a link from {source.local_address}: {reason}",
+            trio.current_time(),
+        )
 
     def _start_link(self, outbox: Outbox) -> None:
         nursery = self._nursery

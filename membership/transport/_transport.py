@@ -359,6 +359,14 @@ class Transport(abc.ABC):
         """The settings this transport runs with."""
         return self._settings
 
+    def peer_protocol(self, address: Address) -> int | None:
+        """The wire protocol version of the link to ``address``: None while there is none.
+
+        A message type or frame kind that a protocol version added goes to a peer only if its
+        link speaks that version or a later one.
+        """
+        return None
+
     @property
     def closed(self) -> bool:
         """True once closed (or crashed, for a simulated node)."""

@@ -8,8 +8,9 @@ from collections.abc import Callable
 
 import pytest
 import trio
+import trio.testing
 
-from membership import Address, ConfigurationError, HandshakeError
+from membership import Address, ConfigurationError, HandshakeError, SimNetwork
 from membership.transport._tcp import open_tcp_transport
 from membership.transport._versions import CURRENT_PROTOCOL, ProtocolRange
 
@@ -115,3 +116,42 @@ async def test_a_peer_of_an_unsupported_version_is_refused_on_both_sides(
     assert any(both in line for line in server_side), server_side
     dialer_side = [r.getMessage() for r in caplog.records if "cannot link to" in r.getMessage()]
     assert any(both in line and "refused the link" in line for line in dialer_side), dialer_side
+
+
+# --- on the simulated network ---------------------------------------------------------------------
+
+
+async def test_on_the_simulated_network_links_agree_or_are_refused_as_over_tcp(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    net = SimNetwork(seed=3, cluster="versions")
+    old_at, new_at, bridge_at = (Address("10.0.0.1", port) for port in (1, 2, 3))
+    async with (
+        net.transport(old_at, "old") as old,
+        net.transport(new_at, "new", protocol=ProtocolRange(2, 3)) as new,
+        net.transport(bridge_at, "bridge", protocol=ProtocolRange(1, 2)) as bridge,
+    ):
+        await new.send(old_at, Seq(1))
+        await bridge.send(old_at, Seq(2))
+        await bridge.send(new_at, Seq(3))
+        with trio.fail_after(10):
+            assert (await old.receive()).message == Seq(2)  # new's Seq(1) never arrives
+            assert (await new.receive()).message == Seq(3)
+        await trio.sleep(5)
+        assert old.statistics().messages_received == 1
+        assert old.statistics().handshakes_refused == 1  # once, however many frames
+        assert new.statistics().peer(old_at).connect_failures == 1  # type: ignore[union-attr]
+        assert new.peer_protocol(old_at) is None
+        assert bridge.peer_protocol(old_at) == 1
+        assert bridge.peer_protocol(new_at) == 2
+        assert [e.kind for e in net.trace if e.kind == "refused"] == ["refused"]
+    both = "the peer speaks versions 2-3, this node version 1"
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("refused a link from new" in line and both in line for line in lines), lines
+    assert any("cannot link to old" in line and both in line for line in lines), lines
+
+
+def test_a_protocol_that_is_not_a_range_is_refused() -> None:
+    net = SimNetwork(seed=1)
+    with pytest.raises(TypeError, match="protocol must be a ProtocolRange, not tuple"):
+        net.transport(Address("10.0.0.1", 1), "n", protocol=(1, 2))  # type: ignore[arg-type]
