@@ -39,7 +39,16 @@ and holds back what depends on it (the caller's completion, a ``WriteAck``) unti
 reports :meth:`ReplicatorCore.persisted`. A failed append fails the write with
 :class:`StoreFailure`; as in Akka the change stays in memory and spreads.
 
-Effects go into :attr:`ReplicatorCore.effects`; the shell drains them after every call.
+The core keeps the contract of every sans-IO core (``membership/_timer.py``): each input takes
+``now`` and returns the effects it decided, in order: :meth:`ReplicatorCore.receive` (a peer's
+message), :meth:`~ReplicatorCore.tick` (time passed; :meth:`~ReplicatorCore.next_deadline` says
+when it is next due), :meth:`~ReplicatorCore.set_peers`, :meth:`~ReplicatorCore.persisted` and
+:meth:`~ReplicatorCore.abandon`; :meth:`~ReplicatorCore.update`, :meth:`~ReplicatorCore.get` and
+:meth:`~ReplicatorCore.delete` return the new operation's id with them. A shell that answers an
+effect at once with another input (``persisted`` for a :class:`Persist`, as the unit tests'
+driver does) carries out what that input returns after the rest of the list it is working
+through. When :meth:`~ReplicatorCore.update` raises because the caller's ``modify`` did, the
+effects of what ``modify`` changed come from :meth:`~ReplicatorCore.take_effects`.
 """
 
 from __future__ import annotations
@@ -117,7 +126,7 @@ class Send:
 
 @attrs.frozen
 class Persist:
-    """Effect: append to the durable store, then call ``persisted(ticket, error)``.
+    """Effect: append to the durable store, then call ``persisted(ticket, error, now)``.
 
     ``entries`` maps a key to a yrs update to append, or to None: the key was deleted. With
     ``snapshot`` each update is the key's full state and replaces what is stored (after a
@@ -281,7 +290,7 @@ class ReplicatorCore:
         self.self_node = self_node
         self.settings = settings
         self.client_id = client_id
-        self.effects: list[Effect] = []
+        self._effects: list[Effect] = []  # what the input under way decided so far
         self._name = settings.name
         self._rng = rng
         self._docs: dict[str, _Entry] = {}
@@ -324,12 +333,13 @@ class ReplicatorCore:
         modify: Callable[[Doc[Any]], object],
         consistency: WriteConsistency,
         now: float,
-    ) -> int:
+    ) -> tuple[int, list[Effect]]:
         """Run ``modify`` on the key's document in one transaction and replicate the change.
 
-        Returns the operation id; a :class:`Complete` with ``modify``'s result follows (maybe
-        among this call's effects). If ``modify`` raises, what it changed before raising stays
-        (yrs cannot roll back), is replicated like a local write, and the error propagates.
+        Returns the operation id and the effects; a :class:`Complete` with ``modify``'s result
+        follows (maybe among these effects). If ``modify`` raises, what it changed before
+        raising stays (yrs cannot roll back), is replicated like a local write, and the error
+        propagates: the effects of that change then come from :meth:`take_effects`.
 
         Raises:
             DataDeleted: the key was deleted.
@@ -393,10 +403,12 @@ class ReplicatorCore:
                     ),
                 )
         self._maybe_complete(op_id, op)
-        return op_id
+        return op_id, self._take()
 
-    def get(self, key: str, consistency: ReadConsistency, now: float) -> int:
-        """Read ``key``; a :class:`Complete` with a snapshot ``Doc`` (or None) follows.
+    def get(self, key: str, consistency: ReadConsistency, now: float) -> tuple[int, list[Effect]]:
+        """Read ``key``; returns the operation id and the effects.
+
+        A :class:`Complete` with a snapshot ``Doc`` (or None) follows, maybe among these effects.
 
         Raises:
             ValueError: an invalid key.
@@ -405,7 +417,7 @@ class ReplicatorCore:
         op_id = self._new_op_id()
         if isinstance(consistency, ReadLocal):
             self._complete_read(op_id, key)
-            return op_id
+            return op_id, self._take()
         targets, needed = self._quorum(consistency)
         op = _Op("read", key, now + consistency.timeout, needed, targets, consistency=consistency)
         self._ops[op_id] = op
@@ -414,10 +426,14 @@ class ReplicatorCore:
         for node in targets:
             self._send(node, Read(replicator=self._name, request_id=op_id, key=key, state=state))
         self._maybe_complete(op_id, op)
-        return op_id
+        return op_id, self._take()
 
-    def delete(self, key: str, consistency: WriteConsistency, now: float) -> int:
-        """Delete ``key`` for good; a :class:`Complete` follows.
+    def delete(
+        self, key: str, consistency: WriteConsistency, now: float
+    ) -> tuple[int, list[Effect]]:
+        """Delete ``key`` for good; returns the operation id and the effects.
+
+        A :class:`Complete` follows, maybe among these effects.
 
         Raises:
             DataDeleted: the key was deleted already.
@@ -438,7 +454,7 @@ class ReplicatorCore:
             for node in targets:
                 self._send(node, Delete(replicator=self._name, request_id=op_id, key=key))
         self._maybe_complete(op_id, op)
-        return op_id
+        return op_id, self._take()
 
     def snapshot(self, key: str) -> Doc[Any] | None:
         """A detached copy of the local replica of ``key`` (None: no such key).
@@ -484,7 +500,7 @@ class ReplicatorCore:
         changed, self._changed = self._changed, set()
         return changed
 
-    def set_peers(self, peers: Peers, now: float) -> None:
+    def set_peers(self, peers: Peers, now: float) -> list[Effect]:
         """The cluster changed: these are the peers now (operations under way keep theirs).
 
         A peer that was not there before gets a gossip round at once, so a node that joins
@@ -512,10 +528,16 @@ class ReplicatorCore:
             self._refresh()
             for node in joined:
                 self._send_status(node)
+        return self._take()
 
-    def abandon(self, op_id: int) -> None:
-        """Forget an operation whose caller stopped waiting (its effects are not undone)."""
+    def abandon(self, op_id: int, now: float) -> list[Effect]:
+        """Forget an operation whose caller stopped waiting (its effects are not undone).
+
+        It decides nothing new: the list is empty unless an earlier input raised and left
+        effects that :meth:`take_effects` did not collect.
+        """
         self._ops.pop(op_id, None)
+        return self._take()
 
     # -- time -------------------------------------------------------------------------------
 
@@ -528,26 +550,27 @@ class ReplicatorCore:
             deadline = min(deadline, op.deadline)
         return deadline
 
-    def tick(self, now: float) -> None:
+    def tick(self, now: float) -> list[Effect]:
         """Time out operations, push deltas and gossip when due."""
         for op_id, op in list(self._ops.items()):
             if now >= op.deadline:
                 del self._ops[op_id]
-                self.effects.append(Complete(op_id, error=self._timeout_error(op)))
+                self._effects.append(Complete(op_id, error=self._timeout_error(op)))
         if self._next_delta is not None and now >= self._next_delta:
             self._next_delta = None
             self._push_deltas()
         if now >= self._next_gossip:
             self._next_gossip = now + self.settings.gossip_interval
             self._gossip()
+        return self._take()
 
     # -- durability -------------------------------------------------------------------------
 
-    def persisted(self, ticket: int, error: BaseException | None) -> None:
+    def persisted(self, ticket: int, error: BaseException | None, now: float) -> list[Effect]:
         """The store finished ``ticket``: release what waited on it, or fail it."""
         waiting = self._tickets.pop(ticket, None)
         if waiting is None:
-            return
+            return self._take()
         for key in waiting.keys:
             if self._unpersisted.get(key) == ticket:
                 del self._unpersisted[key]
@@ -566,16 +589,19 @@ class ReplicatorCore:
                 del self._ops[op_id]
                 failure = StoreFailure(f"writing {op.key!r} to the durable store failed: {error}")
                 failure.__cause__ = error
-                self.effects.append(Complete(op_id, error=failure))
+                self._effects.append(Complete(op_id, error=failure))
             else:
                 op.persisted = True
                 self._maybe_complete(op_id, op)
         if error is None:
-            self.effects.extend(waiting.sends)  # acknowledgements promised on disk
+            self._effects.extend(waiting.sends)  # acknowledgements promised on disk
+        return self._take()
 
     # -- messages from peers ----------------------------------------------------------------
 
-    def on_message(self, sender: UniqueAddress, message: ReplicatorMessage, now: float) -> None:
+    def receive(
+        self, sender: UniqueAddress, message: ReplicatorMessage, now: float
+    ) -> list[Effect]:
         """Handle one message from another replicator with this name.
 
         A malformed message (bad key, state or update bytes) is counted and dropped; what it
@@ -588,6 +614,19 @@ class ReplicatorCore:
             logger.warning(
                 "dropped a malformed %s from %s: %s", type(message).__name__, sender, error
             )
+        return self._take()
+
+    def take_effects(self) -> list[Effect]:
+        """The effects an input decided before it raised (an input that returns hands its own).
+
+        When :meth:`update` raises because ``modify`` did, what ``modify`` had changed is kept
+        and replicated: the shell carries out these effects before it lets the error go on.
+        """
+        return self._take()
+
+    def _take(self) -> list[Effect]:
+        effects, self._effects = self._effects, []
+        return effects
 
     def _dispatch(self, sender: UniqueAddress, message: ReplicatorMessage) -> None:
         match message:
@@ -664,7 +703,7 @@ class ReplicatorCore:
         if message.deleted:
             del self._ops[message.request_id]
             self._delete_local(op.key)
-            self.effects.append(
+            self._effects.append(
                 Complete(message.request_id, error=DataDeleted(f"key {op.key!r} was deleted"))
             )
             return
@@ -927,7 +966,7 @@ class ReplicatorCore:
         entry.appended += 1
         if entry.appended >= self.settings.compact_after:
             entry.appended = 0
-            self.effects.append(Compact(key, entry.doc.get_update()))
+            self._effects.append(Compact(key, entry.doc.get_update()))
         return ticket
 
     def _persist(
@@ -938,7 +977,7 @@ class ReplicatorCore:
         self._tickets[ticket] = _Ticket(keys, snapshot)
         for key in keys:
             self._unpersisted[key] = ticket
-        self.effects.append(Persist(ticket, entries, snapshot))
+        self._effects.append(Persist(ticket, entries, snapshot))
         return ticket
 
     def _delete_local(self, key: str) -> int | None:
@@ -956,7 +995,7 @@ class ReplicatorCore:
 
     def _after(self, ticket: int | None, send: Send) -> None:
         if ticket is None:
-            self.effects.append(send)
+            self._effects.append(send)
         else:
             self._tickets[ticket].sends.append(send)
 
@@ -1009,15 +1048,15 @@ class ReplicatorCore:
         if op.kind == "read":
             self._complete_read(op_id, op.key)
         else:
-            self.effects.append(Complete(op_id, op.value))
+            self._effects.append(Complete(op_id, op.value))
 
     def _complete_read(self, op_id: int, key: str) -> None:
         try:
             value = self.snapshot(key)
         except DataDeleted as error:
-            self.effects.append(Complete(op_id, error=error))
+            self._effects.append(Complete(op_id, error=error))
         else:
-            self.effects.append(Complete(op_id, value))
+            self._effects.append(Complete(op_id, value))
 
     def _timeout_error(self, op: _Op) -> ReplicationError:
         got = len(op.answered)
@@ -1041,12 +1080,12 @@ class ReplicatorCore:
         return op_id
 
     def _send(self, to: UniqueAddress, message: ReplicatorMessage) -> None:
-        self.effects.append(Send(to, message))
+        self._effects.append(Send(to, message))
 
     def _gossip_send(self, to: UniqueAddress, message: ReplicatorMessage, size: int) -> None:
         self._sent += 1
         self._bytes_sent += size
-        self.effects.append(Send(to, message))
+        self._effects.append(Send(to, message))
 
     def statistics(self) -> CoreStatistics:
         """Counters since the core was built."""

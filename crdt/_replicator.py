@@ -34,6 +34,7 @@ from membership import (
     TransportClosed,
     UniqueAddress,
 )
+from membership.internal import CoreTimer
 
 from ._consistency import (
     ReadConsistency,
@@ -46,6 +47,7 @@ from ._consistency import (
 from ._core import (
     Compact,
     Complete,
+    Effect,
     Peers,
     Persist,
     ReplicatorCore,
@@ -233,9 +235,7 @@ class Replicator:
         self._run_blocking = run_blocking
         self._waiters: dict[int, _Waiter] = {}
         self._subscribers: dict[str, list[_Subscriber]] = {}
-        self._wakeup = trio.Event()
-        self._sleeping_until = -math.inf
-        """When the timer task wakes by itself (it recomputes that after every wake-up)."""
+        self._timer = CoreTimer(core.next_deadline)
         store_send, self._store_receive = trio.open_memory_channel[
             tuple[int | None, StoreOperation]
         ](math.inf)
@@ -272,8 +272,8 @@ class Replicator:
         """
         consistency = check_read(ReadLocal() if consistency is None else consistency)
         self._check_running()
-        op = self._core.get(key, consistency, trio.current_time())
-        return await self._wait(op)  # type: ignore[return-value]
+        op, effects = self._core.get(key, consistency, trio.current_time())
+        return await self._wait(op, effects)  # type: ignore[return-value]
 
     async def update(
         self,
@@ -325,11 +325,12 @@ class Replicator:
         check_key(key)
         self._check_running()
         try:
-            op = self._core.update(key, modify, consistency, trio.current_time())
+            op, effects = self._core.update(key, modify, consistency, trio.current_time())
         except BaseException:
-            self._drain()  # what modify changed before raising still replicates
+            # What modify changed before raising still replicates.
+            self._carry_out(self._core.take_effects())
             raise
-        return PendingUpdate(self, op, self._start(op))
+        return PendingUpdate(self, op, self._start(op, effects))
 
     async def delete(self, key: str, consistency: WriteConsistency | None = None) -> None:
         """Delete ``key`` on every replica, for good: it cannot be reused.
@@ -341,8 +342,8 @@ class Replicator:
         """
         consistency = check_write(WriteLocal() if consistency is None else consistency)
         self._check_running()
-        op = self._core.delete(key, consistency, trio.current_time())
-        await self._wait(op)
+        op, effects = self._core.delete(key, consistency, trio.current_time())
+        await self._wait(op, effects)
 
     @asynccontextmanager
     async def subscribe(self, key: str) -> AsyncIterator[Subscription]:
@@ -409,8 +410,7 @@ class Replicator:
             return False
         if message.replicator != self._settings.name:
             return False
-        self._core.on_message(envelope.sender, message, trio.current_time())
-        self._drain()
+        self._carry_out(self._core.receive(envelope.sender, message, trio.current_time()))
         return True
 
     # -- running ----------------------------------------------------------------------------
@@ -422,12 +422,8 @@ class Replicator:
             nursery.start_soon(self._notify_loop)
             task_status.started()
             while True:
-                self._sleeping_until = self._core.next_deadline()
-                with trio.move_on_at(self._sleeping_until):
-                    await self._wakeup.wait()
-                self._wakeup = trio.Event()
-                self._core.tick(trio.current_time())
-                self._drain()
+                now = await self._timer.wait()
+                self._carry_out(self._core.tick(now))
 
     async def _watch_members(self) -> None:
         while True:
@@ -447,8 +443,7 @@ class Replicator:
             self_node=self._cluster.self_address,
             role=self._settings.role,
         )
-        self._core.set_peers(peers, trio.current_time())
-        self._drain()
+        self._carry_out(self._core.set_peers(peers, trio.current_time()))
 
     async def _notify_loop(self) -> None:
         while True:
@@ -479,25 +474,26 @@ class Replicator:
                     error = failure
                     self._store_failures += 1
                     logger.error("durable store %s: write failed: %s", store.path, failure)
+            now = trio.current_time()
+            effects: list[Effect] = []
             for ticket, _ in batch:
                 if ticket is not None:
-                    self._core.persisted(ticket, error)
-            self._drain()
+                    effects += self._core.persisted(ticket, error, now)
+            self._carry_out(effects)
 
     def _check_running(self) -> None:
         if self._closed:
             raise ReplicationError("the replicator has stopped (its node left or stopped)")
 
-    async def _wait(self, op: int) -> object:
-        return await self._finish(op, self._start(op))
+    async def _wait(self, op: int, effects: list[Effect]) -> object:
+        return await self._finish(op, self._start(op, effects))
 
-    def _start(self, op: int) -> _Waiter:
-        """Register a waiter for ``op`` and carry out the core's effects (sends included)."""
+    def _start(self, op: int, effects: list[Effect]) -> _Waiter:
+        """Register a waiter for ``op``, then carry out the ``effects`` that began it."""
         waiter = _Waiter()
         self._waiters[op] = waiter
-        self._drain()
-        if self._core.next_deadline() < self._sleeping_until:
-            self._wakeup.set()  # something (its deadline, a delta) is due before the timer
+        self._carry_out(effects)
+        self._timer.poke()  # something (its deadline, a delta) may be due before the timer
         return waiter
 
     async def _finish(self, op: int, waiter: _Waiter) -> object:
@@ -505,7 +501,7 @@ class Replicator:
             await waiter.done.wait()
         finally:
             if self._waiters.pop(op, None) is not None:
-                self._core.abandon(op)
+                self._carry_out(self._core.abandon(op, trio.current_time()))
         if waiter.error is not None:
             raise waiter.error
         return waiter.value
@@ -518,31 +514,30 @@ class Replicator:
             waiter.done.set()
         self._waiters.clear()
 
-    def _drain(self) -> None:
-        effects = self._core.effects
+    def _carry_out(self, effects: list[Effect]) -> None:
+        """Carry out what one input of the core decided, in order.
+
+        Nothing here calls the core back; the on_success callbacks come last and may begin
+        another update, which carries out its own effects.
+        """
         confirmed: list[Callable[[], None]] = []
-        while effects:
-            batch = effects[:]
-            effects.clear()
-            for effect in batch:
-                match effect:
-                    case Send(to=to, message=message):
-                        self._send(to, message)
-                    case Complete(op=op, value=value, error=error):
-                        waiter = self._waiters.pop(op, None)
-                        if waiter is not None:
-                            waiter.value, waiter.error = value, error
-                            waiter.done.set()
-                            if error is None and waiter.on_success is not None:
-                                confirmed.append(waiter.on_success)
-                    case Persist(ticket=ticket, entries=entries):
-                        for i, (key, data) in enumerate(entries):
-                            last = i == len(entries) - 1
-                            self._store_send.send_nowait(
-                                (ticket if last else None, Append(key, data))
-                            )
-                    case Compact(key=key, snapshot=snapshot):
-                        self._store_send.send_nowait((None, Snapshot(key, snapshot)))
+        for effect in effects:
+            match effect:
+                case Send(to=to, message=message):
+                    self._send(to, message)
+                case Complete(op=op, value=value, error=error):
+                    waiter = self._waiters.pop(op, None)
+                    if waiter is not None:
+                        waiter.value, waiter.error = value, error
+                        waiter.done.set()
+                        if error is None and waiter.on_success is not None:
+                            confirmed.append(waiter.on_success)
+                case Persist(ticket=ticket, entries=entries):
+                    for i, (key, data) in enumerate(entries):
+                        last = i == len(entries) - 1
+                        self._store_send.send_nowait((ticket if last else None, Append(key, data)))
+                case Compact(key=key, snapshot=snapshot):
+                    self._store_send.send_nowait((None, Snapshot(key, snapshot)))
         # Last: a callback may begin another update, whose effects then follow these.
         for callback in confirmed:
             try:

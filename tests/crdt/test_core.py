@@ -1,6 +1,6 @@
 """The replicator's protocol with several ReplicatorCores wired together, without trio or sockets.
 
-A tiny driver (:class:`World`) drains every core's effects after each call: ``Send`` goes into one
+A tiny driver (:class:`World`) carries out the effects every call returns: ``Send`` goes into one
 network queue (which can drop, duplicate and reorder), ``Complete`` is recorded (and must come
 once per operation), ``Persist`` is acknowledged at once or held for the test, ``Compact`` is
 recorded. Messages travel with no delay; time only moves when the test says so.
@@ -38,6 +38,7 @@ from crdt import (
 from crdt._core import (
     Compact,
     Complete,
+    Effect,
     Peers,
     Persist,
     ReplicatorCore,
@@ -102,9 +103,9 @@ class World:
                 rng=random.Random(seed * 1000 + i),
                 now=0.0,
             )
-            core.set_peers(Peers(replicas=frozenset(self.nodes) - {address}), 0.0)
-            assert all(isinstance(e, Send) and isinstance(e.message, Status) for e in core.effects)
-            core.effects.clear()  # the greeting Status to new peers: nothing to sync yet
+            effects = core.set_peers(Peers(replicas=frozenset(self.nodes) - {address}), 0.0)
+            assert all(isinstance(e, Send) and isinstance(e.message, Status) for e in effects)
+            # Not carried out: the greeting Status to new peers, with nothing to sync yet.
             self.cores[address] = core
         self.queue: list[Flight] = []
         self.sent: list[Flight] = []
@@ -151,40 +152,46 @@ class World:
     def update(self, i: int, key: str, modify: Modify, consistency: WriteConsistency) -> int:
         core = self[i]
         try:
-            return core.update(key, modify, consistency, self.now)
-        finally:
-            self.drain(core)
+            op, effects = core.update(key, modify, consistency, self.now)
+        except BaseException:
+            self.drain(core, core.take_effects())
+            raise
+        self.drain(core, effects)
+        return op
 
     def delete(self, i: int, key: str, consistency: WriteConsistency) -> int:
         core = self[i]
         try:
-            return core.delete(key, consistency, self.now)
-        finally:
-            self.drain(core)
+            op, effects = core.delete(key, consistency, self.now)
+        except BaseException:
+            self.drain(core, core.take_effects())
+            raise
+        self.drain(core, effects)
+        return op
 
     def get(self, i: int, key: str, consistency: Any) -> int:
         core = self[i]
-        op = core.get(key, consistency, self.now)
-        self.drain(core)
+        op, effects = core.get(key, consistency, self.now)
+        self.drain(core, effects)
         return op
 
     def persist(self, index: int = 0, error: BaseException | None = None) -> Persist:
         address, effect = self.persists.pop(index)
         core = self.cores[address]
-        core.persisted(effect.ticket, error)
-        self.drain(core)
+        self.drain(core, core.persisted(effect.ticket, error, self.now))
         return effect
 
     # -- effects and the network --------------------------------------------------------------
 
-    def drain(self, core: ReplicatorCore) -> None:
-        while core.effects:
-            effects = list(core.effects)
-            core.effects.clear()
+    def drain(self, core: ReplicatorCore, effects: list[Effect]) -> None:
+        """Carry out ``effects``, then what carrying them out made the core return, and so on."""
+        while effects:
+            more: list[Effect] = []
             for effect in effects:
-                self._carry_out(core, effect)
+                more += self._carry_out(core, effect)
+            effects = more
 
-    def _carry_out(self, core: ReplicatorCore, effect: Send | Complete | Persist | Compact) -> None:
+    def _carry_out(self, core: ReplicatorCore, effect: Effect) -> list[Effect]:
         me = core.self_node
         match effect:
             case Send(to=to, message=message):
@@ -200,11 +207,11 @@ class World:
                 self.results[me, op] = effect
             case Persist():
                 if self.auto_persist:
-                    core.persisted(effect.ticket, None)
-                else:
-                    self.persists.append((me, effect))
+                    return core.persisted(effect.ticket, None, self.now)
+                self.persists.append((me, effect))
             case Compact():
                 self.compacts.append((me, effect))
+        return []
 
     def deliver(self, index: int = 0) -> Flight:
         flight = self.queue.pop(index)
@@ -212,15 +219,13 @@ class World:
             self.dropped.append(flight)
             return flight
         core = self.cores[flight.to]
-        core.on_message(flight.src, flight.message, self.now)
-        self.drain(core)
+        self.drain(core, core.receive(flight.src, flight.message, self.now))
         return flight
 
     def inject(self, src: int, to: int, message: ReplicatorMessage) -> None:
-        """Deliver ``message`` to ``to`` as if ``src`` had sent it (on_message must not raise)."""
+        """Deliver ``message`` to ``to`` as if ``src`` had sent it (receive must not raise)."""
         core = self[to]
-        core.on_message(self.nodes[src - 1], message, self.now)
-        self.drain(core)
+        self.drain(core, core.receive(self.nodes[src - 1], message, self.now))
 
     def deliver_all(self, limit: int = 200_000) -> int:
         count = 0
@@ -234,8 +239,7 @@ class World:
         """Move time to ``to`` and tick every core once."""
         self.now = max(self.now, to)
         for core in self.cores.values():
-            core.tick(self.now)
-            self.drain(core)
+            self.drain(core, core.tick(self.now))
 
     def run(self, seconds: float) -> None:
         """Deliver everything and tick each core at its deadlines for ``seconds``."""
@@ -249,8 +253,7 @@ class World:
             self.now = max(self.now, due)
             for core in self.cores.values():
                 if core.next_deadline() <= self.now:
-                    core.tick(self.now)
-                    self.drain(core)
+                    self.drain(core, core.tick(self.now))
 
     def settle(self, max_seconds: float = 200.0) -> float:
         """Run gossip until every replica holds the same; returns the seconds it took."""
@@ -387,7 +390,10 @@ def test_write_all_with_a_silent_replica_times_out_then_spreads_by_gossip() -> N
 def test_write_majority_plus_leaves_out_leaving_members() -> None:
     w = World(5)
     leaving = w.nodes[4]
-    w[1].set_peers(Peers(replicas=frozenset(w.nodes[1:]), leaving=frozenset({leaving})), w.now)
+    w.drain(
+        w[1],
+        w[1].set_peers(Peers(replicas=frozenset(w.nodes[1:]), leaving=frozenset({leaving})), w.now),
+    )
     op = w.update(1, "k", setter("a", 1), WriteMajorityPlus(additional=1, timeout=2))
     assert {f.to for f in w.in_flight(Write)} == set(w.nodes[1:4])
     # N' = 4, quorum = min(4, 4 // 2 + 1 + 1) = 4: all three non-leaving peers must confirm.
@@ -413,11 +419,10 @@ def test_a_removed_replica_leaves_the_operations_under_way_which_count_again() -
     w.deliver_all()
     assert w.result(1, op) is None  # 4 of 5
     assert w.result(1, read) is None
-    w[1].set_peers(Peers(replicas=frozenset(w.nodes[1:4]) | {crashed}), w.now)  # Down: counts
-    w.drain(w[1])
+    # Down: counts
+    w.drain(w[1], w[1].set_peers(Peers(replicas=frozenset(w.nodes[1:4]) | {crashed}), w.now))
     assert w.result(1, op) is None
-    w[1].set_peers(Peers(replicas=frozenset(w.nodes[1:4])), w.now)  # removed
-    w.drain(w[1])
+    w.drain(w[1], w[1].set_peers(Peers(replicas=frozenset(w.nodes[1:4])), w.now))  # removed
     assert w.value(1, op) is None
     assert w.value(1, read) is not None
     # An operation that already had what it needs is not counted twice.
@@ -729,8 +734,7 @@ def test_a_round_at_rest_is_one_status_and_nothing_else() -> None:
     stats = core.statistics()
     w.now = core.next_deadline()
     assert w.now < w.settings.delta_interval + 1000  # a gossip deadline, no op pending
-    core.tick(w.now)
-    w.drain(core)
+    w.drain(core, core.tick(w.now))
     new = w.sent[sent_before:]
     assert len(new) == 1
     status = new[0].message
@@ -822,7 +826,9 @@ def test_gossip_spreads_tombstones_to_replicas_that_never_held_the_key() -> None
 def test_unreachable_peers_get_no_gossip() -> None:
     w = World(3, seed=9)
     others = frozenset(w.nodes[1:])
-    w[1].set_peers(Peers(replicas=others, unreachable=frozenset({w.nodes[1]})), w.now)
+    w.drain(
+        w[1], w[1].set_peers(Peers(replicas=others, unreachable=frozenset({w.nodes[1]})), w.now)
+    )
     w.update(1, "k", setter("a", 1), WriteLocal())
     w.run(20 * w.settings.gossip_interval)
     assert not [f for f in w.sent if f.src == w.nodes[0] and f.to == w.nodes[1]]
@@ -1057,12 +1063,13 @@ def test_compact_every_compact_after_appends() -> None:
 def test_compact_follows_the_persist_it_covers() -> None:
     w = World(1, settings=DURABLE, auto_persist=False)
     core = w[1]
+    effects: list[Effect] = []
     for n in range(3):
-        core.update("d-1", setter("a", n), WriteLocal(), w.now)
-    kinds = [type(effect).__name__ for effect in core.effects]
+        effects += core.update("d-1", setter("a", n), WriteLocal(), w.now)[1]
+    kinds = [type(effect).__name__ for effect in effects]
     # The store must see the Compact after the appends it replaces.
     assert kinds == ["Persist", "Persist", "Persist", "Compact"]
-    w.drain(core)
+    w.drain(core, effects)
     assert len(w.compacts) == 1
     assert len(w.persists) == 3
 
@@ -1299,11 +1306,10 @@ def test_every_document_writes_under_the_core_client_id() -> None:
 def test_a_peer_that_appears_gets_a_status_at_once() -> None:
     w = World(3)
     newcomer = UniqueAddress(Address("10.0.0.1", 9), "n9", 99)
-    w[1].set_peers(
+    effects = w[1].set_peers(
         Peers(replicas=frozenset({w.nodes[1], w.nodes[2]}), weakly_up=frozenset({newcomer})), w.now
     )
-    sent = [e for e in w[1].effects if isinstance(e, Send)]
+    sent = [e for e in effects if isinstance(e, Send)]
     assert [(e.to, type(e.message)) for e in sent] == [(newcomer, Status)]
-    w[1].effects.clear()
-    w[1].set_peers(Peers(replicas=frozenset({w.nodes[1], w.nodes[2], newcomer})), w.now)
-    assert w[1].effects == []  # known already: no greeting again
+    again = w[1].set_peers(Peers(replicas=frozenset({w.nodes[1], w.nodes[2], newcomer})), w.now)
+    assert again == []  # known already: no greeting again
