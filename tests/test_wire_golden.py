@@ -1,0 +1,285 @@
+"""Golden wire fixtures: the current code reads every committed set, and older nodes could read it.
+
+The sets live in ``tests/wire_fixtures/v<protocol version>/`` (see that package's docstring, and
+"Golden wire fixtures" in docs/testing.md). Two directions are checked:
+
+- newer reads older: every committed frame decodes with the current code into what was recorded
+  (a field added since holds its default);
+- older reads newer: every committed schema is compatible with the current classes (same fields
+  at the same positions with the same annotations, new fields last with defaults, enum values and
+  wire names kept), which is what the older code needs, without running it.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from membership.internal import wire
+from tests.wire_fixtures import _golden, regenerate
+from tests.wire_fixtures._golden import RULE, GoldenSet, compare_schemas, load_set
+from tests.wire_fixtures._samples import Increment
+
+_golden.import_packages()  # as a node does: every internal type registered before frames arrive
+VERSIONS = _golden.committed_versions()
+CURRENT = _golden.current_version()
+MOVED = "(fields travel by position)"
+HOW = f"run {_golden.REGENERATE} (see 'Golden wire fixtures' in docs/testing.md)"
+
+
+@pytest.fixture(scope="module")
+def sets() -> dict[int, GoldenSet]:
+    return {version: load_set(version) for version in VERSIONS}
+
+
+def test_there_is_a_set_for_every_version_up_to_the_current_one() -> None:
+    assert VERSIONS, "no committed set under tests/wire_fixtures"
+    assert CURRENT in VERSIONS, f"no golden set of protocol version {CURRENT}: {HOW}"
+    assert max(VERSIONS) == CURRENT, f"sets newer than protocol version {CURRENT}: {VERSIONS}"
+
+
+@pytest.mark.parametrize("version", VERSIONS, ids=_golden.set_label)
+def test_every_committed_frame_decodes_as_recorded(
+    sets: dict[int, GoldenSet], version: int
+) -> None:
+    golden = sets[version]
+    problems = [
+        problem
+        for name, index, frame in _golden.iter_frames(golden.frames)
+        for problem in _golden.check_frame(golden.label, name, index, frame)
+    ]
+    assert not problems, (
+        f"the current code does not read frames of golden set {golden.label} as they were "
+        "recorded:\n  " + "\n  ".join(problems)
+    )
+
+
+@pytest.mark.parametrize("version", VERSIONS, ids=_golden.set_label)
+def test_every_committed_schema_is_compatible_with_the_current_classes(
+    sets: dict[int, GoldenSet], version: int
+) -> None:
+    golden = sets[version]
+    live = _golden.live_schema([n for n in golden.schema if n in wire._by_name])
+    problems = compare_schemas(golden.schema, live)
+    assert not problems, (
+        f"nodes speaking golden set {golden.label} could not exchange messages with this code "
+        f"(tests/wire_fixtures/{golden.label}/schema.json):\n  " + "\n  ".join(problems)
+    )
+
+
+def test_the_current_set_has_every_internal_message_type(sets: dict[int, GoldenSet]) -> None:
+    golden = sets[CURRENT]
+    missing = [name for name in _golden.internal_wire_names() if name not in golden.frames]
+    assert not missing, (
+        f"no golden frame of {', '.join(missing)} in {golden.label}: add a representative "
+        f"instance to samples() in tests/wire_fixtures/_samples.py, then {HOW}"
+    )
+
+
+def test_the_current_set_matches_the_current_classes(sets: dict[int, GoldenSet]) -> None:
+    # Compatible changes too (a field added last): the current set records the current shape.
+    golden = sets[CURRENT]
+    live = _golden.live_schema([n for n in golden.schema if n in wire._by_name])
+    stale = sorted(name for name in live if live[name] != golden.schema[name])
+    assert not stale, f"{', '.join(stale)} changed since {golden.label} was written: {HOW}"
+
+
+def test_the_current_set_covers_every_frame_kind_and_a_user_class(
+    sets: dict[int, GoldenSet],
+) -> None:
+    golden = sets[CURRENT]
+    kinds = {frame["kind"] for _, _, frame in _golden.iter_frames(golden.frames)}
+    assert kinds == {"plain", "object", "flat"}
+    user = wire.wire_name(Increment)
+    assert user in golden.frames
+    # The commonest frame: a user's message sent flat inside an EntityDelivery.
+    deliveries = golden.frames["p2pshard.sharding.EntityDelivery"]
+    assert any(
+        frame["kind"] == "flat" and frame["value"]["fields"]["message"].get("object") == user
+        for frame in deliveries
+    )
+
+
+# --- the checks can fail: each incompatible change is named --------------------------------
+
+
+def _schema(sets: dict[int, GoldenSet]) -> _golden.Schema:
+    return copy.deepcopy(sets[CURRENT].schema)
+
+
+SHARD_HOME = "p2pshard.sharding.ShardHome"
+
+
+def test_a_retyped_field_is_named(sets: dict[int, GoldenSet]) -> None:
+    old = _schema(sets)
+    new = _schema(sets)
+    new[SHARD_HOME]["fields"][2][1] = "str"
+    assert compare_schemas(old, new) == [
+        f"{SHARD_HOME}.region: type changed from UniqueAddress to str; {RULE}"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("new_fields", "expected"),
+    [
+        pytest.param(
+            [["type_name", "str", False], ["shard", "str", False]],
+            [f"{SHARD_HOME}.region: removed; {RULE}"],
+            id="removed",
+        ),
+        pytest.param(
+            [
+                ["type_name", "str", False],
+                ["shard", "str", False],
+                ["home", "UniqueAddress", False],
+            ],
+            [f"{SHARD_HOME}.region: renamed to home or removed; {RULE}"],
+            id="renamed",
+        ),
+        pytest.param(
+            [
+                ["type_name", "str", False],
+                ["region", "UniqueAddress", False],
+                ["shard", "str", False],
+            ],
+            [
+                f"{SHARD_HOME}.shard: moved from position 2 to 3 {MOVED}; {RULE}",
+                f"{SHARD_HOME}.region: moved from position 3 to 2 {MOVED}; {RULE}",
+            ],
+            id="moved",
+        ),
+        pytest.param(
+            [
+                ["type_name", "str", False],
+                ["shard", "str", False],
+                ["region", "UniqueAddress", False],
+                ["zone", "str", False],
+            ],
+            [
+                f"{SHARD_HOME}.zone: new field without a default (an older node's message lacks "
+                f"it); {RULE}"
+            ],
+            id="added-without-default",
+        ),
+        pytest.param(
+            [
+                ["type_name", "str", False],
+                ["zone", "str", True],
+                ["shard", "str", False],
+                ["region", "UniqueAddress", False],
+            ],
+            [
+                f"{SHARD_HOME}.shard: moved from position 2 to 3 {MOVED}; {RULE}",
+                f"{SHARD_HOME}.region: moved from position 3 to 4 {MOVED}; {RULE}",
+                f"{SHARD_HOME}.zone: new field at position 2, before older ones; {RULE}",
+            ],
+            id="inserted",
+        ),
+        pytest.param(
+            [
+                ["type_name", "str", False],
+                ["shard", "str", False],
+                ["region", "UniqueAddress", False],
+                ["zone", "str", True],
+            ],
+            [],
+            id="added-last-with-default",
+        ),
+    ],
+)
+def test_field_changes(
+    sets: dict[int, GoldenSet], new_fields: list[list[object]], expected: list[str]
+) -> None:
+    old = _schema(sets)
+    new = _schema(sets)
+    new[SHARD_HOME]["fields"] = new_fields
+    assert compare_schemas(old, new) == expected
+
+
+def test_a_field_that_loses_its_default_is_named(sets: dict[int, GoldenSet]) -> None:
+    old = _schema(sets)
+    new = _schema(sets)
+    name = "p2pshard.sharding.BeginHandOff"
+    assert new[name]["fields"][2] == ["handoff_id", "int", True]
+    new[name]["fields"][2][2] = False
+    (problem,) = compare_schemas(old, new)
+    assert problem.startswith(f"{name}.handoff_id: lost its default")
+
+
+def test_enum_and_type_changes_are_named(sets: dict[int, GoldenSet]) -> None:
+    old = _schema(sets)
+    new = _schema(sets)
+    new["p2pshard.MemberStatus"]["enum"].remove("weakly_up")
+    new["p2pshard.ReachabilityStatus"]["enum"].append("suspect")  # a value may be added
+    del new["p2pshard.sharding.HostShard"]
+    new["p2pshard.sharding.NewMessage"] = {"fields": []}  # a type may be added
+    assert compare_schemas(old, new) == [
+        "p2pshard.MemberStatus: enum value 'weakly_up' removed or changed; an enum may only gain "
+        "values",
+        "p2pshard.sharding.HostShard: no longer registered; a message type may only be added "
+        "(keep the class, or keep its wire name with @message(name=...))",
+    ]
+
+
+def test_a_frame_that_decodes_differently_is_named(sets: dict[int, GoldenSet]) -> None:
+    (frame,) = copy.deepcopy(sets[CURRENT].frames[SHARD_HOME])
+    frame["value"]["fields"]["region"]["fields"]["uid"] += 1
+    (problem,) = _golden.check_frame("v1", SHARD_HOME, 0, frame)
+    assert problem.startswith(f"v1 {SHARD_HOME} #0: message.region.uid: recorded ")
+    frame["hex"] = frame["hex"][:-4]
+    (problem,) = _golden.check_frame("v1", SHARD_HOME, 0, frame)
+    assert problem.startswith(f"v1 {SHARD_HOME} #0: does not decode: MessageDecodeError")
+
+
+def test_a_field_added_since_a_frame_was_recorded_must_hold_its_default(
+    sets: dict[int, GoldenSet],
+) -> None:
+    # As if the set had been recorded before BeginHandOffAck gained acked_by (and the frame's
+    # body had been one field shorter): the decoded field must hold its default.
+    name = "p2pshard.sharding.BeginHandOffAck"
+    ack = wire.decode(bytes.fromhex(sets[CURRENT].frames[name][0]["hex"])).message
+    recorded = _golden.describe(ack)
+    del recorded["fields"]["acked_by"]
+    problems = _golden.match(recorded, ack, "message")
+    assert problems == [
+        "message.acked_by: not in the recorded frame, so it should hold its default None; "
+        f"decoded {ack.acked_by!r}"  # type: ignore[attr-defined]
+    ]
+    del recorded["fields"]["shard"]  # no default: an older frame could not have lacked it
+    assert "message.shard: not in the recorded frame, and has no default" in _golden.match(
+        recorded, ack, "message"
+    )
+
+
+# --- regeneration ----------------------------------------------------------------------------
+
+
+def test_regeneration_refuses_an_older_version() -> None:
+    with pytest.raises(regenerate.RegenerateError, match="older protocol version"):
+        regenerate.regenerate(CURRENT - 1)
+
+
+def test_regeneration_refuses_to_hide_an_incompatible_change(
+    sets: dict[int, GoldenSet], tmp_path: Path
+) -> None:
+    golden = sets[CURRENT]
+    schema = copy.deepcopy(golden.schema)
+    schema[SHARD_HOME]["fields"][2][1] = "Address"  # as if the committed class said so
+    _golden.write_set(GoldenSet(version=CURRENT, frames=golden.frames, schema=schema), tmp_path)
+    with pytest.raises(regenerate.RegenerateError) as caught:
+        regenerate.regenerate(root=tmp_path)
+    assert f"{SHARD_HOME}.region: type changed from Address to UniqueAddress" in str(caught.value)
+    assert load_set(CURRENT, tmp_path).schema == schema  # not rewritten
+
+
+def test_regeneration_writes_a_set_that_passes_the_checks(
+    sets: dict[int, GoldenSet], tmp_path: Path
+) -> None:
+    directory = regenerate.regenerate(root=tmp_path)
+    written = load_set(CURRENT, directory.parent)
+    assert written.schema == sets[CURRENT].schema
+    assert written.frames.keys() == sets[CURRENT].frames.keys()
+    for name, index, frame in _golden.iter_frames(written.frames):
+        assert _golden.check_frame(written.label, name, index, frame) == []
