@@ -31,8 +31,18 @@ class Increment:
 
 
 def make(name: str, /, **fields: object) -> Any:
-    """An instance of the class registered under wire name ``name``."""
-    return registered_class(name)(**fields)
+    """An instance of the class registered under wire name ``name``.
+
+    Raises:
+        ValueError: the class no longer takes these fields (the message names the sample).
+    """
+    try:
+        return registered_class(name)(**fields)
+    except Exception as exc:  # whatever the class raises, the sample is what to fix
+        raise ValueError(
+            f"the sample of {name} in tests/wire_fixtures/_samples.py does not build: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def members(name: str) -> list[enum.Enum]:

@@ -28,7 +28,7 @@ from pathlib import Path
 from membership.internal import wire
 
 from . import _golden
-from ._golden import GoldenSet
+from ._golden import GoldenSet, Json
 from ._samples import TO_UID, plain_samples, samples
 
 
@@ -43,13 +43,17 @@ def build_set(version: int) -> GoldenSet:
         RegenerateError: an internal type has no sample, or a sample does not round-trip.
     """
     internal = _golden.internal_wire_names()
-    frames: dict[str, list[dict[str, object]]] = {}
-    for value in samples():
+    frames: dict[str, list[dict[str, Json]]] = {}
+    try:
+        values = samples()
+    except ValueError as exc:
+        raise RegenerateError(str(exc)) from exc
+    for value in values:
         name = wire.wire_name(type(value))
         if name is None:
             raise RegenerateError(f"sample {value!r} is of a class that is not registered")
-        frames.setdefault(name, []).append(_frame(value))
-    frames[_golden.PLAIN] = [_frame(value) for value in plain_samples()]
+        frames.setdefault(name, []).append(frame_of(value))
+    frames[_golden.PLAIN] = [frame_of(value) for value in plain_samples()]
     missing = sorted(set(internal) - set(frames))
     if missing:
         raise RegenerateError(
@@ -60,7 +64,12 @@ def build_set(version: int) -> GoldenSet:
     return GoldenSet(version=version, frames=frames, schema=_golden.live_schema(names))
 
 
-def _frame(value: object) -> dict[str, object]:
+def frame_of(value: object) -> dict[str, Json]:
+    """The recorded frame of ``value``: its payload and what the current code decodes it to.
+
+    Raises:
+        RegenerateError: ``value`` does not come back equal from the wire.
+    """
     payload = wire.encode(value, to_uid=TO_UID)
     to_uid, decoded = wire.decode_parts(payload)
     if decoded != value or to_uid != TO_UID:
