@@ -13,13 +13,16 @@ The sets live in ``tests/wire_fixtures/v<protocol version>/`` (see that package'
 from __future__ import annotations
 
 import copy
+import sys
+import types
 from pathlib import Path
+from typing import NewType
 
 import pytest
 
 from membership.internal import wire
 from tests.wire_fixtures import _golden, regenerate
-from tests.wire_fixtures._golden import RULE, GoldenSet, compare_schemas, load_set
+from tests.wire_fixtures._golden import RULE, GoldenSet, compare_schemas, load_set, registered_class
 from tests.wire_fixtures._samples import Increment
 
 _golden.import_packages()  # as a node does: every internal type registered before frames arrive
@@ -116,6 +119,7 @@ def _schema(sets: dict[int, GoldenSet]) -> _golden.Schema:
 
 
 SHARD_HOME = "p2pshard.sharding.ShardHome"
+UNIQUE = "p2pshard.UniqueAddress"  # annotations name registered classes by wire name
 
 
 def test_a_retyped_field_is_named(sets: dict[int, GoldenSet]) -> None:
@@ -123,7 +127,7 @@ def test_a_retyped_field_is_named(sets: dict[int, GoldenSet]) -> None:
     new = _schema(sets)
     new[SHARD_HOME]["fields"][2][1] = "str"
     assert compare_schemas(old, new) == [
-        f"{SHARD_HOME}.region: type changed from UniqueAddress to str; {RULE}"
+        f"{SHARD_HOME}.region: type changed from p2pshard.UniqueAddress to str; {RULE}"
     ]
 
 
@@ -139,7 +143,7 @@ def test_a_retyped_field_is_named(sets: dict[int, GoldenSet]) -> None:
             [
                 ["type_name", "str", False],
                 ["shard", "str", False],
-                ["home", "UniqueAddress", False],
+                ["home", UNIQUE, False],
             ],
             [f"{SHARD_HOME}.region: renamed to home or removed; {RULE}"],
             id="renamed",
@@ -147,7 +151,7 @@ def test_a_retyped_field_is_named(sets: dict[int, GoldenSet]) -> None:
         pytest.param(
             [
                 ["type_name", "str", False],
-                ["region", "UniqueAddress", False],
+                ["region", UNIQUE, False],
                 ["shard", "str", False],
             ],
             [
@@ -160,7 +164,7 @@ def test_a_retyped_field_is_named(sets: dict[int, GoldenSet]) -> None:
             [
                 ["type_name", "str", False],
                 ["shard", "str", False],
-                ["region", "UniqueAddress", False],
+                ["region", UNIQUE, False],
                 ["zone", "str", False],
             ],
             [
@@ -174,7 +178,7 @@ def test_a_retyped_field_is_named(sets: dict[int, GoldenSet]) -> None:
                 ["type_name", "str", False],
                 ["zone", "str", True],
                 ["shard", "str", False],
-                ["region", "UniqueAddress", False],
+                ["region", UNIQUE, False],
             ],
             [
                 f"{SHARD_HOME}.shard: moved from position 2 to 3 {MOVED}; {RULE}",
@@ -187,7 +191,7 @@ def test_a_retyped_field_is_named(sets: dict[int, GoldenSet]) -> None:
             [
                 ["type_name", "str", False],
                 ["shard", "str", False],
-                ["region", "UniqueAddress", False],
+                ["region", UNIQUE, False],
                 ["zone", "str", True],
             ],
             [],
@@ -202,6 +206,20 @@ def test_field_changes(
     new = _schema(sets)
     new[SHARD_HOME]["fields"] = new_fields
     assert compare_schemas(old, new) == expected
+
+
+def test_annotations_name_registered_classes_by_wire_name_and_newtypes_by_what_they_wrap() -> None:
+    # A class renamed or moved keeps its wire name, and a NewType of str travels as a str: neither
+    # is a retype. The names resolve in the namespace of the module defining the message class.
+    module = types.ModuleType("golden_annotations")
+    shard_id = NewType("shard_id", str)
+    module.__dict__.update(Home=registered_class(UNIQUE), ShardId=shard_id, Other=Path)
+    sys.modules[module.__name__] = module
+    try:
+        text = _golden.annotation_text("tuple[Home | None, ShardId,  Other]", module.__name__)
+    finally:
+        del sys.modules[module.__name__]
+    assert text == f"tuple[{UNIQUE} | None, str, Other]"
 
 
 def test_a_field_that_loses_its_default_is_named(sets: dict[int, GoldenSet]) -> None:
@@ -274,11 +292,13 @@ def test_regeneration_refuses_to_hide_an_incompatible_change(tmp_path: Path) -> 
     live = regenerate.build_set(CURRENT)
     region = live.schema[SHARD_HOME]["fields"][2]
     committed = copy.deepcopy(live.schema)
-    committed[SHARD_HOME]["fields"][2][1] = "Address"  # as if the committed class said so
+    committed[SHARD_HOME]["fields"][2][1] = "p2pshard.Address"  # as if the class had said so
     _golden.write_set(GoldenSet(version=CURRENT, frames=live.frames, schema=committed), tmp_path)
     with pytest.raises(regenerate.RegenerateError) as caught:
         regenerate.regenerate(root=tmp_path)
-    assert f"{SHARD_HOME}.region: type changed from Address to {region[1]}" in str(caught.value)
+    assert f"{SHARD_HOME}.region: type changed from p2pshard.Address to {region[1]}" in str(
+        caught.value
+    )
     assert load_set(CURRENT, tmp_path).schema == committed  # not rewritten
 
 

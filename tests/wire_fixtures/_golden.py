@@ -20,6 +20,7 @@ import enum
 import importlib
 import json
 import re
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeAlias, cast
@@ -109,15 +110,38 @@ def _fields(cls: type) -> tuple[attrs.Attribute[Any], ...]:
 # --- schemas ----------------------------------------------------------------------------------
 
 
-def annotation_text(annotation: object) -> str:
-    """An annotation as written (annotations are text under postponed evaluation)."""
+def annotation_text(annotation: object, module: str | None = None) -> str:
+    """An annotation as the wire sees it: as written, with registered classes by wire name.
+
+    Annotations are text under postponed evaluation. Each name in it that ``module`` binds to a
+    registered class becomes that class's wire name, and a ``NewType`` becomes what it wraps,
+    so that renaming or moving a class, or naming ``str`` ``ShardId``, changes nothing here,
+    while a field retyped to another class does.
+    """
     if annotation is None:
         return "(none)"
-    if isinstance(annotation, str):
-        return " ".join(annotation.split())
     if isinstance(annotation, type):
-        return annotation.__qualname__
-    return str(annotation).replace("typing.", "")
+        return _type_name(annotation)
+    text = " ".join(str(annotation).replace("typing.", "").split())
+    namespace = vars(sys.modules[module]) if module in sys.modules else {}
+    return _NAME.sub(lambda m: _resolve(m.group(0), namespace), text)
+
+
+_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _resolve(name: str, namespace: Mapping[str, object]) -> str:
+    value = namespace.get(name)
+    while value is not None and hasattr(value, "__supertype__"):  # a NewType: what it wraps
+        value = value.__supertype__
+    if isinstance(value, type) and (value in wire._by_class or value.__module__ == "builtins"):
+        return _type_name(value)
+    return name
+
+
+def _type_name(cls: type) -> str:
+    spec = wire._by_class.get(cls)
+    return spec.name if spec is not None else cls.__qualname__
 
 
 def schema_of(cls: type) -> dict[str, Any]:
@@ -126,7 +150,8 @@ def schema_of(cls: type) -> dict[str, Any]:
         return {"enum": [member.value for member in cls]}
     return {
         "fields": [
-            [f.name, annotation_text(f.type), f.default is not attrs.NOTHING] for f in _fields(cls)
+            [f.name, annotation_text(f.type, cls.__module__), f.default is not attrs.NOTHING]
+            for f in _fields(cls)
         ]
     }
 
