@@ -41,6 +41,8 @@ from .transport._tls import TlsIdentity as TlsIdentity
 from .transport._tls import certificate_identity as certificate_identity
 from .transport._tls import identity_text as identity_text
 from .transport._trioutil import single_error as single_error
+from .transport._versions import CURRENT_PROTOCOL as CURRENT_PROTOCOL
+from .transport._versions import ProtocolRange as ProtocolRange
 from .transport._wire import decode_value as decode_value
 from .transport._wire import encode_value as encode_value
 

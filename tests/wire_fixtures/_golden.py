@@ -27,7 +27,7 @@ from typing import Any, Final, TypeAlias, cast
 
 import attrs
 
-from membership.internal import wire
+from membership.internal import CURRENT_PROTOCOL, wire
 
 FIXTURES: Final = Path(__file__).resolve().parent
 """Where the sets live: ``v<version>/frames.json`` and ``v<version>/schema.json``."""
@@ -64,7 +64,7 @@ Schema: TypeAlias = dict[str, dict[str, Any]]
 
 def current_version() -> int:
     """The protocol version this code speaks, at most: the only set regeneration writes."""
-    return int(wire.WIRE_VERSION)
+    return CURRENT_PROTOCOL.high
 
 
 def set_label(version: int) -> str:

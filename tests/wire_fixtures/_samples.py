@@ -139,8 +139,16 @@ def samples() -> list[object]:
         make("p2pshard.cluster.Down", node=c),
         make("p2pshard.cluster.ExitingConfirmed", node=node_b),
         make("p2pshard.cluster.OtherClusterSeen", sender=node_a, at=(c, b)),
-        make("p2pshard.transport.Hello", cluster="golden", sender=node_a),
-        make("p2pshard.transport.HelloAck", sender=node_b),
+        make(
+            "p2pshard.transport.Hello",
+            cluster="golden",
+            sender=node_a,
+            protocol_low=1,
+            protocol_high=1,
+            app_version="2.4.1",
+        ),
+        make("p2pshard.transport.HelloAck", sender=node_b, protocol=1, app_version="2.4.0"),
+        make("p2pshard.transport.HelloRefused", reason="no wire protocol version in common"),
         # singletons
         make("p2pshard.singleton.HandOverToMe", name="coordinator"),
         make("p2pshard.singleton.HandOverInProgress", name="coordinator"),
