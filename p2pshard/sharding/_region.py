@@ -58,6 +58,7 @@ from ._protocol import (
 )
 from ._region_core import (
     Drop,
+    DropReason,
     Flush,
     RegionEffect,
     SendTo,
@@ -410,6 +411,7 @@ class ShardRegion:
             if not sent:
                 self._dropped(
                     [(entity_id, message, reply)],
+                    DropReason.SEND_QUEUE_FULL,
                     f"the send queue to {home} stayed full for {self.settings.retry_interval:g} s",
                 )
                 return
@@ -539,14 +541,15 @@ class ShardRegion:
                     self._sent_remote += len(replies)
                     self._batches_sent += 1
                     return
-                self._core.dropped += len(replies)
+                self._core.count_dropped(len(replies))
                 self._lost(
                     replies,
+                    DropReason.SEND_QUEUE_FULL,
                     f"the send queue to {home} stayed full for {self.settings.retry_interval:g} s",
                 )
                 return
         except (TransportClosed, SerializationError) as exc:
-            self._lost(replies, f"sending to {home} failed: {exc}")
+            self._lost(replies, DropReason.NOT_SENT, f"sending to {home} failed: {exc}")
             return
         self._sent_remote += len(replies)
         self._batches_sent += 1
@@ -560,7 +563,7 @@ class ShardRegion:
         with trio.move_on_after(self.settings.retry_interval):
             await self._transport.send(home, delivery)
             return True
-        self._core.dropped += 1
+        self._core.count_dropped(1)
         return False
 
     def _delivery(
@@ -625,7 +628,11 @@ class ShardRegion:
             try:
                 payload = _wire.encode(message)
             except SerializationError as exc:
-                self._dropped([(entity_id, message, reply)], f"passing it on failed: {exc}")
+                self._dropped(
+                    [(entity_id, message, reply)],
+                    DropReason.NOT_SENT,
+                    f"passing it on failed: {exc}",
+                )
                 return
             size = entry_size(shard_id, entity_id, payload)
             self._gather(home, outgoing, shard_id, entity_id, payload, size, reply)
@@ -634,7 +641,11 @@ class ShardRegion:
             self._transport.send_nowait(home, self._delivery(shard_id, entity_id, message, reply))
             self._sent_remote += 1
         except (SendQueueFull, TransportClosed, SerializationError) as exc:
-            self._dropped([(entity_id, message, reply)], f"passing it on to {home} failed: {exc}")
+            self._dropped(
+                [(entity_id, message, reply)],
+                DropReason.NOT_SENT,
+                f"passing it on to {home} failed: {exc}",
+            )
 
     # -- from the transport -----------------------------------------------------------------
 
@@ -741,8 +752,8 @@ class ShardRegion:
                     self._stop_shard(shard_id)
                 case Flush(shard=shard_id, home=home, deliveries=deliveries):
                     self._flush(shard_id, home, deliveries)
-                case Drop(deliveries=deliveries, reason=reason):
-                    self._dropped(deliveries, reason)
+                case Drop(deliveries=deliveries, reason=reason, cause=cause):
+                    self._dropped(deliveries, cause, reason)
                 case RefusedEffect(reason=reason):
                     logger.error(
                         "%s: entity type %r refused: %s", self._self_node, self.type_name, reason
@@ -859,7 +870,7 @@ class ShardRegion:
                 self._nursery.start_soon(self._send_flushed, shard_id, home)
                 return
             except (TransportClosed, SerializationError) as exc:
-                self._dropped([(entity_id, message, reply)], str(exc))
+                self._dropped([(entity_id, message, reply)], DropReason.NOT_SENT, str(exc))
                 continue
             self._sent_remote += 1
 
@@ -873,9 +884,13 @@ class ShardRegion:
                     if await self._send_waiting(home, delivery):
                         self._sent_remote += 1
                     else:
-                        self._dropped([(entity_id, message, reply)], f"{home} is not taking more")
+                        self._dropped(
+                            [(entity_id, message, reply)],
+                            DropReason.SEND_QUEUE_FULL,
+                            f"{home} is not taking more",
+                        )
                 except (TransportClosed, SerializationError) as exc:
-                    self._dropped([(entity_id, message, reply)], str(exc))
+                    self._dropped([(entity_id, message, reply)], DropReason.NOT_SENT, str(exc))
                 if self._core.homes.get(shard_id) != home:
                     break  # the shard is moving again: what is left waits for its new home
         finally:
@@ -885,20 +900,21 @@ class ShardRegion:
             self._unblocked.set()
             self._unblocked = trio.Event()
 
-    def _dropped(self, deliveries: list[Delivery], reason: str) -> None:
-        self._lost([reply for _, _, reply in deliveries], reason)
+    def _dropped(self, deliveries: list[Delivery], cause: DropReason, reason: str) -> None:
+        self._lost([reply for _, _, reply in deliveries], cause, reason)
 
-    def _lost(self, replies: list[Reply | None], reason: str) -> None:
-        """Say that messages were dropped, one per item of ``replies``, and fail their asks."""
+    def _lost(self, replies: list[Reply | None], cause: DropReason, reason: str) -> None:
+        """Say that messages were dropped, one per item of ``replies``, and fail their asks.
+
+        ``cause`` picks the error the asks fail with; ``reason`` is what they and the log say.
+        """
         if not replies:
             return
         logger.warning("region %s: %d message(s) dropped: %s", self.type_name, len(replies), reason)
-        overflow = "buffer is full" in reason
+        error = "p2pshard.BufferOverflow" if cause.overflow else "p2pshard.ShardingError"
         for reply in replies:
             if reply is not None:
-                reply.fail(
-                    "p2pshard.BufferOverflow" if overflow else "p2pshard.ShardingError", reason
-                )
+                reply.fail(error, reason)
 
     # -- entities ---------------------------------------------------------------------------
 

@@ -117,12 +117,41 @@ class Flush(Generic[D]):
     deliveries: list[D]
 
 
+class DropReason(enum.StrEnum):
+    """Why messages are not delivered: the core's drops and the shell's share these.
+
+    The shell picks the error a dropped ask fails with from this, never from the words
+    (see :attr:`overflow`). A member's value is its words when nothing more needs saying.
+    """
+
+    STOPPED = "the region has stopped"
+    REFUSED = "the coordinator refused the region"
+    BUFFER_FULL = "the region's buffer is full"
+    """Too many messages wait for shards without a known home (``buffer_size``)."""
+    SEND_QUEUE_FULL = "the send queue stayed full"
+    """The link to the home stayed full for a whole ``retry_interval``."""
+    NOT_SENT = "the message could not be sent"
+    """The transport refused it: the link closed, or the message did not encode."""
+
+    @property
+    def overflow(self) -> bool:
+        """Whether a dropped ask fails with ``BufferOverflow`` (else ``ShardingError``)."""
+        return self is DropReason.BUFFER_FULL
+
+
 @attrs.frozen
 class Drop(Generic[D]):
-    """Effect: ``deliveries`` will not be delivered, for ``reason``."""
+    """Effect: ``deliveries`` will not be delivered, for ``reason``.
+
+    ``reason`` is the words (the log line and the failed asks say them), ``cause`` the
+    typed reason the shell acts on. ``cause`` takes no part in equality: the core words each
+    cause differently, so equal words are the same cause, and a test may compare with
+    ``Drop(deliveries, words)``.
+    """
 
     deliveries: list[D]
     reason: str
+    cause: DropReason = attrs.field(default=DropReason.NOT_SENT, eq=False, kw_only=True)
 
 
 @attrs.frozen
@@ -193,16 +222,17 @@ class ShardRegionCore(Generic[D]):
     def buffer(self, shard: ShardId, delivery: D, now: float) -> list[RegionEffect[D]]:
         """Hold ``delivery`` until ``shard``'s home is known; asks for it on the first one."""
         if self.refused is not None or self.stopped:
-            reason = self.refused or "the region has stopped"
+            cause = DropReason.STOPPED if self.refused is None else DropReason.REFUSED
             self.dropped += 1
-            return [Drop([delivery], reason)]
+            return [Drop([delivery], self.refused or DropReason.STOPPED.value, cause=cause)]
         if self.buffered >= self.settings.buffer_size:
             self.dropped += 1
             return [
                 Drop(
                     [delivery],
-                    f"the region's buffer is full ({self.settings.buffer_size} messages wait "
+                    f"{DropReason.BUFFER_FULL} ({self.settings.buffer_size} messages wait "
                     "for shards without a known home)",
+                    cause=DropReason.BUFFER_FULL,
                 )
             ]
         queue = self.buffers.get(shard)
@@ -237,9 +267,9 @@ class ShardRegionCore(Generic[D]):
                 self.refused = reason
                 logger.error("region %s: the coordinator refused it: %s", self.type_name, reason)
                 deliveries = self._take_all()
-                return (
-                    [Refused(reason), Drop(deliveries, reason)] if deliveries else [Refused(reason)]
-                )
+                if not deliveries:
+                    return [Refused(reason)]
+                return [Refused(reason), Drop(deliveries, reason, cause=DropReason.REFUSED)]
             case ShardHome(shard=shard, region=region):
                 return self._home_is(ShardId(shard), region)
             case HostShard(shard=shard):
@@ -270,6 +300,10 @@ class ShardRegionCore(Generic[D]):
                 self.local[shard_id] = LocalShard.STOPPING
                 return [StopShard(shard_id)]
         return []
+
+    def count_dropped(self, count: int) -> None:
+        """The shell dropped ``count`` messages on their way out (a send queue stayed full)."""
+        self.dropped += count
 
     def shard_stopped(self, shard: ShardId, now: float) -> list[RegionEffect[D]]:
         """The shell stopped every entity of ``shard`` (a hand-off or a shutdown)."""
