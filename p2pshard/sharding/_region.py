@@ -46,7 +46,7 @@ from .._errors import AskTimeout, RegionStopped, ShardingError
 from ..leases._lease import ShardLease, ShardLeaseFactory
 from ._allocation import EntityId, ShardId
 from ._asks import RemoteReply
-from ._entity import EntityContext, EntityRef, EntityState, Reply
+from ._entity import EntityContext, EntityRef, EntitySender, EntityState, Reply
 from ._extractor import MessageExtractor
 from ._outbox import ENTRY_OVERHEAD, Outbox, entry_size
 from ._protocol import (
@@ -71,7 +71,7 @@ from ._region_core import Refused as RefusedEffect
 from ._remember import RememberStore
 from ._services import RegionServices
 from ._settings import ShardingSettings
-from ._shard import FORCED_STOP_FRACTION, EntityFactory, EntityWorkers, Shard
+from ._shard import FORCED_STOP_FRACTION, EntityFactory, EntityWorkers, Shard, ShardHost
 
 logger = logging.getLogger("p2pshard.region")
 
@@ -220,6 +220,23 @@ class ShardRegion:
         self._recent_home: UniqueAddress | None = None
         self._recent_outgoing: Outbox | None = None
         """The last node gathered for and what :attr:`_outgoing` holds for it."""
+        self._sender = EntitySender(type_name, self._tell, self._ask)
+        """What this region's entity refs send with (one, so that equal refs share it)."""
+        self._host = ShardHost(
+            type_name=type_name,
+            settings=settings,
+            workers=self._scheduler,
+            recently_used=self._lru,
+            entity_factory=self._factory,
+            stop_message=stop_message,
+            observers=services.observers,
+            sender=self._sender,
+            route=self._route_nowait,
+            entity_started=self._entity_started,
+            entity_stopped=self._entity_stopped,
+            restart_due=self._wake_timer,
+        )
+        """What this region's shards use of it."""
 
     # -- public API -------------------------------------------------------------------------
 
@@ -239,7 +256,7 @@ class ShardRegion:
         Raises:
             ValueError: ``entity_id`` is not a non-empty string.
         """
-        return EntityRef(self, entity_id)
+        return EntityRef(self._sender, entity_id)
 
     async def tell(self, message: object) -> None:
         """Send ``message`` to the entity the extractor names (a ``ShardingEnvelope``, say).
@@ -799,7 +816,7 @@ class ShardRegion:
     def _start_shard(self, shard_id: ShardId) -> None:
         shard = self._shards.get(shard_id)
         if shard is None:
-            shard = self._shards[shard_id] = Shard(self, shard_id)
+            shard = self._shards[shard_id] = Shard(self._host, shard_id)
             logger.debug("region %s: hosting shard %s", self.type_name, shard_id)
             store = None
             if self.settings.remember_entities:

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
+import attrs
 import trio
 
 from membership.internal import acquire_until_granted
@@ -41,6 +42,7 @@ from ._entity import (
     Entity,
     EntityContext,
     EntityEvent,
+    EntitySender,
     EntityState,
     Mail,
     Reply,
@@ -49,9 +51,8 @@ from ._entity import (
     check_entity,
 )
 from ._remember import RememberStore
-
-if TYPE_CHECKING:
-    from ._region import ShardRegion
+from ._services import IncarnationObserver
+from ._settings import ShardingSettings
 
 logger = logging.getLogger("p2pshard.shard")
 
@@ -159,7 +160,7 @@ class EntityWorkers:
                     cell = ready.popleft()
                     self._progress += 1
                     cell._scope = scope
-                    shard = cell._shard
+                    shard: Shard = cell._shard  # type: ignore[assignment] # every context here
                     instance = cell._instance
                     mailbox = cell._mailbox
                     # Shard._run's common case spelled out here, one coroutine less per turn: a
@@ -194,11 +195,46 @@ class EntityWorkers:
             await trio.lowlevel.wait_task_rescheduled(abort)
 
 
+EntityFactory = Callable[[EntityContext], Entity]
+"""Makes an entity instance from its context (usually the entity class itself)."""
+
+
+@attrs.frozen(eq=False)
+class ShardHost:
+    """What a :class:`Shard` needs of the region hosting it; the region makes one for its shards.
+
+    The callables are the region's: a shard calls them as it starts, stops and reroutes entities.
+    """
+
+    type_name: str
+    settings: ShardingSettings
+    workers: EntityWorkers
+    """The region's run queue and worker tasks, shared by its shards."""
+    recently_used: collections.OrderedDict[EntityContext, None] | None
+    """Active entities, least recently used first, when ``active_entity_limit`` is set."""
+    entity_factory: EntityFactory
+    stop_message: object
+    """What a passivated entity receives last, unless ``passivate`` names another."""
+    observers: Sequence[IncarnationObserver]
+    sender: EntitySender
+    """Sends to this entity type's entities (an entity's ``self_ref``)."""
+    route: Callable[[ShardId, EntityId, object, Reply | None], None]
+    """Route a message again, without waiting (a shard handed off while messages waited)."""
+    entity_started: Callable[[EntityContext], None]
+    """A context was made: counted, and subject to the active-entity limit."""
+    entity_stopped: Callable[[EntityContext], None]
+    """A context is gone."""
+    restart_due: Callable[[], None]
+    """An entity waits to restart: the region's timer must see :meth:`Shard.tick`'s new due time."""
+
+
 class Shard:
     """The entities of one shard hosted by one region."""
 
-    def __init__(self, region: ShardRegion, shard_id: ShardId) -> None:
-        self.region = region
+    def __init__(self, host: ShardHost, shard_id: ShardId) -> None:
+        self.host = host
+        self.type_name = host.type_name
+        self.sender = host.sender
         self.shard_id = shard_id
         self.entities: dict[EntityId, EntityContext] = {}
         self.stopping = False
@@ -212,9 +248,9 @@ class Shard:
         self._loading: trio.CancelScope | None = None
         self._watching = trio.CancelScope()
         # The region's, read on every delivery: one attribute lookup each instead of two.
-        self._scheduler = region._scheduler
-        self._lru = region._lru
-        self._spare_mailboxes = region._scheduler.spare_mailboxes
+        self._scheduler = host.workers
+        self._lru = host.recently_used
+        self._spare_mailboxes = host.workers.spare_mailboxes
         # What trio.current_time() reads, without its two calls and run-context lookup: it is
         # read after every run of an entity.
         self._now: Callable[[], float] = trio.lowlevel.current_clock().current_time
@@ -267,8 +303,8 @@ class Shard:
     async def _acquire(self, lease: ShardLease) -> None:
         grant = await acquire_until_granted(
             lease,
-            self.region.settings.lease_retry_interval,
-            f"shard {self.region.type_name}/{self.shard_id}",
+            self.host.settings.lease_retry_interval,
+            f"shard {self.type_name}/{self.shard_id}",
             logger,
         )
         self.lease_token = grant.token
@@ -294,7 +330,7 @@ class Shard:
         """
         logger.warning(
             "shard %s/%s: lease lost; stopping its %d entities at once",
-            self.region.type_name,
+            self.type_name,
             self.shard_id,
             len(self.entities),
         )
@@ -311,7 +347,7 @@ class Shard:
             self._entity_stopped(cell, forget=False)
         if self.stopping:  # handed off meanwhile: the messages follow the shard
             for entity_id, message, reply in waiting:
-                self.region._route_nowait(self.shard_id, entity_id, message, reply)
+                self.host.route(self.shard_id, entity_id, message, reply)
             self._done()
         elif self._pending is None:
             self._pending = waiting  # new messages wait for the lease
@@ -325,7 +361,7 @@ class Shard:
 
     async def _recover(self, store: RememberStore) -> None:
         ids = await store.load()
-        settings = self.region.settings
+        settings = self.host.settings
         if settings.entity_recovery_strategy == "constant" and ids:
             batch = settings.entity_recovery_constant_rate_number_of_entities
             pause = settings.entity_recovery_constant_rate_frequency
@@ -340,7 +376,7 @@ class Shard:
         if ids:
             logger.info(
                 "shard %s/%s: %d remembered entities restarted",
-                self.region.type_name,
+                self.type_name,
                 self.shard_id,
                 len(ids),
             )
@@ -351,7 +387,7 @@ class Shard:
                 cell = self._new_cell(EntityId(entity_id), remembered=True)
                 cell._mailbox = collections.deque([(WAKE, None)])
                 cell._scheduled = True
-                self.region._scheduler.schedule(cell)
+                self._scheduler.schedule(cell)
 
     def _flush_pending(self, pending: list[tuple[EntityId, object, Reply | None]]) -> None:
         for entity_id, message, reply in pending:
@@ -364,7 +400,7 @@ class Shard:
         cell._scheduled = False
         if cell._mailbox and cell._state is not _RESTARTING:
             cell._scheduled = True
-            self.region._scheduler.schedule(cell)
+            self._scheduler.schedule(cell)
 
     def take_pending(self) -> list[tuple[EntityId, object, Reply | None]]:
         """Messages still waiting for the lease or the remembered ids (the shard is stopping)."""
@@ -402,7 +438,7 @@ class Shard:
     def _new_cell(self, entity_id: EntityId, *, remembered: bool = False) -> EntityContext:
         cell = EntityContext(entity_id, self, trio.current_time())
         self.entities[entity_id] = cell
-        self.region._entity_started(cell)
+        self.host.entity_started(cell)
         if self.store is not None and not remembered:
             # Held back (marked scheduled) until the store has the id, as Akka's RememberingStart.
             cell._scheduled = True
@@ -471,10 +507,10 @@ class Shard:
             cell._mailbox = None  # an idle entity keeps no deque
 
     def _crashed(self, cell: EntityContext, exc: Exception, reply: Reply | None) -> None:
-        backoff = self.region.settings.entity_restart_backoff
+        backoff = self.host.settings.entity_restart_backoff
         logger.error(
             "entity %s/%s raised %s: %s; %s",
-            self.region.type_name,
+            self.type_name,
             cell.entity_id,
             type(exc).__qualname__,
             exc,
@@ -487,7 +523,7 @@ class Shard:
         cell._set(EntityEvent.CRASHED)
         if cell._state is _RESTARTING:
             self._restarts[cell] = trio.current_time() + backoff
-            self.region._wake_timer()
+            self.host.restart_due()
 
     async def _stop_entity(self, cell: EntityContext, stop_message: object) -> None:
         instance = cell._instance
@@ -497,7 +533,7 @@ class Shard:
             except Exception as exc:
                 logger.error(
                     "entity %s/%s raised %s on its stop message: %s",
-                    self.region.type_name,
+                    self.type_name,
                     cell.entity_id,
                     type(exc).__qualname__,
                     exc,
@@ -507,13 +543,13 @@ class Shard:
 
     def _create(self, cell: EntityContext) -> Entity:
         """A new incarnation of the entity: the factory's object."""
-        instance: Entity = self.region._factory(cell)
-        check_entity(self.region.type_name, instance)
+        instance: Entity = self.host.entity_factory(cell)
+        check_entity(self.type_name, instance)
         cell._instance = instance
-        observers = self.region._services.observers
+        observers = self.host.observers
         if observers:
             for observer in observers:
-                observer.entity_started(self.region.type_name, cell.entity_id, self.lease_token)
+                observer.entity_started(self.type_name, cell.entity_id, self.lease_token)
         return instance
 
     def _drop(self, cell: EntityContext) -> None:
@@ -521,10 +557,10 @@ class Shard:
         if cell._instance is None:
             return
         cell._instance = None
-        observers = self.region._services.observers
+        observers = self.host.observers
         if observers:
             for observer in observers:
-                observer.entity_stopped(self.region.type_name, cell.entity_id)
+                observer.entity_stopped(self.type_name, cell.entity_id)
 
     def _entity_stopped(self, cell: EntityContext, *, forget: bool = True) -> None:
         cell._set(EntityEvent.STOPPED)
@@ -532,7 +568,7 @@ class Shard:
         if self.entities.get(cell.entity_id) is cell:
             del self.entities[cell.entity_id]
         self._restarts.pop(cell, None)
-        self.region._entity_stopped(cell)
+        self.host.entity_stopped(cell)
         rest = list(cell._mailbox or ())
         held = cell._held
         cell._mailbox = cell._held = None
@@ -543,7 +579,7 @@ class Shard:
             successor = self._new_cell(cell.entity_id, remembered=True)
             successor._mailbox = collections.deque(waiting)
             successor._scheduled = True
-            self.region._scheduler.schedule(successor)
+            self._scheduler.schedule(successor)
             if self.stopping:
                 self.passivate(successor)
         elif self.stopping and not self.entities:
@@ -556,14 +592,14 @@ class Shard:
         if cell._state is not _ACTIVE or self.entities.get(cell.entity_id) is not cell:
             return
         cell._set(EntityEvent.STOP)
-        message = self.region._stop_message if stop_message is None else stop_message
+        message = self.host.stop_message if stop_message is None else stop_message
         mailbox = cell._mailbox
         if mailbox is None:
             mailbox = cell._mailbox = collections.deque()
         mailbox.append((Stop(message), None))
         if not cell._scheduled:
             cell._scheduled = True
-            self.region._scheduler.schedule(cell)
+            self._scheduler.schedule(cell)
 
     def stop_all(self, on_stopped: Callable[[], None]) -> None:
         """Stop every entity (a hand-off); call ``on_stopped`` when none is left."""
@@ -585,7 +621,7 @@ class Shard:
             self.lost += lost
             logger.warning(
                 "entity %s/%s did not stop within handoff_timeout; stopped by force%s",
-                self.region.type_name,
+                self.type_name,
                 cell.entity_id,
                 f", {lost} messages it held are lost" if lost else "",
             )
@@ -611,7 +647,7 @@ class Shard:
                 cell._set(EntityEvent.RESTARTED)
                 if cell._mailbox and not cell._scheduled:
                     cell._scheduled = True
-                    self.region._scheduler.schedule(cell)
+                    self._scheduler.schedule(cell)
             else:
                 due = min(due, at)
         if idle_before is not None and not self.stopping:
@@ -635,7 +671,4 @@ def _qualified(cls: type[Any]) -> str:
     return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
 
 
-EntityFactory = Callable[[EntityContext], Entity]
-"""Makes an entity instance from its context (usually the entity class itself)."""
-
-__all__ = ["BATCH", "EntityFactory", "Mail", "EntityWorkers", "Shard"]
+__all__ = ["BATCH", "EntityFactory", "EntityWorkers", "Mail", "Shard", "ShardHost"]
