@@ -40,6 +40,7 @@ from membership import (
     UniqueAddress,
 )
 from membership.internal import HEADER_SIZE as FRAME_PREFIX_SIZE
+from membership.internal import CoreTimer
 from membership.internal import wire as _wire
 
 from .._errors import AskTimeout, RegionStopped, ShardingError
@@ -197,8 +198,7 @@ class ShardRegion:
         self._lru: collections.OrderedDict[EntityContext, None] | None = (
             collections.OrderedDict() if settings.active_entity_limit is not None else None
         )
-        self._wakeup = trio.Event()
-        self._sleeping_until = float("inf")
+        self._timer = CoreTimer(self._next_deadline)
         self._next_idle_scan = trio.current_time() + self._idle_scan_interval()
         self._next_restart = float("inf")
         self._shard_cache: dict[str, ShardId] = {}
@@ -777,7 +777,7 @@ class ShardRegion:
                     )
         if self._core.stopped:
             self._stopped_event.set()
-        self._wake()
+        self._timer.poke()
 
     def _to_coordinator(self, message: object) -> None:
         try:
@@ -964,14 +964,18 @@ class ShardRegion:
         idle = self.settings.passivate_idle_after
         return float("inf") if idle is None else max(idle / 4, 0.01)
 
-    def _wake(self) -> None:
-        if self._core.next_deadline() < self._sleeping_until:
-            self._wakeup.set()
+    def _next_deadline(self) -> float:
+        """When the timer loop wakes next: the core's deadline, or one of the shell's own."""
+        deadline = min(self._core.next_deadline(), self._next_idle_scan, self._next_restart)
+        if self._stop_deadlines:
+            deadline = min(deadline, min(self._stop_deadlines.values()))
+        return deadline
 
     def _wake_timer(self) -> None:
-        """An entity waits to restart: the timer loop recomputes when to wake."""
+        """An entity waits to restart: the timer loop asks the shards when to wake."""
         self._next_restart = -float("inf")
-        self._wakeup.set()
+        # wake(), not poke(): the loop may be in _tick, about to overwrite _next_restart.
+        self._timer.wake()
 
     async def _run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         cluster = self._services.cluster
@@ -990,14 +994,7 @@ class ShardRegion:
             nursery.start_soon(follow_cluster)
             nursery.start_soon(self._batcher)
             while True:
-                deadline = min(self._core.next_deadline(), self._next_idle_scan, self._next_restart)
-                deadline = min([deadline, *self._stop_deadlines.values()])
-                self._sleeping_until = deadline
-                with trio.move_on_at(deadline):
-                    await self._wakeup.wait()
-                self._wakeup = trio.Event()
-                self._sleeping_until = -float("inf")
-                self._tick(trio.current_time())
+                self._tick(await self._timer.wait())
 
     def _tick(self, now: float) -> None:
         for shard_id, deadline in list(self._stop_deadlines.items()):
