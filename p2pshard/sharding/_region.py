@@ -935,12 +935,12 @@ class ShardRegion:
 
     # -- entities ---------------------------------------------------------------------------
 
-    def _entity_started(self, cell: EntityContext) -> None:
+    def _entity_started(self, context: EntityContext) -> None:
         self._entities += 1
         lru = self._lru
         if lru is None:
             return
-        lru[cell] = None
+        lru[context] = None
         limit = self.settings.active_entity_limit
         assert limit is not None
         excess = len(lru) - limit
@@ -948,15 +948,15 @@ class ShardRegion:
             for oldest in list(itertools.islice(lru, excess + 8)):
                 if excess <= 0:
                     break
-                if oldest is not cell and oldest.state is EntityState.ACTIVE:
+                if oldest is not context and oldest.state is EntityState.ACTIVE:
                     oldest.passivate()
                     lru.pop(oldest, None)  # stopping: no longer counts against the limit
                     excess -= 1
 
-    def _entity_stopped(self, cell: EntityContext) -> None:
+    def _entity_stopped(self, context: EntityContext) -> None:
         self._entities -= 1
         if self._lru is not None:
-            self._lru.pop(cell, None)
+            self._lru.pop(context, None)
 
     # -- timers and the cluster -------------------------------------------------------------
 
