@@ -62,6 +62,7 @@ from ._region_core import (
     DropReason,
     Flush,
     RegionEffect,
+    SendOrder,
     SendTo,
     ShardRegionCore,
     StartShard,
@@ -192,8 +193,8 @@ class ShardRegion:
         self._shards: dict[ShardId, Shard] = {}
         self._running: dict[ShardId, Shard] = {}
         self._stop_deadlines: dict[ShardId, float] = {}
-        self._flushing: dict[ShardId, collections.deque[Delivery]] = {}
-        self._blocked: dict[ShardId, int] = {}  # sends waiting for room, per shard
+        self._order: SendOrder[Delivery] = SendOrder(self._core)
+        self._flushing = self._order.flushing  # read on every send: one lookup, not two
         self._unblocked = trio.Event()
         self._lru: collections.OrderedDict[EntityContext, None] | None = (
             collections.OrderedDict() if settings.active_entity_limit is not None else None
@@ -372,7 +373,8 @@ class ShardRegion:
                 self._shard_cache.clear()
             self._shard_cache[entity_id] = shard_id
         await trio.lowlevel.checkpoint_if_cancelled()
-        # _remote_home spelled out here for speed: the call cost a twentieth of a send.
+        # A copy of SendOrder.remote_home, spelled out for speed: the call cost a twentieth of
+        # a send. (test_region_copies.py checks that both decide the same.)
         if shard_id in self._running or shard_id in self._flushing:
             home = None
         else:
@@ -420,7 +422,7 @@ class ShardRegion:
         except MessageTooLarge as exc:
             raise self._too_large(entity_id, message, exc) from None
         except SendQueueFull:
-            self._blocked[shard_id] = self._blocked.get(shard_id, 0) + 1
+            self._order.block(shard_id)
             try:
                 sent = await self._send_waiting(home, delivery)
             finally:
@@ -594,11 +596,7 @@ class ShardRegion:
         )
 
     def _unblock(self, shard_id: ShardId) -> None:
-        left = self._blocked[shard_id] - 1
-        if left:
-            self._blocked[shard_id] = left
-        else:
-            del self._blocked[shard_id]
+        if self._order.unblock(shard_id):
             self._unblocked.set()
             self._unblocked = trio.Event()
 
@@ -606,15 +604,8 @@ class ShardRegion:
         self._apply(self._core.buffer(shard_id, delivery, trio.current_time()))
 
     def _remote_home(self, shard_id: ShardId) -> UniqueAddress | None:
-        """The node to send ``shard_id``'s message straight to, or None if it stays here.
-
-        It stays while the shard runs here, has no known home yet, or older messages of it are
-        still on their way. (``_send`` has a copy of this.)
-        """
-        if shard_id in self._running or shard_id in self._flushing:
-            return None
-        home = self._core.homes.get(shard_id)
-        return None if home is None or home is self._self_node else home
+        """The node to send ``shard_id``'s message straight to, or None if it stays here."""
+        return self._order.remote_home(shard_id, self._running)
 
     def _place_here(
         self, shard_id: ShardId, entity_id: EntityId, message: object, reply: Reply | None
@@ -624,9 +615,8 @@ class ShardRegion:
         if shard is not None:
             shard.deliver(entity_id, message, reply)
             return True
-        home = self._core.homes.get(shard_id)
-        queue = self._flushing.get(shard_id)
-        if queue is not None and home is not None and home is not self._self_node:
+        queue = self._order.behind_flush(shard_id)
+        if queue is not None:
             queue.append((entity_id, message, reply))  # behind the older ones going there
         else:
             self._buffer(shard_id, (entity_id, message, reply))
@@ -744,7 +734,8 @@ class ShardRegion:
             if reply is not None:
                 reply.fail("p2pshard.RegionStopped", f"the region on {self._self_node} stopped")
             return
-        # What _route_nowait does first, spelled out here for speed: the shard runs here.
+        # A copy of _place_here's first step (_route_nowait's), spelled out for speed: the
+        # shard runs here.
         shard = self._running.get(shard_id)
         if shard is not None:
             shard.deliver(entity_id, message, reply)
@@ -802,9 +793,7 @@ class ShardRegion:
 
     def _sends_pending(self, shard_id: ShardId, owner: UniqueAddress) -> bool:
         """Whether messages for ``shard_id``, or gathered for ``owner``, are not yet sent."""
-        return bool(
-            self._blocked.get(shard_id) or shard_id in self._flushing or owner in self._outgoing
-        )
+        return self._order.ack_waits(shard_id, owner in self._outgoing)
 
     def _send_control(self, to: UniqueAddress, message: object) -> None:
         try:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import collections
 import enum
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from typing import Generic, TypeAlias, TypeVar
 
 import attrs
@@ -480,3 +480,70 @@ class ShardRegionCore(Generic[D]):
         if self.hosting and self.registered:
             return [ToCoordinator(RegionStoppedMsg(type_name=self.type_name))]
         return []
+
+
+class SendOrder(Generic[D]):
+    """Which of a region's messages must wait behind which: the shell's ordering rules.
+
+    The shell sends; this decides, from its own state and the core's table of homes (read, not
+    copied). A sender sees its messages to a shard arrive in the order it sent them:
+
+    * a buffer released to another node (``flushing``) goes before any newer message for that
+      shard: while it is on its way, newer ones queue behind it (:meth:`behind_flush`);
+    * a hand-off acknowledgement relayed through the owner waits while sends to the shard wait
+      for room in the send queue (``blocked``), its buffer is on its way, or messages are
+      gathered for the owner (:meth:`ack_waits`).
+
+    (Messages gathered for a node keep later ones behind them: the shell checks that inline
+    on every remote send, where a call here would cost a tenth of the send.)
+    """
+
+    def __init__(self, core: ShardRegionCore[D]) -> None:
+        self._homes = core.homes
+        self._self_node = core.self_node
+        self.flushing: dict[ShardId, collections.deque[D]] = {}
+        """Shards whose released buffer is on its way to another node: what waits behind it."""
+        self.blocked: dict[ShardId, int] = {}
+        """Sends waiting for room in the send queue, per shard."""
+
+    def remote_home(self, shard: ShardId, running: Container[ShardId]) -> UniqueAddress | None:
+        """The node to send ``shard``'s message straight to, or None if it stays here.
+
+        It stays while the shard runs here (``running``), has no known home yet, or older
+        messages of it are still on their way. (``ShardRegion._send`` has a copy of this.)
+        """
+        if shard in running or shard in self.flushing:
+            return None
+        home = self._homes.get(shard)
+        return None if home is None or home is self._self_node else home
+
+    def behind_flush(self, shard: ShardId) -> collections.deque[D] | None:
+        """Where a message that stays here waits behind older ones on their way to its home.
+
+        For a shard not running here. None: the message goes to the core's buffer.
+        """
+        queue = self.flushing.get(shard)
+        if queue is None:
+            return None
+        home = self._homes.get(shard)
+        return queue if home is not None and home is not self._self_node else None
+
+    def block(self, shard: ShardId) -> None:
+        """A send to ``shard`` waits for room in the send queue."""
+        self.blocked[shard] = self.blocked.get(shard, 0) + 1
+
+    def unblock(self, shard: ShardId) -> bool:
+        """A send that waited is done; True if it was the shard's last (acks may go now)."""
+        left = self.blocked[shard] - 1
+        if left:
+            self.blocked[shard] = left
+            return False
+        del self.blocked[shard]
+        return True
+
+    def ack_waits(self, shard: ShardId, gathered_for_owner: bool) -> bool:
+        """Whether a hand-off acknowledgement for ``shard``, relayed through its owner, waits.
+
+        ``gathered_for_owner``: messages are gathered for the owner and not yet sent.
+        """
+        return bool(self.blocked.get(shard) or shard in self.flushing or gathered_for_owner)
