@@ -134,18 +134,7 @@ def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
-KNOWN_CYCLES: dict[str, list[set[str]]] = {
-    # Shards reach into their region's private fields and entity refs call the region's _tell
-    # and _ask. To be replaced by narrow interfaces the region passes in (a ShardHost for its
-    # shards, a sender for entity refs), as regions already get RegionServices, not Sharding.
-    "p2pshard": [
-        {
-            "p2pshard.sharding._entity",
-            "p2pshard.sharding._region",
-            "p2pshard.sharding._shard",
-        }
-    ],
-}
+KNOWN_CYCLES: dict[str, list[set[str]]] = {}
 """Cycles still to be taken apart, each with what will replace it. A new cycle fails the test;
 so does a listed one that is gone (then take it off the list)."""
 

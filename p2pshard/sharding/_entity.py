@@ -27,16 +27,15 @@ import functools
 import inspect
 import logging
 import typing
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import attrs
 
 from membership import ClusterError, ConfigurationError
 
 from ._allocation import EntityId, ShardId
 from ._reply import Reply as Reply
-
-if TYPE_CHECKING:
-    from ._region import ShardRegion
-    from ._shard import Shard
 
 logger = logging.getLogger("p2pshard.entity")
 
@@ -168,6 +167,49 @@ def check_entity(type_name: str, instance: object) -> None:
     _CHECKED_CLASSES.add(cls)
 
 
+@attrs.frozen(eq=False)
+class EntitySender:
+    """What an :class:`EntityRef` needs of its entity type's region: sending by entity id.
+
+    A region makes one and hands it to every reference it gives out; two references to the same
+    entity are equal when they share it.
+    """
+
+    type_name: str
+    tell: Callable[[EntityId, object], Awaitable[None]]
+    """Send a message to an entity (see :meth:`EntityRef.tell`)."""
+    ask: Callable[[EntityId, object, float], Awaitable[object]]
+    """Send a message and await the entity's answer, with a timeout (see :meth:`EntityRef.ask`)."""
+
+
+class EntityOwner(Protocol):
+    """What an :class:`EntityContext` needs of the shard its entity lives in."""
+
+    @property
+    def shard_id(self) -> ShardId:
+        """The shard's id."""
+        ...
+
+    @property
+    def type_name(self) -> str:
+        """The entity type."""
+        ...
+
+    @property
+    def sender(self) -> EntitySender:
+        """Sends to the entity type's entities (for :attr:`EntityContext.self_ref`)."""
+        ...
+
+    @property
+    def lease_token(self) -> int | None:
+        """The fencing token of the shard's lease, if it has one now."""
+        ...
+
+    def passivate(self, context: EntityContext, stop_message: object = None) -> None:
+        """Stop ``context``'s entity once its mailbox is handled (see ``ctx.passivate``)."""
+        ...
+
+
 class Stop:
     """The mailbox entry that ends an incarnation; ``message`` goes to ``receive`` first."""
 
@@ -217,7 +259,7 @@ class EntityContext:
         "entity_id",
     )
 
-    def __init__(self, entity_id: EntityId, shard: Shard, now: float) -> None:
+    def __init__(self, entity_id: EntityId, shard: EntityOwner, now: float) -> None:
         self.entity_id = entity_id
         self._shard = shard
         self._instance: Entity | None = None
@@ -236,7 +278,7 @@ class EntityContext:
     @property
     def type_name(self) -> str:
         """The entity type."""
-        return self._shard.region.type_name
+        return self._shard.type_name
 
     @property
     def state(self) -> EntityState:
@@ -246,7 +288,7 @@ class EntityContext:
     @property
     def self_ref(self) -> EntityRef:
         """A reference to this entity, to hand to others (it stays valid across incarnations)."""
-        return EntityRef(self._shard.region, self.entity_id)
+        return EntityRef(self._shard.sender, self.entity_id)
 
     @property
     def lease_token(self) -> int | None:
@@ -284,12 +326,12 @@ class EntityRef:
         ...     return await ref.ask(Get(), timeout=5)
     """
 
-    __slots__ = ("_region", "entity_id")
+    __slots__ = ("_sender", "entity_id")
 
-    def __init__(self, region: ShardRegion, entity_id: str) -> None:
+    def __init__(self, sender: EntitySender, entity_id: str) -> None:
         if not isinstance(entity_id, str) or not entity_id:
             raise ValueError(f"an entity id must be a non-empty string, not {entity_id!r}")
-        self._region = region
+        self._sender = sender
         self.entity_id = EntityId(entity_id)
 
     async def tell(self, message: object) -> None:
@@ -299,7 +341,7 @@ class EntityRef:
             SerializationError: the message cannot travel between nodes.
             RegionStopped: the region has stopped.
         """
-        await self._region._tell(self.entity_id, message)
+        await self._sender.tell(self.entity_id, message)
 
     async def ask(self, message: object, *, timeout: float) -> object:  # noqa: ASYNC109 - the API
         """Send ``message`` and return what the entity's ``receive`` returns.
@@ -310,17 +352,17 @@ class EntityRef:
             BufferOverflow: the shard's home is unknown and the region's buffer is full.
             SerializationError: the message cannot travel between nodes.
         """
-        return await self._region._ask(self.entity_id, message, timeout)
+        return await self._sender.ask(self.entity_id, message, timeout)
 
     def __eq__(self, other: object) -> bool:
         return (
             isinstance(other, EntityRef)
-            and other._region is self._region
+            and other._sender is self._sender
             and other.entity_id == self.entity_id
         )
 
     def __hash__(self) -> int:
-        return hash((id(self._region), self.entity_id))
+        return hash((id(self._sender), self.entity_id))
 
     def __repr__(self) -> str:
-        return f"<EntityRef {self._region.type_name}/{self.entity_id}>"
+        return f"<EntityRef {self._sender.type_name}/{self.entity_id}>"

@@ -40,13 +40,14 @@ from membership import (
     UniqueAddress,
 )
 from membership.internal import HEADER_SIZE as FRAME_PREFIX_SIZE
+from membership.internal import CoreTimer
 from membership.internal import wire as _wire
 
 from .._errors import AskTimeout, RegionStopped, ShardingError
 from ..leases._lease import ShardLease, ShardLeaseFactory
 from ._allocation import EntityId, ShardId
 from ._asks import RemoteReply
-from ._entity import EntityContext, EntityRef, EntityState, Reply
+from ._entity import EntityContext, EntityRef, EntitySender, EntityState, Reply
 from ._extractor import MessageExtractor
 from ._outbox import ENTRY_OVERHEAD, Outbox, entry_size
 from ._protocol import (
@@ -58,8 +59,10 @@ from ._protocol import (
 )
 from ._region_core import (
     Drop,
+    DropReason,
     Flush,
     RegionEffect,
+    SendOrder,
     SendTo,
     ShardRegionCore,
     StartShard,
@@ -70,7 +73,7 @@ from ._region_core import Refused as RefusedEffect
 from ._remember import RememberStore
 from ._services import RegionServices
 from ._settings import ShardingSettings
-from ._shard import FORCED_STOP_FRACTION, EntityFactory, EntityWorkers, Shard
+from ._shard import FORCED_STOP_FRACTION, EntityFactory, EntityWorkers, Shard, ShardHost
 
 logger = logging.getLogger("p2pshard.region")
 
@@ -190,14 +193,13 @@ class ShardRegion:
         self._shards: dict[ShardId, Shard] = {}
         self._running: dict[ShardId, Shard] = {}
         self._stop_deadlines: dict[ShardId, float] = {}
-        self._flushing: dict[ShardId, collections.deque[Delivery]] = {}
-        self._blocked: dict[ShardId, int] = {}  # sends waiting for room, per shard
+        self._order: SendOrder[Delivery] = SendOrder(self._core)
+        self._flushing = self._order.flushing  # read on every send: one lookup, not two
         self._unblocked = trio.Event()
         self._lru: collections.OrderedDict[EntityContext, None] | None = (
             collections.OrderedDict() if settings.active_entity_limit is not None else None
         )
-        self._wakeup = trio.Event()
-        self._sleeping_until = float("inf")
+        self._timer = CoreTimer(self._next_deadline)
         self._next_idle_scan = trio.current_time() + self._idle_scan_interval()
         self._next_restart = float("inf")
         self._shard_cache: dict[str, ShardId] = {}
@@ -219,6 +221,23 @@ class ShardRegion:
         self._recent_home: UniqueAddress | None = None
         self._recent_outgoing: Outbox | None = None
         """The last node gathered for and what :attr:`_outgoing` holds for it."""
+        self._sender = EntitySender(type_name, self._tell, self._ask)
+        """What this region's entity refs send with (one, so that equal refs share it)."""
+        self._host = ShardHost(
+            type_name=type_name,
+            settings=settings,
+            workers=self._scheduler,
+            recently_used=self._lru,
+            entity_factory=self._factory,
+            stop_message=stop_message,
+            observers=services.observers,
+            sender=self._sender,
+            route=self._route_nowait,
+            entity_started=self._entity_started,
+            entity_stopped=self._entity_stopped,
+            restart_due=self._wake_timer,
+        )
+        """What this region's shards use of it."""
 
     # -- public API -------------------------------------------------------------------------
 
@@ -238,7 +257,7 @@ class ShardRegion:
         Raises:
             ValueError: ``entity_id`` is not a non-empty string.
         """
-        return EntityRef(self, entity_id)
+        return EntityRef(self._sender, entity_id)
 
     async def tell(self, message: object) -> None:
         """Send ``message`` to the entity the extractor names (a ``ShardingEnvelope``, say).
@@ -354,7 +373,8 @@ class ShardRegion:
                 self._shard_cache.clear()
             self._shard_cache[entity_id] = shard_id
         await trio.lowlevel.checkpoint_if_cancelled()
-        # _remote_home spelled out here for speed: the call cost a twentieth of a send.
+        # A copy of SendOrder.remote_home, spelled out for speed: the call cost a twentieth of
+        # a send. (test_region_copies.py checks that both decide the same.)
         if shard_id in self._running or shard_id in self._flushing:
             home = None
         else:
@@ -402,7 +422,7 @@ class ShardRegion:
         except MessageTooLarge as exc:
             raise self._too_large(entity_id, message, exc) from None
         except SendQueueFull:
-            self._blocked[shard_id] = self._blocked.get(shard_id, 0) + 1
+            self._order.block(shard_id)
             try:
                 sent = await self._send_waiting(home, delivery)
             finally:
@@ -410,6 +430,7 @@ class ShardRegion:
             if not sent:
                 self._dropped(
                     [(entity_id, message, reply)],
+                    DropReason.SEND_QUEUE_FULL,
                     f"the send queue to {home} stayed full for {self.settings.retry_interval:g} s",
                 )
                 return
@@ -539,14 +560,15 @@ class ShardRegion:
                     self._sent_remote += len(replies)
                     self._batches_sent += 1
                     return
-                self._core.dropped += len(replies)
+                self._core.count_dropped(len(replies))
                 self._lost(
                     replies,
+                    DropReason.SEND_QUEUE_FULL,
                     f"the send queue to {home} stayed full for {self.settings.retry_interval:g} s",
                 )
                 return
         except (TransportClosed, SerializationError) as exc:
-            self._lost(replies, f"sending to {home} failed: {exc}")
+            self._lost(replies, DropReason.NOT_SENT, f"sending to {home} failed: {exc}")
             return
         self._sent_remote += len(replies)
         self._batches_sent += 1
@@ -560,7 +582,7 @@ class ShardRegion:
         with trio.move_on_after(self.settings.retry_interval):
             await self._transport.send(home, delivery)
             return True
-        self._core.dropped += 1
+        self._core.count_dropped(1)
         return False
 
     def _delivery(
@@ -574,11 +596,7 @@ class ShardRegion:
         )
 
     def _unblock(self, shard_id: ShardId) -> None:
-        left = self._blocked[shard_id] - 1
-        if left:
-            self._blocked[shard_id] = left
-        else:
-            del self._blocked[shard_id]
+        if self._order.unblock(shard_id):
             self._unblocked.set()
             self._unblocked = trio.Event()
 
@@ -586,15 +604,8 @@ class ShardRegion:
         self._apply(self._core.buffer(shard_id, delivery, trio.current_time()))
 
     def _remote_home(self, shard_id: ShardId) -> UniqueAddress | None:
-        """The node to send ``shard_id``'s message straight to, or None if it stays here.
-
-        It stays while the shard runs here, has no known home yet, or older messages of it are
-        still on their way. (``_send`` has a copy of this.)
-        """
-        if shard_id in self._running or shard_id in self._flushing:
-            return None
-        home = self._core.homes.get(shard_id)
-        return None if home is None or home is self._self_node else home
+        """The node to send ``shard_id``'s message straight to, or None if it stays here."""
+        return self._order.remote_home(shard_id, self._running)
 
     def _place_here(
         self, shard_id: ShardId, entity_id: EntityId, message: object, reply: Reply | None
@@ -604,9 +615,8 @@ class ShardRegion:
         if shard is not None:
             shard.deliver(entity_id, message, reply)
             return True
-        home = self._core.homes.get(shard_id)
-        queue = self._flushing.get(shard_id)
-        if queue is not None and home is not None and home is not self._self_node:
+        queue = self._order.behind_flush(shard_id)
+        if queue is not None:
             queue.append((entity_id, message, reply))  # behind the older ones going there
         else:
             self._buffer(shard_id, (entity_id, message, reply))
@@ -625,7 +635,11 @@ class ShardRegion:
             try:
                 payload = _wire.encode(message)
             except SerializationError as exc:
-                self._dropped([(entity_id, message, reply)], f"passing it on failed: {exc}")
+                self._dropped(
+                    [(entity_id, message, reply)],
+                    DropReason.NOT_SENT,
+                    f"passing it on failed: {exc}",
+                )
                 return
             size = entry_size(shard_id, entity_id, payload)
             self._gather(home, outgoing, shard_id, entity_id, payload, size, reply)
@@ -634,7 +648,11 @@ class ShardRegion:
             self._transport.send_nowait(home, self._delivery(shard_id, entity_id, message, reply))
             self._sent_remote += 1
         except (SendQueueFull, TransportClosed, SerializationError) as exc:
-            self._dropped([(entity_id, message, reply)], f"passing it on to {home} failed: {exc}")
+            self._dropped(
+                [(entity_id, message, reply)],
+                DropReason.NOT_SENT,
+                f"passing it on to {home} failed: {exc}",
+            )
 
     # -- from the transport -----------------------------------------------------------------
 
@@ -716,7 +734,8 @@ class ShardRegion:
             if reply is not None:
                 reply.fail("p2pshard.RegionStopped", f"the region on {self._self_node} stopped")
             return
-        # What _route_nowait does first, spelled out here for speed: the shard runs here.
+        # A copy of _place_here's first step (_route_nowait's), spelled out for speed: the
+        # shard runs here.
         shard = self._running.get(shard_id)
         if shard is not None:
             shard.deliver(entity_id, message, reply)
@@ -741,15 +760,15 @@ class ShardRegion:
                     self._stop_shard(shard_id)
                 case Flush(shard=shard_id, home=home, deliveries=deliveries):
                     self._flush(shard_id, home, deliveries)
-                case Drop(deliveries=deliveries, reason=reason):
-                    self._dropped(deliveries, reason)
+                case Drop(deliveries=deliveries, reason=reason, cause=cause):
+                    self._dropped(deliveries, cause, reason)
                 case RefusedEffect(reason=reason):
                     logger.error(
                         "%s: entity type %r refused: %s", self._self_node, self.type_name, reason
                     )
         if self._core.stopped:
             self._stopped_event.set()
-        self._wake()
+        self._timer.poke()
 
     def _to_coordinator(self, message: object) -> None:
         try:
@@ -774,9 +793,7 @@ class ShardRegion:
 
     def _sends_pending(self, shard_id: ShardId, owner: UniqueAddress) -> bool:
         """Whether messages for ``shard_id``, or gathered for ``owner``, are not yet sent."""
-        return bool(
-            self._blocked.get(shard_id) or shard_id in self._flushing or owner in self._outgoing
-        )
+        return self._order.ack_waits(shard_id, owner in self._outgoing)
 
     def _send_control(self, to: UniqueAddress, message: object) -> None:
         try:
@@ -788,7 +805,7 @@ class ShardRegion:
     def _start_shard(self, shard_id: ShardId) -> None:
         shard = self._shards.get(shard_id)
         if shard is None:
-            shard = self._shards[shard_id] = Shard(self, shard_id)
+            shard = self._shards[shard_id] = Shard(self._host, shard_id)
             logger.debug("region %s: hosting shard %s", self.type_name, shard_id)
             store = None
             if self.settings.remember_entities:
@@ -859,7 +876,7 @@ class ShardRegion:
                 self._nursery.start_soon(self._send_flushed, shard_id, home)
                 return
             except (TransportClosed, SerializationError) as exc:
-                self._dropped([(entity_id, message, reply)], str(exc))
+                self._dropped([(entity_id, message, reply)], DropReason.NOT_SENT, str(exc))
                 continue
             self._sent_remote += 1
 
@@ -873,9 +890,13 @@ class ShardRegion:
                     if await self._send_waiting(home, delivery):
                         self._sent_remote += 1
                     else:
-                        self._dropped([(entity_id, message, reply)], f"{home} is not taking more")
+                        self._dropped(
+                            [(entity_id, message, reply)],
+                            DropReason.SEND_QUEUE_FULL,
+                            f"{home} is not taking more",
+                        )
                 except (TransportClosed, SerializationError) as exc:
-                    self._dropped([(entity_id, message, reply)], str(exc))
+                    self._dropped([(entity_id, message, reply)], DropReason.NOT_SENT, str(exc))
                 if self._core.homes.get(shard_id) != home:
                     break  # the shard is moving again: what is left waits for its new home
         finally:
@@ -885,29 +906,30 @@ class ShardRegion:
             self._unblocked.set()
             self._unblocked = trio.Event()
 
-    def _dropped(self, deliveries: list[Delivery], reason: str) -> None:
-        self._lost([reply for _, _, reply in deliveries], reason)
+    def _dropped(self, deliveries: list[Delivery], cause: DropReason, reason: str) -> None:
+        self._lost([reply for _, _, reply in deliveries], cause, reason)
 
-    def _lost(self, replies: list[Reply | None], reason: str) -> None:
-        """Say that messages were dropped, one per item of ``replies``, and fail their asks."""
+    def _lost(self, replies: list[Reply | None], cause: DropReason, reason: str) -> None:
+        """Say that messages were dropped, one per item of ``replies``, and fail their asks.
+
+        ``cause`` picks the error the asks fail with; ``reason`` is what they and the log say.
+        """
         if not replies:
             return
         logger.warning("region %s: %d message(s) dropped: %s", self.type_name, len(replies), reason)
-        overflow = "buffer is full" in reason
+        error = "p2pshard.BufferOverflow" if cause.overflow else "p2pshard.ShardingError"
         for reply in replies:
             if reply is not None:
-                reply.fail(
-                    "p2pshard.BufferOverflow" if overflow else "p2pshard.ShardingError", reason
-                )
+                reply.fail(error, reason)
 
     # -- entities ---------------------------------------------------------------------------
 
-    def _entity_started(self, cell: EntityContext) -> None:
+    def _entity_started(self, context: EntityContext) -> None:
         self._entities += 1
         lru = self._lru
         if lru is None:
             return
-        lru[cell] = None
+        lru[context] = None
         limit = self.settings.active_entity_limit
         assert limit is not None
         excess = len(lru) - limit
@@ -915,15 +937,15 @@ class ShardRegion:
             for oldest in list(itertools.islice(lru, excess + 8)):
                 if excess <= 0:
                     break
-                if oldest is not cell and oldest.state is EntityState.ACTIVE:
+                if oldest is not context and oldest.state is EntityState.ACTIVE:
                     oldest.passivate()
                     lru.pop(oldest, None)  # stopping: no longer counts against the limit
                     excess -= 1
 
-    def _entity_stopped(self, cell: EntityContext) -> None:
+    def _entity_stopped(self, context: EntityContext) -> None:
         self._entities -= 1
         if self._lru is not None:
-            self._lru.pop(cell, None)
+            self._lru.pop(context, None)
 
     # -- timers and the cluster -------------------------------------------------------------
 
@@ -931,14 +953,18 @@ class ShardRegion:
         idle = self.settings.passivate_idle_after
         return float("inf") if idle is None else max(idle / 4, 0.01)
 
-    def _wake(self) -> None:
-        if self._core.next_deadline() < self._sleeping_until:
-            self._wakeup.set()
+    def _next_deadline(self) -> float:
+        """When the timer loop wakes next: the core's deadline, or one of the shell's own."""
+        deadline = min(self._core.next_deadline(), self._next_idle_scan, self._next_restart)
+        if self._stop_deadlines:
+            deadline = min(deadline, min(self._stop_deadlines.values()))
+        return deadline
 
     def _wake_timer(self) -> None:
-        """An entity waits to restart: the timer loop recomputes when to wake."""
+        """An entity waits to restart: the timer loop asks the shards when to wake."""
         self._next_restart = -float("inf")
-        self._wakeup.set()
+        # wake(), not poke(): the loop may be in _tick, about to overwrite _next_restart.
+        self._timer.wake()
 
     async def _run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         cluster = self._services.cluster
@@ -957,14 +983,7 @@ class ShardRegion:
             nursery.start_soon(follow_cluster)
             nursery.start_soon(self._batcher)
             while True:
-                deadline = min(self._core.next_deadline(), self._next_idle_scan, self._next_restart)
-                deadline = min([deadline, *self._stop_deadlines.values()])
-                self._sleeping_until = deadline
-                with trio.move_on_at(deadline):
-                    await self._wakeup.wait()
-                self._wakeup = trio.Event()
-                self._sleeping_until = -float("inf")
-                self._tick(trio.current_time())
+                self._tick(await self._timer.wait())
 
     def _tick(self, now: float) -> None:
         for shard_id, deadline in list(self._stop_deadlines.items()):

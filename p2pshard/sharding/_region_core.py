@@ -35,7 +35,7 @@ from __future__ import annotations
 import collections
 import enum
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from typing import Generic, TypeAlias, TypeVar
 
 import attrs
@@ -117,12 +117,41 @@ class Flush(Generic[D]):
     deliveries: list[D]
 
 
+class DropReason(enum.StrEnum):
+    """Why messages are not delivered: the core's drops and the shell's share these.
+
+    The shell picks the error a dropped ask fails with from this, never from the words
+    (see :attr:`overflow`). A member's value is its words when nothing more needs saying.
+    """
+
+    STOPPED = "the region has stopped"
+    REFUSED = "the coordinator refused the region"
+    BUFFER_FULL = "the region's buffer is full"
+    """Too many messages wait for shards without a known home (``buffer_size``)."""
+    SEND_QUEUE_FULL = "the send queue stayed full"
+    """The link to the home stayed full for a whole ``retry_interval``."""
+    NOT_SENT = "the message could not be sent"
+    """The transport refused it: the link closed, or the message did not encode."""
+
+    @property
+    def overflow(self) -> bool:
+        """Whether a dropped ask fails with ``BufferOverflow`` (else ``ShardingError``)."""
+        return self is DropReason.BUFFER_FULL
+
+
 @attrs.frozen
 class Drop(Generic[D]):
-    """Effect: ``deliveries`` will not be delivered, for ``reason``."""
+    """Effect: ``deliveries`` will not be delivered, for ``reason``.
+
+    ``reason`` is the words (the log line and the failed asks say them), ``cause`` the
+    typed reason the shell acts on. ``cause`` takes no part in equality: the core words each
+    cause differently, so equal words are the same cause, and a test may compare with
+    ``Drop(deliveries, words)``.
+    """
 
     deliveries: list[D]
     reason: str
+    cause: DropReason = attrs.field(default=DropReason.NOT_SENT, eq=False, kw_only=True)
 
 
 @attrs.frozen
@@ -193,16 +222,17 @@ class ShardRegionCore(Generic[D]):
     def buffer(self, shard: ShardId, delivery: D, now: float) -> list[RegionEffect[D]]:
         """Hold ``delivery`` until ``shard``'s home is known; asks for it on the first one."""
         if self.refused is not None or self.stopped:
-            reason = self.refused or "the region has stopped"
+            cause = DropReason.STOPPED if self.refused is None else DropReason.REFUSED
             self.dropped += 1
-            return [Drop([delivery], reason)]
+            return [Drop([delivery], self.refused or DropReason.STOPPED.value, cause=cause)]
         if self.buffered >= self.settings.buffer_size:
             self.dropped += 1
             return [
                 Drop(
                     [delivery],
-                    f"the region's buffer is full ({self.settings.buffer_size} messages wait "
+                    f"{DropReason.BUFFER_FULL} ({self.settings.buffer_size} messages wait "
                     "for shards without a known home)",
+                    cause=DropReason.BUFFER_FULL,
                 )
             ]
         queue = self.buffers.get(shard)
@@ -237,9 +267,9 @@ class ShardRegionCore(Generic[D]):
                 self.refused = reason
                 logger.error("region %s: the coordinator refused it: %s", self.type_name, reason)
                 deliveries = self._take_all()
-                return (
-                    [Refused(reason), Drop(deliveries, reason)] if deliveries else [Refused(reason)]
-                )
+                if not deliveries:
+                    return [Refused(reason)]
+                return [Refused(reason), Drop(deliveries, reason, cause=DropReason.REFUSED)]
             case ShardHome(shard=shard, region=region):
                 return self._home_is(ShardId(shard), region)
             case HostShard(shard=shard):
@@ -270,6 +300,10 @@ class ShardRegionCore(Generic[D]):
                 self.local[shard_id] = LocalShard.STOPPING
                 return [StopShard(shard_id)]
         return []
+
+    def count_dropped(self, count: int) -> None:
+        """The shell dropped ``count`` messages on their way out (a send queue stayed full)."""
+        self.dropped += count
 
     def shard_stopped(self, shard: ShardId, now: float) -> list[RegionEffect[D]]:
         """The shell stopped every entity of ``shard`` (a hand-off or a shutdown)."""
@@ -446,3 +480,70 @@ class ShardRegionCore(Generic[D]):
         if self.hosting and self.registered:
             return [ToCoordinator(RegionStoppedMsg(type_name=self.type_name))]
         return []
+
+
+class SendOrder(Generic[D]):
+    """Which of a region's messages must wait behind which: the shell's ordering rules.
+
+    The shell sends; this decides, from its own state and the core's table of homes (read, not
+    copied). A sender sees its messages to a shard arrive in the order it sent them:
+
+    * a buffer released to another node (``flushing``) goes before any newer message for that
+      shard: while it is on its way, newer ones queue behind it (:meth:`behind_flush`);
+    * a hand-off acknowledgement relayed through the owner waits while sends to the shard wait
+      for room in the send queue (``blocked``), its buffer is on its way, or messages are
+      gathered for the owner (:meth:`ack_waits`).
+
+    (Messages gathered for a node keep later ones behind them: the shell checks that inline
+    on every remote send, where a call here would cost a tenth of the send.)
+    """
+
+    def __init__(self, core: ShardRegionCore[D]) -> None:
+        self._homes = core.homes
+        self._self_node = core.self_node
+        self.flushing: dict[ShardId, collections.deque[D]] = {}
+        """Shards whose released buffer is on its way to another node: what waits behind it."""
+        self.blocked: dict[ShardId, int] = {}
+        """Sends waiting for room in the send queue, per shard."""
+
+    def remote_home(self, shard: ShardId, running: Container[ShardId]) -> UniqueAddress | None:
+        """The node to send ``shard``'s message straight to, or None if it stays here.
+
+        It stays while the shard runs here (``running``), has no known home yet, or older
+        messages of it are still on their way. (``ShardRegion._send`` has a copy of this.)
+        """
+        if shard in running or shard in self.flushing:
+            return None
+        home = self._homes.get(shard)
+        return None if home is None or home is self._self_node else home
+
+    def behind_flush(self, shard: ShardId) -> collections.deque[D] | None:
+        """Where a message that stays here waits behind older ones on their way to its home.
+
+        For a shard not running here. None: the message goes to the core's buffer.
+        """
+        queue = self.flushing.get(shard)
+        if queue is None:
+            return None
+        home = self._homes.get(shard)
+        return queue if home is not None and home is not self._self_node else None
+
+    def block(self, shard: ShardId) -> None:
+        """A send to ``shard`` waits for room in the send queue."""
+        self.blocked[shard] = self.blocked.get(shard, 0) + 1
+
+    def unblock(self, shard: ShardId) -> bool:
+        """A send that waited is done; True if it was the shard's last (acks may go now)."""
+        left = self.blocked[shard] - 1
+        if left:
+            self.blocked[shard] = left
+            return False
+        del self.blocked[shard]
+        return True
+
+    def ack_waits(self, shard: ShardId, gathered_for_owner: bool) -> bool:
+        """Whether a hand-off acknowledgement for ``shard``, relayed through its owner, waits.
+
+        ``gathered_for_owner``: messages are gathered for the owner and not yet sent.
+        """
+        return bool(self.blocked.get(shard) or shard in self.flushing or gathered_for_owner)

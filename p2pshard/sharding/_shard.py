@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
+import attrs
 import trio
 
 from membership.internal import acquire_until_granted
@@ -41,6 +42,7 @@ from ._entity import (
     Entity,
     EntityContext,
     EntityEvent,
+    EntitySender,
     EntityState,
     Mail,
     Reply,
@@ -49,9 +51,8 @@ from ._entity import (
     check_entity,
 )
 from ._remember import RememberStore
-
-if TYPE_CHECKING:
-    from ._region import ShardRegion
+from ._services import IncarnationObserver
+from ._settings import ShardingSettings
 
 logger = logging.getLogger("p2pshard.shard")
 
@@ -106,9 +107,9 @@ class EntityWorkers:
         self._watching = False
         self.peak_workers = 0
 
-    def schedule(self, cell: EntityContext) -> None:
-        """Queue ``cell`` to run (the caller set ``cell._scheduled``)."""
-        self._ready.append(cell)
+    def schedule(self, context: EntityContext) -> None:
+        """Queue ``context`` to run (the caller set ``context._scheduled``)."""
+        self._ready.append(context)
         if self._idle:
             trio.lowlevel.reschedule(self._idle.pop())
         elif self._workers == 0:
@@ -156,12 +157,12 @@ class EntityWorkers:
             # running in it (see Shard.force_stop), and the worker goes on with a new one.
             with trio.CancelScope() as scope:
                 while ready:
-                    cell = ready.popleft()
+                    context = ready.popleft()
                     self._progress += 1
-                    cell._scope = scope
-                    shard = cell._shard
-                    instance = cell._instance
-                    mailbox = cell._mailbox
+                    context._scope = scope
+                    shard: Shard = context._shard  # type: ignore[assignment]  # a Shard, as all here
+                    instance = context._instance
+                    mailbox = context._mailbox
                     # Shard._run's common case spelled out here, one coroutine less per turn: a
                     # running entity with one message waiting, in a shard with no lease to check.
                     if (
@@ -171,20 +172,20 @@ class EntityWorkers:
                         or shard.lease_token is not None
                         or type(mailbox[0][0]) in _CONTROL
                     ):
-                        await shard._run(cell)
+                        await shard._run(context)
                         continue
                     message, reply = mailbox.popleft()
                     try:
-                        result = await instance.receive(message, cell)
+                        result = await instance.receive(message, context)
                     except Exception as exc:
-                        shard._crashed(cell, exc, reply)
+                        shard._crashed(context, exc, reply)
                     else:
                         if reply is not None:
                             reply.ok(result)
                     finally:
-                        cell._scope = None
-                        cell._scheduled = False
-                    shard._turn_ended(cell, mailbox)
+                        context._scope = None
+                        context._scheduled = False
+                    shard._turn_ended(context, mailbox)
             if ready:
                 continue
             if self._workers > MIN_WORKERS:
@@ -194,11 +195,46 @@ class EntityWorkers:
             await trio.lowlevel.wait_task_rescheduled(abort)
 
 
+EntityFactory = Callable[[EntityContext], Entity]
+"""Makes an entity instance from its context (usually the entity class itself)."""
+
+
+@attrs.frozen(eq=False)
+class ShardHost:
+    """What a :class:`Shard` needs of the region hosting it; the region makes one for its shards.
+
+    The callables are the region's: a shard calls them as it starts, stops and reroutes entities.
+    """
+
+    type_name: str
+    settings: ShardingSettings
+    workers: EntityWorkers
+    """The region's run queue and worker tasks, shared by its shards."""
+    recently_used: collections.OrderedDict[EntityContext, None] | None
+    """Active entities, least recently used first, when ``active_entity_limit`` is set."""
+    entity_factory: EntityFactory
+    stop_message: object
+    """What a passivated entity receives last, unless ``passivate`` names another."""
+    observers: Sequence[IncarnationObserver]
+    sender: EntitySender
+    """Sends to this entity type's entities (an entity's ``self_ref``)."""
+    route: Callable[[ShardId, EntityId, object, Reply | None], None]
+    """Route a message again, without waiting (a shard handed off while messages waited)."""
+    entity_started: Callable[[EntityContext], None]
+    """A context was made: counted, and subject to the active-entity limit."""
+    entity_stopped: Callable[[EntityContext], None]
+    """A context is gone."""
+    restart_due: Callable[[], None]
+    """An entity waits to restart: the region's timer must see :meth:`Shard.tick`'s new due time."""
+
+
 class Shard:
     """The entities of one shard hosted by one region."""
 
-    def __init__(self, region: ShardRegion, shard_id: ShardId) -> None:
-        self.region = region
+    def __init__(self, host: ShardHost, shard_id: ShardId) -> None:
+        self.host = host
+        self.type_name = host.type_name
+        self.sender = host.sender
         self.shard_id = shard_id
         self.entities: dict[EntityId, EntityContext] = {}
         self.stopping = False
@@ -212,9 +248,9 @@ class Shard:
         self._loading: trio.CancelScope | None = None
         self._watching = trio.CancelScope()
         # The region's, read on every delivery: one attribute lookup each instead of two.
-        self._scheduler = region._scheduler
-        self._lru = region._lru
-        self._spare_mailboxes = region._scheduler.spare_mailboxes
+        self._scheduler = host.workers
+        self._lru = host.recently_used
+        self._spare_mailboxes = host.workers.spare_mailboxes
         # What trio.current_time() reads, without its two calls and run-context lookup: it is
         # read after every run of an entity.
         self._now: Callable[[], float] = trio.lowlevel.current_clock().current_time
@@ -261,14 +297,14 @@ class Shard:
 
     def end_incarnations(self) -> None:
         """The node stopped (no task of it runs any more): every incarnation here is gone."""
-        for cell in list(self.entities.values()):
-            self._drop(cell)
+        for context in list(self.entities.values()):
+            self._drop(context)
 
     async def _acquire(self, lease: ShardLease) -> None:
         grant = await acquire_until_granted(
             lease,
-            self.region.settings.lease_retry_interval,
-            f"shard {self.region.type_name}/{self.shard_id}",
+            self.host.settings.lease_retry_interval,
+            f"shard {self.type_name}/{self.shard_id}",
             logger,
         )
         self.lease_token = grant.token
@@ -294,24 +330,24 @@ class Shard:
         """
         logger.warning(
             "shard %s/%s: lease lost; stopping its %d entities at once",
-            self.region.type_name,
+            self.type_name,
             self.shard_id,
             len(self.entities),
         )
         waiting: list[tuple[EntityId, object, Reply | None]] = []
-        for cell in list(self.entities.values()):
-            for queue in (cell._mailbox, cell._held):
+        for context in list(self.entities.values()):
+            for queue in (context._mailbox, context._held):
                 for message, reply in queue or ():
                     if not isinstance(message, (Stop, Wake)):
-                        waiting.append((cell.entity_id, message, reply))
-            cell._mailbox = cell._held = None
-            self._restarts.pop(cell, None)
-            if cell._scope is not None:
-                cell._scope.cancel()
-            self._entity_stopped(cell, forget=False)
+                        waiting.append((context.entity_id, message, reply))
+            context._mailbox = context._held = None
+            self._restarts.pop(context, None)
+            if context._scope is not None:
+                context._scope.cancel()
+            self._entity_stopped(context, forget=False)
         if self.stopping:  # handed off meanwhile: the messages follow the shard
             for entity_id, message, reply in waiting:
-                self.region._route_nowait(self.shard_id, entity_id, message, reply)
+                self.host.route(self.shard_id, entity_id, message, reply)
             self._done()
         elif self._pending is None:
             self._pending = waiting  # new messages wait for the lease
@@ -325,7 +361,7 @@ class Shard:
 
     async def _recover(self, store: RememberStore) -> None:
         ids = await store.load()
-        settings = self.region.settings
+        settings = self.host.settings
         if settings.entity_recovery_strategy == "constant" and ids:
             batch = settings.entity_recovery_constant_rate_number_of_entities
             pause = settings.entity_recovery_constant_rate_frequency
@@ -340,7 +376,7 @@ class Shard:
         if ids:
             logger.info(
                 "shard %s/%s: %d remembered entities restarted",
-                self.region.type_name,
+                self.type_name,
                 self.shard_id,
                 len(ids),
             )
@@ -348,23 +384,23 @@ class Shard:
     def _wake(self, ids: list[str]) -> None:
         for entity_id in ids:
             if EntityId(entity_id) not in self.entities:
-                cell = self._new_cell(EntityId(entity_id), remembered=True)
-                cell._mailbox = collections.deque([(WAKE, None)])
-                cell._scheduled = True
-                self.region._scheduler.schedule(cell)
+                context = self._new_context(EntityId(entity_id), remembered=True)
+                context._mailbox = collections.deque([(WAKE, None)])
+                context._scheduled = True
+                self._scheduler.schedule(context)
 
     def _flush_pending(self, pending: list[tuple[EntityId, object, Reply | None]]) -> None:
         for entity_id, message, reply in pending:
             self.deliver(entity_id, message, reply)
 
-    def _remembered(self, cell: EntityContext) -> None:
-        """The store has ``cell``'s id: its messages may run now."""
-        if cell._state is _GONE or cell._scope is not None:
+    def _remembered(self, context: EntityContext) -> None:
+        """The store has ``context``'s id: its messages may run now."""
+        if context._state is _GONE or context._scope is not None:
             return
-        cell._scheduled = False
-        if cell._mailbox and cell._state is not _RESTARTING:
-            cell._scheduled = True
-            self.region._scheduler.schedule(cell)
+        context._scheduled = False
+        if context._mailbox and context._state is not _RESTARTING:
+            context._scheduled = True
+            self._scheduler.schedule(context)
 
     def take_pending(self) -> list[tuple[EntityId, object, Reply | None]]:
         """Messages still waiting for the lease or the remembered ids (the shard is stopping)."""
@@ -380,39 +416,39 @@ class Shard:
         if self._pending is not None:
             self._pending.append((entity_id, message, reply))
             return
-        cell = self.entities.get(entity_id)
-        if cell is None:
-            cell = self._new_cell(entity_id)
-        elif cell._state is _STOPPING:
-            if cell._held is None:
-                cell._held = []
-            cell._held.append((message, reply))
+        context = self.entities.get(entity_id)
+        if context is None:
+            context = self._new_context(entity_id)
+        elif context._state is _STOPPING:
+            if context._held is None:
+                context._held = []
+            context._held.append((message, reply))
             return
         elif self._lru is not None:
-            self._lru.move_to_end(cell)
-        mailbox = cell._mailbox
+            self._lru.move_to_end(context)
+        mailbox = context._mailbox
         if mailbox is None:
             spare = self._spare_mailboxes
-            mailbox = cell._mailbox = spare.pop() if spare else _deque()
+            mailbox = context._mailbox = spare.pop() if spare else _deque()
         mailbox.append((message, reply))
-        if not cell._scheduled and cell._state is _ACTIVE:
-            cell._scheduled = True
-            self._scheduler.schedule(cell)
+        if not context._scheduled and context._state is _ACTIVE:
+            context._scheduled = True
+            self._scheduler.schedule(context)
 
-    def _new_cell(self, entity_id: EntityId, *, remembered: bool = False) -> EntityContext:
-        cell = EntityContext(entity_id, self, trio.current_time())
-        self.entities[entity_id] = cell
-        self.region._entity_started(cell)
+    def _new_context(self, entity_id: EntityId, *, remembered: bool = False) -> EntityContext:
+        context = EntityContext(entity_id, self, trio.current_time())
+        self.entities[entity_id] = context
+        self.host.entity_started(context)
         if self.store is not None and not remembered:
             # Held back (marked scheduled) until the store has the id, as Akka's RememberingStart.
-            cell._scheduled = True
-            self.store.add(entity_id, lambda: self._remembered(cell))
-        return cell
+            context._scheduled = True
+            self.store.add(entity_id, lambda: self._remembered(context))
+        return context
 
     # -- running ----------------------------------------------------------------------------
 
-    async def _run(self, cell: EntityContext) -> None:
-        mailbox = cell._mailbox
+    async def _run(self, context: EntityContext) -> None:
+        mailbox = context._mailbox
         try:
             handled = 0
             lease = self.lease if self.lease_token is not None else None
@@ -427,123 +463,123 @@ class Shard:
                 message, reply = mailbox.popleft()
                 handled += 1
                 if type(message) is Stop:
-                    await self._stop_entity(cell, message.message)
+                    await self._stop_entity(context, message.message)
                     break
-                instance = cell._instance
+                instance = context._instance
                 if type(message) is Wake:
                     if instance is None:
                         try:
-                            self._create(cell)
+                            self._create(context)
                         except Exception as exc:
-                            self._crashed(cell, exc, None)
-                            if cell._state is _RESTARTING:
+                            self._crashed(context, exc, None)
+                            if context._state is _RESTARTING:
                                 break
                     continue
                 try:
                     if instance is None:
-                        instance = self._create(cell)
-                    result = await instance.receive(message, cell)
+                        instance = self._create(context)
+                    result = await instance.receive(message, context)
                 except Exception as exc:
-                    self._crashed(cell, exc, reply)
-                    if cell._state is _RESTARTING:
+                    self._crashed(context, exc, reply)
+                    if context._state is _RESTARTING:
                         break
                     continue
                 if reply is not None:
                     reply.ok(result)
         finally:
-            cell._scope = None
-            cell._scheduled = False
-        self._turn_ended(cell, mailbox)
+            context._scope = None
+            context._scheduled = False
+        self._turn_ended(context, mailbox)
 
-    def _turn_ended(self, cell: EntityContext, mailbox: collections.deque[Mail] | None) -> None:
+    def _turn_ended(self, context: EntityContext, mailbox: collections.deque[Mail] | None) -> None:
         """After an entity's turn: note when, then queue it again if more came, or let it idle."""
-        if cell._state is _GONE:
+        if context._state is _GONE:
             return
-        cell._last_active = self._now()
+        context._last_active = self._now()
         if mailbox:
-            if cell._state is not _RESTARTING:
-                cell._scheduled = True
-                self._scheduler.schedule(cell)
+            if context._state is not _RESTARTING:
+                context._scheduled = True
+                self._scheduler.schedule(context)
         else:
             spare = self._spare_mailboxes
-            if mailbox is not None and cell._mailbox is mailbox and len(spare) < SPARE_MAILBOXES:
+            if mailbox is not None and context._mailbox is mailbox and len(spare) < SPARE_MAILBOXES:
                 spare.append(mailbox)
-            cell._mailbox = None  # an idle entity keeps no deque
+            context._mailbox = None  # an idle entity keeps no deque
 
-    def _crashed(self, cell: EntityContext, exc: Exception, reply: Reply | None) -> None:
-        backoff = self.region.settings.entity_restart_backoff
+    def _crashed(self, context: EntityContext, exc: Exception, reply: Reply | None) -> None:
+        backoff = self.host.settings.entity_restart_backoff
         logger.error(
             "entity %s/%s raised %s: %s; %s",
-            self.region.type_name,
-            cell.entity_id,
+            self.type_name,
+            context.entity_id,
             type(exc).__qualname__,
             exc,
-            "it was stopping" if cell._state is _STOPPING else f"restarting in {backoff:g} s",
+            "it was stopping" if context._state is _STOPPING else f"restarting in {backoff:g} s",
             exc_info=exc,
         )
         if reply is not None:
             reply.fail(_qualified(type(exc)), str(exc))
-        self._drop(cell)
-        cell._set(EntityEvent.CRASHED)
-        if cell._state is _RESTARTING:
-            self._restarts[cell] = trio.current_time() + backoff
-            self.region._wake_timer()
+        self._drop(context)
+        context._set(EntityEvent.CRASHED)
+        if context._state is _RESTARTING:
+            self._restarts[context] = trio.current_time() + backoff
+            self.host.restart_due()
 
-    async def _stop_entity(self, cell: EntityContext, stop_message: object) -> None:
-        instance = cell._instance
+    async def _stop_entity(self, context: EntityContext, stop_message: object) -> None:
+        instance = context._instance
         if stop_message is not None and instance is not None:
             try:
-                await instance.receive(stop_message, cell)
+                await instance.receive(stop_message, context)
             except Exception as exc:
                 logger.error(
                     "entity %s/%s raised %s on its stop message: %s",
-                    self.region.type_name,
-                    cell.entity_id,
+                    self.type_name,
+                    context.entity_id,
                     type(exc).__qualname__,
                     exc,
                     exc_info=exc,
                 )
-        self._entity_stopped(cell)
+        self._entity_stopped(context)
 
-    def _create(self, cell: EntityContext) -> Entity:
+    def _create(self, context: EntityContext) -> Entity:
         """A new incarnation of the entity: the factory's object."""
-        instance: Entity = self.region._factory(cell)
-        check_entity(self.region.type_name, instance)
-        cell._instance = instance
-        observers = self.region._services.observers
+        instance: Entity = self.host.entity_factory(context)
+        check_entity(self.type_name, instance)
+        context._instance = instance
+        observers = self.host.observers
         if observers:
             for observer in observers:
-                observer.entity_started(self.region.type_name, cell.entity_id, self.lease_token)
+                observer.entity_started(self.type_name, context.entity_id, self.lease_token)
         return instance
 
-    def _drop(self, cell: EntityContext) -> None:
+    def _drop(self, context: EntityContext) -> None:
         """The incarnation ends (stopped, crashed, or its shard lost its lease)."""
-        if cell._instance is None:
+        if context._instance is None:
             return
-        cell._instance = None
-        observers = self.region._services.observers
+        context._instance = None
+        observers = self.host.observers
         if observers:
             for observer in observers:
-                observer.entity_stopped(self.region.type_name, cell.entity_id)
+                observer.entity_stopped(self.type_name, context.entity_id)
 
-    def _entity_stopped(self, cell: EntityContext, *, forget: bool = True) -> None:
-        cell._set(EntityEvent.STOPPED)
-        self._drop(cell)
-        if self.entities.get(cell.entity_id) is cell:
-            del self.entities[cell.entity_id]
-        self._restarts.pop(cell, None)
-        self.region._entity_stopped(cell)
-        rest = list(cell._mailbox or ())
-        held = cell._held
-        cell._mailbox = cell._held = None
+    def _entity_stopped(self, context: EntityContext, *, forget: bool = True) -> None:
+        context._set(EntityEvent.STOPPED)
+        self._drop(context)
+        if self.entities.get(context.entity_id) is context:
+            del self.entities[context.entity_id]
+        self._restarts.pop(context, None)
+        self.host.entity_stopped(context)
+        rest = list(context._mailbox or ())
+        held = context._held
+        context._mailbox = context._held = None
         waiting = rest + (held or [])
         if forget and not waiting and self.store is not None and not self.stopping:
-            self.store.remove(cell.entity_id)  # passivated: forgotten (a hand-off keeps it)
+            self.store.remove(context.entity_id)  # passivated: forgotten (a hand-off keeps it)
         if waiting:  # the next incarnation gets them, in order (and stops after, in a hand-off)
-            successor = self._new_cell(cell.entity_id, remembered=True)
+            successor = self._new_context(context.entity_id, remembered=True)
             successor._mailbox = collections.deque(waiting)
             successor._scheduled = True
-            self.region._scheduler.schedule(successor)
+            self._scheduler.schedule(successor)
             if self.stopping:
                 self.passivate(successor)
         elif self.stopping and not self.entities:
@@ -551,51 +587,51 @@ class Shard:
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    def passivate(self, cell: EntityContext, stop_message: object = None) -> None:
-        """Stop ``cell`` after the messages in its mailbox (see the module docstring)."""
-        if cell._state is not _ACTIVE or self.entities.get(cell.entity_id) is not cell:
+    def passivate(self, context: EntityContext, stop_message: object = None) -> None:
+        """Stop ``context`` after the messages in its mailbox (see the module docstring)."""
+        if context._state is not _ACTIVE or self.entities.get(context.entity_id) is not context:
             return
-        cell._set(EntityEvent.STOP)
-        message = self.region._stop_message if stop_message is None else stop_message
-        mailbox = cell._mailbox
+        context._set(EntityEvent.STOP)
+        message = self.host.stop_message if stop_message is None else stop_message
+        mailbox = context._mailbox
         if mailbox is None:
-            mailbox = cell._mailbox = collections.deque()
+            mailbox = context._mailbox = collections.deque()
         mailbox.append((Stop(message), None))
-        if not cell._scheduled:
-            cell._scheduled = True
-            self.region._scheduler.schedule(cell)
+        if not context._scheduled:
+            context._scheduled = True
+            self._scheduler.schedule(context)
 
     def stop_all(self, on_stopped: Callable[[], None]) -> None:
         """Stop every entity (a hand-off); call ``on_stopped`` when none is left."""
         self.stopping = True
         self._on_stopped = on_stopped
-        for cell in list(self.entities.values()):
-            if cell._state is _RESTARTING:
-                self._restarts.pop(cell, None)
-                cell._set(EntityEvent.RESTARTED)
-            self.passivate(cell)
+        for context in list(self.entities.values()):
+            if context._state is _RESTARTING:
+                self._restarts.pop(context, None)
+                context._set(EntityEvent.RESTARTED)
+            self.passivate(context)
         if not self.entities:
             self._done()
 
     def force_stop(self) -> int:
         """Cancel entities that are still running (``handoff_timeout``); returns how many."""
-        cells = list(self.entities.values())
-        for cell in cells:
-            lost = len(cell._mailbox or ()) + len(cell._held or ())
+        contexts = list(self.entities.values())
+        for context in contexts:
+            lost = len(context._mailbox or ()) + len(context._held or ())
             self.lost += lost
             logger.warning(
                 "entity %s/%s did not stop within handoff_timeout; stopped by force%s",
-                self.region.type_name,
-                cell.entity_id,
+                self.type_name,
+                context.entity_id,
                 f", {lost} messages it held are lost" if lost else "",
             )
-            if cell._scope is not None:
-                cell._scope.cancel()
-            cell._mailbox = cell._held = None
-            self._entity_stopped(cell)
+            if context._scope is not None:
+                context._scope.cancel()
+            context._mailbox = context._held = None
+            self._entity_stopped(context)
         if self.stopping and not self.entities:
             self._done()
-        return len(cells)
+        return len(contexts)
 
     def _done(self) -> None:
         callback, self._on_stopped = self._on_stopped, None
@@ -605,24 +641,24 @@ class Shard:
     def tick(self, now: float, idle_before: float | None) -> float:
         """Restart entities whose backoff ended; passivate idle ones. Returns the next due time."""
         due = float("inf")
-        for cell, at in list(self._restarts.items()):
+        for context, at in list(self._restarts.items()):
             if at <= now:
-                del self._restarts[cell]
-                cell._set(EntityEvent.RESTARTED)
-                if cell._mailbox and not cell._scheduled:
-                    cell._scheduled = True
-                    self.region._scheduler.schedule(cell)
+                del self._restarts[context]
+                context._set(EntityEvent.RESTARTED)
+                if context._mailbox and not context._scheduled:
+                    context._scheduled = True
+                    self._scheduler.schedule(context)
             else:
                 due = min(due, at)
         if idle_before is not None and not self.stopping:
-            for cell in list(self.entities.values()):
+            for context in list(self.entities.values()):
                 if (
-                    cell._state is _ACTIVE
-                    and not cell._scheduled
-                    and not cell._mailbox
-                    and cell._last_active < idle_before
+                    context._state is _ACTIVE
+                    and not context._scheduled
+                    and not context._mailbox
+                    and context._last_active < idle_before
                 ):
-                    self.passivate(cell)
+                    self.passivate(context)
         return due
 
     def entity_ids(self) -> list[EntityId]:
@@ -635,7 +671,4 @@ def _qualified(cls: type[Any]) -> str:
     return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
 
 
-EntityFactory = Callable[[EntityContext], Entity]
-"""Makes an entity instance from its context (usually the entity class itself)."""
-
-__all__ = ["BATCH", "EntityFactory", "Mail", "EntityWorkers", "Shard"]
+__all__ = ["BATCH", "EntityFactory", "EntityWorkers", "Mail", "Shard", "ShardHost"]

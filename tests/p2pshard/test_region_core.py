@@ -43,6 +43,7 @@ from p2pshard.sharding._protocol import (
 from p2pshard.sharding._region_core import (
     REGISTER_FIRST_RETRY,
     Drop,
+    DropReason,
     Flush,
     LocalShard,
     Refused,
@@ -371,6 +372,39 @@ def test_a_buffer_of_size_zero_drops_everything() -> None:
     assert "(0 messages" in drop.reason
     assert core.buffered == 0
     assert core.dropped == 1
+
+
+def test_every_drop_says_its_cause_as_a_drop_reason_and_only_a_full_buffer_overflows() -> None:
+    full = region(registered=True, settings=ShardingSettings(buffer_size=0))
+    [drop] = full.buffer(A, "a1", 0.0)
+    assert isinstance(drop, Drop)
+    assert drop.cause is DropReason.BUFFER_FULL
+
+    # Words that look like another cause do not make it one: the cause is not read from them.
+    refusing = region()
+    refusing.buffer(A, "a1", 0.0)
+    _, drop = refusing.receive(COORD, refused("the region's buffer is full, says a joke"), 0.1)
+    assert isinstance(drop, Drop)
+    assert drop.cause is DropReason.REFUSED
+    [drop] = refusing.buffer(B, "b1", 0.2)
+    assert isinstance(drop, Drop)
+    assert drop.cause is DropReason.REFUSED
+
+    stopping = region(registered=True)
+    stopping.graceful_shutdown(0.0)
+    [drop] = stopping.buffer(A, "a1", 0.1)
+    assert isinstance(drop, Drop)
+    assert drop.cause is DropReason.STOPPED
+    assert drop.reason == "the region has stopped"
+
+    assert [r for r in DropReason if r.overflow] == [DropReason.BUFFER_FULL]
+
+
+def test_drops_the_shell_counts_go_into_the_cores_counter() -> None:
+    core = region(registered=True)
+    core.count_dropped(3)
+    core.count_dropped(1)
+    assert core.dropped == 4
 
 
 # -- 4. homes: ShardHome and HostShard ------------------------------------------------------
