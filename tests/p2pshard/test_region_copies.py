@@ -1,9 +1,14 @@
-"""The region's ordering rules (``SendOrder``), and the hot-path copy of one of them.
+"""The region's ordering rules (``SendOrder``), and the region's hot-path copies of its decisions.
 
-``ShardRegion._send`` spells ``SendOrder.remote_home`` out inline, for speed. The randomized
-test feeds a live region's ``_send`` and ``SendOrder.remote_home`` the same states (seeded; the
-seed is printed, and ``REGION_COPIES_SEED=<seed>`` replays it) and checks that both send the
-message to the same node, or both keep it here.
+Each copy spelled out inline for speed is checked against its original, on a live region, with
+seeded random cases (the seed is printed; ``REGION_COPIES_SEED=<seed>`` replays it):
+
+- ``ShardRegion._send``'s copy of ``SendOrder.remote_home``: both send the message to the same
+  node, or both keep it here;
+- ``_send``'s tell delivery (``_delivery`` spelled out): the same ``EntityDelivery`` as
+  ``_delivery`` and as the validating constructor, field for field and byte for byte;
+- ``_received``'s copy of ``_place_here``'s first step: the same place as ``_route_nowait``
+  (the running shard, the same node, the queue behind a flush, or the buffer).
 """
 
 from __future__ import annotations
@@ -17,11 +22,15 @@ import trio
 import trio.testing
 
 from membership import Address, UniqueAddress
+from membership.internal import wire
 from p2pshard.sharding._allocation import EntityId, ShardId
-from p2pshard.sharding._region import Delivery
+from p2pshard.sharding._asks import RemoteReply
+from p2pshard.sharding._entity import Reply
+from p2pshard.sharding._protocol import EntityDelivery
+from p2pshard.sharding._region import Delivery, ShardRegion
 from p2pshard.sharding._region_core import SendOrder, ShardRegionCore
 from p2pshard.sharding._settings import ShardingSettings
-from tests._support.sharding_sim import CounterAdd, sim_cluster
+from tests._support.sharding_sim import CounterAdd, CounterRead, Fail, sim_cluster
 
 
 def node(i: int, uid: int = 1) -> UniqueAddress:
@@ -91,22 +100,29 @@ class RecordingTransport:
 
     settings: object
     sent: list[UniqueAddress] = attrs.Factory(list)
+    messages: list[object] = attrs.Factory(list)
 
     def backlog(self, to: UniqueAddress) -> int:
         return 0
 
     def send_nowait(self, to: UniqueAddress, message: object) -> None:
         self.sent.append(to)
+        self.messages.append(message)
 
 
 CASES = 300
 
 
+def copies_seed() -> int:
+    seed = int(os.environ.get("REGION_COPIES_SEED", random.randrange(2**32)))
+    print(f"REGION_COPIES_SEED={seed}")
+    return seed
+
+
 async def test_send_decides_as_send_order_remote_home(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    seed = int(os.environ.get("REGION_COPIES_SEED", random.randrange(2**32)))
-    print(f"REGION_COPIES_SEED={seed}")
+    seed = copies_seed()
     rng = random.Random(seed)
     async with sim_cluster(seed % 1000) as sim:
         await sim.start_up([1])
@@ -161,3 +177,180 @@ async def test_send_decides_as_send_order_remote_home(
             region._transport, homes, region._running = saved
             region._core.homes.update(homes)
             del region._place_here
+
+
+# -- the tell delivery spelled out in ShardRegion._send ---------------------------------------
+
+
+def random_text(rng: random.Random, prefix: str) -> str:
+    alphabet = "abcxyz0189-_/ éü€中"
+    return prefix + "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 24)))
+
+
+def random_message(rng: random.Random, case: int) -> object:
+    """A registered message or a plain value, as an entity may be sent."""
+    choices: list[object] = [
+        CounterAdd(sender=random_text(rng, "s"), seq=rng.randrange(-(2**40), 2**40)),
+        CounterRead(),
+        Fail(text=random_text(rng, "")),
+        rng.randrange(-(2**62), 2**62),
+        rng.random(),
+        random_text(rng, ""),
+        random_text(rng, "b").encode(),
+        None,
+        rng.random() < 0.5,
+        [case, random_text(rng, "l"), None],
+        (case, 1.5),
+        {"k": case, random_text(rng, "d"): [1, 2]},
+    ]
+    return rng.choice(choices)
+
+
+async def test_send_builds_a_tell_delivery_as_delivery_does(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    seed = copies_seed()
+    rng = random.Random(seed)
+    async with sim_cluster(seed % 1000) as sim:
+        await sim.start_up([1])
+        region = sim.regions[1]
+        transport = RecordingTransport(region._transport.settings)
+        saved = (region._transport, dict(region._core.homes))
+        region._transport = transport  # type: ignore[assignment]
+        try:
+            for case in range(CASES):
+                shard = ShardId(random_text(rng, "shard-"))
+                entity_id = EntityId(random_text(rng, f"e{case}-"))
+                message = random_message(rng, case)
+                region._core.homes[shard] = rng.choice((N2, N3))  # a remote home: sent now
+                region._shard_cache[entity_id] = shard
+                transport.messages.clear()
+
+                await region._send(entity_id, message, None)
+
+                state = f"case {case} (seed {seed}): {shard!r}/{entity_id!r} {message!r}"
+                assert len(transport.messages) == 1, f"{state}: _send sent no single delivery"
+                sent = transport.messages[0]
+                assert type(sent) is EntityDelivery, f"{state}: _send sent a {type(sent)}"
+                original = region._delivery(shard, entity_id, message, None)
+                validated = EntityDelivery(
+                    type_name=region.type_name, shard=shard, entity_id=entity_id, message=message
+                )
+                assert sent == original == validated, f"{state}: _send built {sent!r}"
+                assert wire.encode(sent) == wire.encode(original) == wire.encode(validated), (
+                    f"{state}: the delivery _send built encodes differently"
+                )
+        finally:
+            region._core.homes.clear()
+            region._transport, homes = saved
+            region._core.homes.update(homes)
+
+
+# -- the copy in ShardRegion._received --------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class RecordingShard:
+    """Stands in for a running shard: records what is delivered to it."""
+
+    shard_id: ShardId
+    places: list[tuple[object, ...]]
+
+    def deliver(self, entity_id: EntityId, message: object, reply: Reply | None) -> None:
+        self.places.append(("deliver", self.shard_id, entity_id, message, reply_kind(reply)))
+
+
+def reply_kind(reply: Reply | None) -> tuple[object, ...] | None:
+    if reply is None:
+        return None
+    assert isinstance(reply, RemoteReply)
+    return (reply.origin, reply.request_id)
+
+
+def where_it_went(
+    region: ShardRegion,
+    transport: RecordingTransport,
+    buffered: list[tuple[object, ...]],
+    places: list[tuple[object, ...]],
+    queues: dict[ShardId, collections.deque[Delivery]],
+) -> list[tuple[object, ...]]:
+    """Every place a message went since the last call (and forget it)."""
+    went = list(places)
+    for to, sent in zip(transport.sent, transport.messages, strict=True):
+        assert isinstance(sent, EntityDelivery)
+        went.append(("send", to, sent))
+    went.extend(buffered)
+    for shard, queue in queues.items():
+        went.extend(("behind flush", shard, entry[0], entry[1]) for entry in queue)
+        queue.clear()
+    places.clear()
+    buffered.clear()
+    transport.sent.clear()
+    transport.messages.clear()
+    return went
+
+
+async def test_received_decides_as_route_nowait(autojump_clock: trio.testing.MockClock) -> None:
+    seed = copies_seed()
+    rng = random.Random(seed)
+    async with sim_cluster(seed % 1000) as sim:
+        await sim.start_up([1])
+        region = sim.regions[1]
+        self_node = region._self_node
+        homes_choice: list[UniqueAddress | None] = [None, self_node, N2, N3]
+        shards = [ShardId(f"s{i}") for i in range(6)]
+        transport = RecordingTransport(region._transport.settings)
+        places: list[tuple[object, ...]] = []
+        buffered: list[tuple[object, ...]] = []
+        queues: dict[ShardId, collections.deque[Delivery]] = {}
+
+        def buffer(shard_id: ShardId, delivery: Delivery) -> None:
+            entity_id, message, reply = delivery
+            buffered.append(("buffer", shard_id, entity_id, message, reply_kind(reply)))
+
+        saved = (region._transport, dict(region._core.homes), region._running)
+        region._transport = transport  # type: ignore[assignment]
+        region._buffer = buffer  # type: ignore[method-assign]
+        try:
+            for case in range(CASES):
+                region._core.homes.clear()
+                region._flushing.clear()
+                queues.clear()
+                running = {s for s in shards if rng.random() < 0.3}
+                region._running = {
+                    s: RecordingShard(s, places)  # type: ignore[misc]
+                    for s in running
+                }
+                for shard in shards:
+                    home = rng.choice(homes_choice)
+                    if home is not None:
+                        region._core.homes[shard] = home
+                    if rng.random() < 0.2:
+                        queues[shard] = region._flushing[shard] = collections.deque[Delivery]()
+                shard = rng.choice(shards)
+                entity_id = EntityId(f"e-{case}")
+                message = CounterAdd(sender="t", seq=case)
+                request_id = rng.choice((0, 0, case + 1))
+                origin = rng.choice((None, N3))
+                sender = rng.choice((N2, N3))
+
+                region._received(sender, shard, entity_id, message, request_id, origin)
+                copy = where_it_went(region, transport, buffered, places, queues)
+                reply = (
+                    RemoteReply(region._asks, origin or sender, request_id) if request_id else None
+                )
+                region._route_nowait(shard, entity_id, message, reply)
+                original = where_it_went(region, transport, buffered, places, queues)
+
+                state = (
+                    f"case {case} (seed {seed}): shard {shard}, running {sorted(running)}, "
+                    f"flushing {sorted(queues)}, homes {region._core.homes}"
+                )
+                assert len(copy) == 1, f"{state}: _received put it in {copy}"
+                assert copy == original, f"{state}: _received {copy}, _route_nowait {original}"
+        finally:
+            region._flushing.clear()
+            region._core.homes.clear()
+            region._transport, homes, region._running = saved
+            region._core.homes.update(homes)
+            del region._buffer
