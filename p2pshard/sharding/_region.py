@@ -414,7 +414,7 @@ class ShardRegion:
             await self._send_gathered_all(home)  # too large to gather: alone, behind them
         delivery = (
             unchecked_delivery(self.type_name, shard_id, entity_id, message, 0, None)
-            if reply is None  # a tell: _delivery spelled out
+            if reply is None  # a tell: _delivery spelled out (test_region_copies.py checks it)
             else self._delivery(shard_id, entity_id, message, reply)
         )
         try:
@@ -735,7 +735,7 @@ class ShardRegion:
                 reply.fail("p2pshard.RegionStopped", f"the region on {self._self_node} stopped")
             return
         # A copy of _place_here's first step (_route_nowait's), spelled out for speed: the
-        # shard runs here.
+        # shard runs here. (test_region_copies.py checks that both decide the same.)
         shard = self._running.get(shard_id)
         if shard is not None:
             shard.deliver(entity_id, message, reply)

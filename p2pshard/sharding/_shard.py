@@ -164,7 +164,8 @@ class EntityWorkers:
                     instance = context._instance
                     mailbox = context._mailbox
                     # Shard._run's common case spelled out here, one coroutine less per turn: a
-                    # running entity with one message waiting, in a shard with no lease to check.
+                    # running entity with one message waiting, in a shard with no lease to check
+                    # (test_shard_copies.py checks that both handle messages alike).
                     if (
                         instance is None
                         or mailbox is None
