@@ -21,7 +21,7 @@ import attrs
 import trio
 import trio.testing
 
-from membership import Address, UniqueAddress
+from membership import Address, Envelope, IdentityKind, PeerIdentity, UniqueAddress
 from membership.internal import wire
 from p2pshard.sharding._allocation import EntityId, ShardId
 from p2pshard.sharding._asks import RemoteReply
@@ -354,3 +354,43 @@ async def test_received_decides_as_route_nowait(autojump_clock: trio.testing.Moc
             region._transport, homes, region._running = saved
             region._core.homes.update(homes)
             del region._buffer
+
+
+async def test_handle_passes_a_delivery_on_as_on_delivery_does(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Sharding.handle spells out _on_delivery's common case (nearly every message): for a
+    # started entity type and one that is not, a tell and an ask, both do the same.
+    async with sim_cluster(1) as sim:
+        await sim.start_up([1])
+        region = sim.regions[1]
+        sharding = sim.nodes[1].sharding
+        calls: list[tuple[object, ...]] = []
+
+        def to_region(sender: UniqueAddress, delivery: object) -> None:
+            calls.append(("region", sender, delivery))
+
+        def not_started(type_name: str, origin: UniqueAddress, request_id: int) -> None:
+            calls.append(("not started", type_name, origin, request_id))
+
+        region._on_delivery = to_region  # type: ignore[method-assign]
+        sharding._not_started = not_started  # type: ignore[method-assign]
+        for type_name in ("Counter", "Nobody"):
+            for request_id, origin in ((0, None), (7, None), (8, N3)):
+                delivery = EntityDelivery(
+                    type_name=type_name,
+                    shard="s1",
+                    entity_id="e1",
+                    message=CounterAdd(sender="t", seq=1),
+                    request_id=request_id,
+                    origin=origin,
+                )
+                calls.clear()
+                assert sharding.handle(
+                    Envelope(N2, delivery, PeerIdentity(IdentityKind.NODE, "n2"))
+                )
+                by_copy = list(calls)
+                calls.clear()
+                sharding._on_delivery(N2, delivery)
+                assert by_copy == calls, (type_name, request_id, origin)
+                assert calls or request_id == 0  # a tell to no region is dropped, silently
