@@ -15,10 +15,12 @@ The core has two states, waiting and paused::
        │                                                        │ over: route
        └──route finds no singleton anywhere──► PAUSED (LOCATE_INTERVAL) ──over: as if queued
 
-"Route" sends everything buffered, in order, to the node :attr:`locate` names then. While the
-core waits with nothing buffered and nothing came back, a message goes at once, in the caller's
-call (a new shard's first ``GetShardHome`` leaves without a pass through the proxy's task),
-except to this node itself: a singleton serving here would handle it inside the caller's call.
+A queued message makes a route due at once: the shell ticks as soon as its loop runs. "Route"
+sends everything buffered, in order, to the node ``locate`` names then. While the core waits
+(not paused) with nothing buffered and nothing came back, a message goes at once, in the
+caller's call (a new shard's first ``GetShardHome`` leaves without a pass through the proxy's
+task), except to this node itself: a singleton serving here would handle it inside the caller's
+call.
 
 Where the singleton runs is not an input: the core reads it through ``locate`` (the shell's
 current cluster view) each time it routes, which is as often as Akka's proxy looks at its
@@ -225,7 +227,10 @@ class SingletonProxyCore:
             if pause is _Pause.RESEND:
                 effects += self._route(now)
             else:
-                self._request_route(now)  # look again as if a message had come
+                # Look again at the next tick, due at once, as if a message had come: the
+                # shell's loop goes round once first, and meanwhile a message may go at once.
+                self._route_due, self._route_due_at = True, now
+                return effects
         if self._pause is None and self._route_due:
             if self._back_off:
                 self._back_off = False
@@ -239,13 +244,7 @@ class SingletonProxyCore:
     def _enqueue(
         self, payload: object, request_id: int, now: float, *, front: bool = False
     ) -> list[ProxyEffect]:
-        if (
-            not front
-            and self._pause is None
-            and not self._route_due
-            and not self._buffer
-            and not self._back_off
-        ):
+        if not front and self._pause is None and not self._buffer and not self._back_off:
             target = self._locate()
             if target is not None and target != self.self_node:
                 self.sent += 1

@@ -72,7 +72,10 @@ def test_it_buffers_while_the_singleton_runs_nowhere_and_sends_once_it_is_found(
     assert core.tell("c", now=1.6) == []  # paused: queued behind the others
     assert core.tick(now=1.6) == []  # the pause is not over
     view.where = A
-    assert core.tick(now=1.5 + LOCATE_INTERVAL) == [send(A, "a"), send(A, "b"), send(A, "c")]
+    looked_at = 1.5 + LOCATE_INTERVAL
+    assert core.tick(now=looked_at) == []  # the pause is over: a route is due at once
+    assert core.next_deadline() == looked_at
+    assert core.tick(now=looked_at) == [send(A, "a"), send(A, "b"), send(A, "c")]
     assert core.buffered == ()
     assert not paused(core)
     assert core.next_deadline() == NEVER
@@ -85,11 +88,29 @@ def test_it_keeps_looking_every_interval_until_the_singleton_is_found() -> None:
     core.tell("a", now=0.0)
     now = 0.0
     for _ in range(5):
-        assert core.tick(now) == []
+        looks = view.looks
+        assert core.tick(now) == []  # routes: nobody
+        assert view.looks == looks + 1
         assert core.next_deadline() == pytest.approx(now + LOCATE_INTERVAL)
         now = core.next_deadline()
+        assert core.tick(now) == []  # the pause is over: route again at once
+        assert core.next_deadline() == now
     view.where = B
     assert core.tick(now) == [send(B, "a")]
+
+
+def test_between_a_look_and_the_next_route_an_idle_proxy_sends_at_once() -> None:
+    view = View(None)
+    core = proxy(view)
+    core.tell("a", now=0.0)
+    core.tick(now=0.0)  # nobody: paused
+    view.where = A
+    assert core.tell("b", now=0.1) == []  # paused: queued
+    assert core.tick(now=LOCATE_INTERVAL) == []  # the look is due at once
+    assert core.tick(now=LOCATE_INTERVAL) == [send(A, "a"), send(A, "b")]
+    # Nothing buffered: a message told before the next route goes at once.
+    core.tick(now=LOCATE_INTERVAL)
+    assert core.tell("c", now=0.3) == [send(A, "c")]
 
 
 def test_a_full_buffer_refuses_the_message_and_keeps_what_it_has() -> None:
@@ -183,6 +204,7 @@ def test_an_ask_without_an_answer_times_out_and_a_late_answer_is_dropped() -> No
     assert core.pending_asks == frozenset()
     # The messages themselves still go once the singleton is found (at most once, not never).
     view.where = A
+    assert core.tick(now=core.next_deadline()) == []  # the look is due
     assert core.tick(now=core.next_deadline()) == [send(A, "q1", 1), send(A, "q2", 2)]
 
 
