@@ -36,6 +36,7 @@ from ._heartbeat import Heartbeat, HeartbeatRsp, HeartbeatSenderState, heartbeat
 from ._islands import Sighting
 from ._lease import HeldLease
 from ._member import Member, MemberStatus
+from ._timer import NEVER, CoreTimer
 from .sbr._resolver import (
     AcquireLease,
     DownNodes,
@@ -149,7 +150,10 @@ class Cluster:
         )
         self._downing_lease = downing_lease
         self._subscribers: list[trio.MemorySendChannel[ClusterEvent]] = []
-        self._wakeup = trio.Event()
+        self._shell_deadline = NEVER
+        """The earliest of the timers this shell keeps itself (heartbeats, reaper, resolver,
+        pruning), as the timer loop set them before it went to sleep."""
+        self._timer = CoreTimer(self._next_deadline)
         self._ring_input: tuple[frozenset[UniqueAddress], frozenset[UniqueAddress]] | None = None
         self._fed_gossip: Gossip | None = None
         self._fd_unreachable: set[UniqueAddress] = set()
@@ -392,11 +396,8 @@ class Cluster:
             self._heartbeats.heartbeat_rsp(sender, trio.current_time())
             return True
         if self._core.phase is not Phase.SHUT_DOWN:
-            now = trio.current_time()
-            before = self._core.next_deadline()
-            self._apply(self._core.receive(sender, message, now))
-            if self._core.next_deadline() < before:
-                self._wakeup.set()
+            self._apply(self._core.receive(sender, message, trio.current_time()))
+            self._timer.poke()
         return True
 
     def _link_up(self, address: Address) -> None:
@@ -416,22 +417,16 @@ class Cluster:
             reaper = self._fd_settings.unreachable_nodes_reaper_interval
             next_heartbeat = next_reap = next_sbr = now
             next_prune = now + PRUNE_INTERVAL
-            sbr_ticked = float("-inf")
+            sbr_ticked = -NEVER
             while not self.terminated.is_set():
-                decide_at = self._sbr.decision_due() if self._sbr is not None else float("inf")
+                decide_at = self._sbr.decision_due() if self._sbr is not None else NEVER
                 if decide_at <= sbr_ticked:
-                    decide_at = float("inf")  # ticked at it already, nothing came of it
-                deadline = min(
-                    self._core.next_deadline(),
-                    next_heartbeat,
-                    next_reap,
-                    min(next_sbr, decide_at),
-                    next_prune,
+                    decide_at = NEVER  # ticked at it already, nothing came of it
+                # Fixed while the loop sleeps: only the core's deadline is read again (poke).
+                self._shell_deadline = min(
+                    next_heartbeat, next_reap, min(next_sbr, decide_at), next_prune
                 )
-                with trio.move_on_at(deadline):
-                    await self._wakeup.wait()
-                self._wakeup = trio.Event()
-                now = trio.current_time()
+                now = await self._timer.wait()
                 if now >= self._core.next_deadline():
                     self._apply(self._core.tick(now))
                 if now >= next_prune:
@@ -451,6 +446,9 @@ class Cluster:
                     self._feed(now)
                     self._apply_sbr(self._sbr.tick(now), now)
             nursery.cancel_scope.cancel()
+
+    def _next_deadline(self) -> float:
+        return min(self._core.next_deadline(), self._shell_deadline)
 
     def _heartbeat_round(self, now: float) -> None:
         round_ = self._heartbeats.tick(now)
@@ -587,7 +585,7 @@ class Cluster:
             return
         self.termination_reason = reason
         self.terminated.set()
-        self._wakeup.set()
+        self._timer.wake()
         for channel in self._subscribers:
             channel.close()
         self._subscribers.clear()

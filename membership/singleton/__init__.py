@@ -1,11 +1,11 @@
 """Cluster singletons.
 
-The sans-IO core that decides where the instance runs, and the trio manager and proxy that run
-it and route messages to it.
+The sans-IO cores that decide where the instance runs (``_core``) and where a proxy sends
+(``_proxy_core``), and the trio manager and proxy that run it and route messages to it.
 """
 
 from ._manager import SingletonContext as SingletonContext
-from ._manager import SingletonProxy as SingletonProxy
 from ._manager import SingletonRequest as SingletonRequest
 from ._manager import Singletons as Singletons
-from ._manager import SingletonUnavailable as SingletonUnavailable
+from ._proxy import SingletonProxy as SingletonProxy
+from ._proxy_core import SingletonUnavailable as SingletonUnavailable

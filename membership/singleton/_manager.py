@@ -30,11 +30,11 @@ import trio
 from .._cluster import Cluster
 from .._lease import HeldLease, acquire_until_granted
 from .._member import MemberStatus
+from .._timer import CoreTimer
 from ..transport import _wire
 from ..transport._address import UniqueAddress
 from ..transport._errors import ClusterError, ConfigurationError, SendQueueFull, TransportClosed
 from ..transport._transport import Envelope, Transport
-from ..transport._wire import message
 from ._core import (
     HAND_OVER_MESSAGES,
     HandOverDone,
@@ -46,6 +46,9 @@ from ._core import (
     StartInstance,
     StopInstance,
 )
+from ._messages import SingletonEnvelope, SingletonNotHere, SingletonReply
+from ._proxy import ProxyServices, SingletonProxy
+from ._proxy_core import SingletonUnavailable
 
 logger = logging.getLogger("membership.singleton")
 
@@ -56,40 +59,6 @@ _SUCCESSOR_STATUSES = frozenset(
 
 RESTART_BACKOFF = 1.0
 """Seconds before a crashed singleton instance is started again."""
-
-
-class SingletonUnavailable(ClusterError):
-    """An ``ask`` to a singleton got no answer in time, or the proxy's buffer is full."""
-
-
-@message(name="p2pshard.singleton.Envelope")
-@attrs.frozen(kw_only=True)
-class SingletonEnvelope:
-    """A message for the singleton ``name``; ``request_id`` 0 means no answer is wanted."""
-
-    name: str
-    payload: object
-    request_id: int = 0
-
-
-@message(name="p2pshard.singleton.Reply")
-@attrs.frozen(kw_only=True)
-class SingletonReply:
-    """The answer to an ask."""
-
-    request_id: int
-    payload: object = None
-    error: str | None = None
-
-
-@message(name="p2pshard.singleton.NotHere")
-@attrs.frozen(kw_only=True)
-class SingletonNotHere:
-    """The singleton does not run here: the message comes back to be sent again."""
-
-    name: str
-    payload: object
-    request_id: int = 0
 
 
 @attrs.frozen
@@ -225,8 +194,7 @@ class _Manager:
         self.instance_scope: trio.CancelScope | None = None
         self.instance_done = trio.Event()
         self.instance_done.set()
-        self.wakeup = trio.Event()
-        self.waiting_until = float("inf")
+        self.timer = CoreTimer(self.core.next_deadline)
         self.handed_over = trio.Event()
         self.nursery: trio.Nursery | None = None
 
@@ -244,12 +212,8 @@ class _Manager:
 
             nursery.start_soon(follow_cluster)
             while True:
-                self.waiting_until = self.core.next_deadline()
-                with trio.move_on_at(self.waiting_until):
-                    await self.wakeup.wait()
-                self.wakeup = trio.Event()
-                self.waiting_until = -float("inf")  # the loop itself: it re-reads the deadline
-                self._apply(self.core.tick(trio.current_time()))
+                now = await self.timer.wait()
+                self._apply(self.core.tick(now))
 
     def _view(self) -> None:
         cluster = self.s.cluster
@@ -278,8 +242,7 @@ class _Manager:
                         self.nursery.start_soon(self._report_stopped)
         if self.core.state in (SingletonState.WAS_OLDEST, SingletonState.STOPPED):
             self.handed_over.set()
-        if self.core.next_deadline() < self.waiting_until:
-            self.wakeup.set()  # a retry is due sooner than the timer loop is sleeping
+        self.timer.poke()  # a retry may be due sooner than the timer loop is sleeping
 
     async def _report_stopped(self) -> None:
         await self.instance_done.wait()
@@ -377,149 +340,6 @@ class _Manager:
             )
 
 
-class SingletonProxy:
-    """Sends to a singleton wherever it runs. Get one from ``node.singletons.proxy(name)``.
-
-    Example:
-        >>> async def count(node: Node) -> int:
-        ...     counter = node.singletons.proxy("counter")
-        ...     await counter.tell("increment")
-        ...     return await counter.ask("get", timeout=5)
-    """
-
-    def __init__(self, singletons: Singletons, name: str, role: str | None, buffer_size: int):
-        self._s = singletons
-        self.name = name
-        self.role = role
-        self._buffer: collections.deque[tuple[object, int]] = collections.deque()
-        self._buffer_size = buffer_size
-        self._wakeup = trio.Event()
-        self._back_off = False
-        self._idle = False
-        """The proxy's task waits for messages: one may go at once instead (see _enqueue)."""
-        self.statistics_sent = 0
-        self.statistics_returned = 0
-
-    def _target(self) -> UniqueAddress | None:
-        """Where the singleton runs now, as far as this node knows; None if nowhere yet."""
-        target = self._s.cluster.oldest(self.role)
-        if target is None or (
-            target.node == self._s.cluster.self_address and self.name not in self._s._managers
-        ):
-            return None  # nobody eligible, or this node is the oldest and does not run it
-        return target.node
-
-    def _send(self, target: UniqueAddress, payload: object, request_id: int) -> None:
-        self.statistics_sent += 1
-        self._s._send(
-            target, SingletonEnvelope(name=self.name, payload=payload, request_id=request_id)
-        )
-
-    def _enqueue(self, payload: object, request_id: int, *, front: bool = False) -> None:
-        if self._idle and not front and not self._buffer and not self._back_off:
-            # Nothing waits before it and no pause is on: send now, in the caller's task,
-            # rather than after a pass through the proxy's task (a new shard's first message
-            # waits for its GetShardHome to go). Not to an instance on this node: it would
-            # handle the message inside this call (a serving singleton does), and the caller,
-            # in the middle of its own work, would find itself called back.
-            target = self._target()
-            if target is not None and target != self._s.cluster.self_address:
-                self._send(target, payload, request_id)
-                return
-        if len(self._buffer) >= self._buffer_size:
-            raise SingletonUnavailable(
-                f"proxy of singleton {self.name!r} buffers {self._buffer_size} messages already: "
-                "the singleton has been unreachable for a while"
-            )
-        if front:
-            self._buffer.appendleft((payload, request_id))
-        else:
-            self._buffer.append((payload, request_id))
-        self._wakeup.set()
-
-    async def tell(self, payload: object) -> None:
-        """Send ``payload`` to the singleton, at most once.
-
-        Raises:
-            SerializationError: the message cannot travel.
-            SingletonUnavailable: the proxy's buffer is full.
-        """
-        self._s._check_serializable(payload)
-        await trio.lowlevel.checkpoint()
-        self._enqueue(payload, 0)
-
-    def tell_nowait(self, payload: object) -> None:
-        """:meth:`tell` without the checkpoint, for code that cannot await (a message handler).
-
-        Raises:
-            SerializationError: the message cannot travel.
-            SingletonUnavailable: the proxy's buffer is full.
-        """
-        self._s._check_serializable(payload)
-        self._enqueue(payload, 0)
-
-    async def ask(self, payload: object, *, timeout: float) -> object:  # noqa: ASYNC109 - the API
-        """Send ``payload`` and wait for the singleton's reply.
-
-        Raises:
-            SingletonUnavailable: no answer within ``timeout`` seconds (it may still have been
-                processed), or the buffer is full.
-            ClusterError: the singleton raised an error while answering.
-        """
-        self._s._check_serializable(payload)
-        rid, slot = self._s._new_request()
-        try:
-            self._enqueue(payload, rid)
-            with trio.move_on_after(timeout):
-                await slot.done.wait()
-            if not slot.done.is_set():
-                raise SingletonUnavailable(
-                    f"singleton {self.name!r} did not answer within {timeout:g} s"
-                )
-            if slot.error is not None:
-                raise ClusterError(f"singleton {self.name!r} failed: {slot.error}")
-            return slot.value
-        finally:
-            self._s._forget_request(rid)
-
-    def _returned(self, payload: object, request_id: int) -> None:
-        self.statistics_returned += 1
-        self._back_off = True
-        self._enqueue(payload, request_id, front=True)
-
-    async def _run(self) -> None:
-        while True:
-            self._idle = True
-            try:
-                await self._wakeup.wait()
-            finally:
-                self._idle = False
-            if self._back_off:  # messages came back: let the cluster view move on first
-                self._back_off = False
-                await trio.sleep(0.1)
-            self._wakeup = trio.Event()
-            target = self._target()
-            if target is None:
-                # Nobody eligible yet, or this node is the oldest and does not run it (so
-                # nobody does): wait for the cluster to change.
-                await trio.sleep(0.2)
-                self._wakeup.set()
-                continue
-            # What is queued now: a message that comes back at once (this node is the oldest
-            # but does not run the singleton) waits for the next round, after the pause.
-            batch = list(self._buffer)
-            self._buffer.clear()
-            for payload, rid in batch:
-                self._send(target, payload, rid)
-
-
-@attrs.define
-class _Pending:
-    done: trio.Event = attrs.field(factory=trio.Event)
-    value: object = None
-    error: str | None = None
-
-
 class Singletons:
     """``node.singletons``: run singletons on the oldest member and talk to them.
 
@@ -538,8 +358,17 @@ class Singletons:
         self._nursery = nursery
         self._managers: dict[str, _Manager] = {}
         self._proxies: dict[tuple[str, str | None], SingletonProxy] = {}
-        self._requests: dict[int, _Pending] = {}
+        self._requests: dict[int, SingletonProxy] = {}
+        """Which proxy asked, by request id: replies go to it."""
         self._ids = itertools.count(1)
+        self._proxy_services = ProxyServices(
+            cluster=cluster,
+            send=self._send,
+            check_serializable=self._check_serializable,
+            runs_here=self._managers.__contains__,
+            new_request=self._new_request,
+            forget_request=self._forget_request,
+        )
         cluster.add_exiting_task(self._hand_over_all)
 
     async def start(
@@ -582,7 +411,7 @@ class Singletons:
         key = (name, role)
         proxy = self._proxies.get(key)
         if proxy is None:
-            proxy = SingletonProxy(self, name, role, buffer_size)
+            proxy = SingletonProxy(self._proxy_services, name, role, buffer_size)
             self._proxies[key] = proxy
             self._nursery.start_soon(proxy._run)
         return proxy
@@ -597,11 +426,10 @@ class Singletons:
     def _check_serializable(self, payload: object) -> None:
         _wire.encode(payload, max_size=self._transport.settings.max_frame_size - 64)
 
-    def _new_request(self) -> tuple[int, _Pending]:
+    def _new_request(self, proxy: SingletonProxy) -> int:
         rid = next(self._ids)
-        pending = _Pending()
-        self._requests[rid] = pending
-        return rid, pending
+        self._requests[rid] = proxy
+        return rid
 
     def _forget_request(self, rid: int) -> None:
         self._requests.pop(rid, None)
@@ -629,10 +457,9 @@ class Singletons:
                 manager.receive(sender, msg)
             return True
         if isinstance(msg, SingletonReply):
-            pending = self._requests.get(msg.request_id)
-            if pending is not None and not pending.done.is_set():
-                pending.value, pending.error = msg.payload, msg.error
-                pending.done.set()
+            proxy = self._requests.get(msg.request_id)
+            if proxy is not None:
+                proxy._replied(msg.request_id, msg.payload, msg.error)
             return True
         if isinstance(msg, SingletonNotHere):
             for (name, _), proxy in self._proxies.items():

@@ -18,7 +18,7 @@ import trio
 import trio.testing
 
 from membership import ConfigurationError, MessageTooLarge, SerializationError
-from membership.singleton._manager import SingletonProxy
+from membership.singleton import SingletonProxy
 from p2pshard import (
     AskTimeout,
     BufferOverflow,

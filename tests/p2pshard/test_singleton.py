@@ -16,7 +16,7 @@ import trio
 import trio.testing
 
 from membership.sbr._settings import SplitBrainResolverSettings
-from membership.singleton._manager import SingletonContext, SingletonRequest, SingletonUnavailable
+from membership.singleton import SingletonContext, SingletonRequest, SingletonUnavailable
 from p2pshard import LeaseSettings, MemoryLeaseBackend, Node, testing
 
 BOUND = 60.0  # seconds until a singleton runs again after a disruption (mock clock)
