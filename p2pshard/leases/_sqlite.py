@@ -34,6 +34,10 @@ from .._errors import LeaseUnavailable
 
 _T = TypeVar("_T")
 
+LEASE_SCHEMA_VERSION = 1
+"""The layout of the lease table this release reads and writes (the file's ``user_version``; a
+file without a number is of this layout and gets it). A file a newer release wrote is refused."""
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY,
@@ -84,9 +88,20 @@ class SqliteLeaseBackend:
         )
         try:
             conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("BEGIN IMMEDIATE")
+            found = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            if found > LEASE_SCHEMA_VERSION:
+                raise LeaseUnavailable(
+                    f"sqlite lease file {self.path} holds lease schema version {found}, written "
+                    f"by a newer p2pshard; this release reads version {LEASE_SCHEMA_VERSION} and "
+                    "older. Run a release that reads it (nothing was changed)"
+                )
             conn.execute(_SCHEMA)
+            if found < LEASE_SCHEMA_VERSION:
+                conn.execute(f"PRAGMA user_version = {LEASE_SCHEMA_VERSION}")
+            conn.execute("COMMIT")
         except BaseException:
-            conn.close()
+            conn.close()  # an uncommitted transaction rolls back
             raise
         self._keeper = conn
 

@@ -33,10 +33,11 @@ import psycopg
 import psycopg.conninfo
 import psycopg.errors
 
-from .._errors import JournalConflict
+from .._errors import JournalConflict, JournalError
 from ._journal import (
     DEFAULT_MAX_EVENT_SIZE,
     DEFAULT_SNAPSHOT_EVERY,
+    JOURNAL_SCHEMA_VERSION,
     LOCK_WAIT_FRACTION,
     JournalSettings,
     Recovery,
@@ -47,6 +48,7 @@ from ._journal import (
     check_size,
     check_snapshot_seq,
     check_token,
+    newer_schema,
 )
 from ._threads import ThreadedJournal, read_recovery
 
@@ -54,6 +56,12 @@ _T = TypeVar("_T")
 
 _SCHEMA_LOCK = 0x70327368_6A726E6C
 """The advisory lock (``p2sh`` ``jrnl``) held while the tables are created."""
+
+_VERSIONS = """CREATE TABLE IF NOT EXISTS p2pshard_schema (
+    component TEXT PRIMARY KEY,
+    version INTEGER NOT NULL
+)"""
+"""The schema version of each p2pshard component's tables in this database."""
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS p2pshard_journal_streams (
@@ -166,8 +174,21 @@ class PostgresJournal(ThreadedJournal[Connection]):
     def _create(self, conn: Connection) -> None:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            conn.execute(_VERSIONS)
+            row = conn.execute(
+                "SELECT version FROM p2pshard_schema WHERE component = 'journal'"
+            ).fetchone()
+            found = 1 if row is None else int(row[0])  # no row: the first layout, unnumbered
+            refusal = newer_schema(f"postgresql journal {self.where}", found)
+            if refusal is not None:
+                raise JournalError("", refusal)
             for statement in _SCHEMA:
                 conn.execute(statement)
+            conn.execute(
+                "INSERT INTO p2pshard_schema VALUES ('journal', %s) ON CONFLICT (component) "
+                "DO UPDATE SET version = GREATEST(p2pshard_schema.version, excluded.version)",
+                (JOURNAL_SCHEMA_VERSION,),
+            )
 
     def _transaction(
         self, conn: Connection, persistence_id: str, what: str, fn: Callable[[Connection], _T]

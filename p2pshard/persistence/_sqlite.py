@@ -26,9 +26,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from .._errors import JournalError
 from ._journal import (
     DEFAULT_MAX_EVENT_SIZE,
     DEFAULT_SNAPSHOT_EVERY,
+    JOURNAL_SCHEMA_VERSION,
     LOCK_WAIT_FRACTION,
     JournalSettings,
     Recovery,
@@ -39,6 +41,7 @@ from ._journal import (
     check_size,
     check_snapshot_seq,
     check_token,
+    newer_schema,
 )
 from ._threads import ThreadedJournal, read_recovery
 
@@ -64,9 +67,8 @@ _SCHEMA = (
 )
 
 
-def _create_tables(conn: sqlite3.Connection) -> None:
-    for statement in _SCHEMA:
-        conn.execute(statement)
+def _schema_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
 
 
 def _stream(conn: sqlite3.Connection, persistence_id: str) -> tuple[int, int | None]:
@@ -137,7 +139,17 @@ class SqliteJournal(ThreadedJournal[sqlite3.Connection]):
 
     def _create(self, conn: sqlite3.Connection) -> None:
         conn.execute("PRAGMA journal_mode=WAL")
-        self._transaction(conn, "", "creating the tables", _create_tables)
+        self._transaction(conn, "", "creating the tables", self._create_tables)
+
+    def _create_tables(self, conn: sqlite3.Connection) -> None:
+        """Create the tables, or check those there (their schema version: ``user_version``)."""
+        refusal = newer_schema(f"sqlite journal {self.path}", _schema_version(conn))
+        if refusal is not None:
+            raise JournalError("", refusal)
+        for statement in _SCHEMA:
+            conn.execute(statement)
+        if _schema_version(conn) < JOURNAL_SCHEMA_VERSION:
+            conn.execute(f"PRAGMA user_version = {JOURNAL_SCHEMA_VERSION}")
 
     def _transaction(
         self,
