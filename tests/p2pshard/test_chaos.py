@@ -212,6 +212,9 @@ def test_seed_partitions_cut_off_the_seed_nodes_and_restart_them() -> None:
     assert any(" seed-restart " in f for f in report.faults), report.faults
 
 
+# With --slow (about 45 s): the default run checks the checker with a planted double activation
+# (test_an_entity_activated_twice_by_a_test_fault_is_caught) and the margin by unit tests.
+@pytest.mark.slow
 def test_without_leases_the_checker_finds_two_live_incarnations() -> None:
     # Found by running seeds 0..19 with leases off: a node that is partitioned or paused keeps
     # its entities until it downs itself, while the other side has already moved its shards.
