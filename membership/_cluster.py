@@ -129,6 +129,7 @@ class Cluster:
         rng: random.Random | None = None,
         downing_lease: DowningLease | None = None,
         wall_offset: float = 0.0,
+        app_version: str = "",
     ) -> None:
         self._transport = transport
         self._node = transport.local_address
@@ -140,6 +141,7 @@ class Cluster:
             tuple(seed_nodes),
             frozenset(roles),
             wall_offset=wall_offset,
+            app_version=app_version,
         )
         self._fd_settings = failure_detector
         self._heartbeats = HeartbeatSenderState(self._node, settings=failure_detector)
@@ -186,7 +188,8 @@ class Cluster:
         if member is not None:
             return member
         status = MemberStatus.REMOVED if self.terminated.is_set() else MemberStatus.JOINING
-        return Member(self._node, status, roles=self._core.roles)
+        core = self._core
+        return Member(self._node, status, roles=core.roles, app_version=core.app_version)
 
     @property
     def members(self) -> tuple[Member, ...]:

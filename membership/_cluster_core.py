@@ -153,6 +153,8 @@ class ClusterCore:
     wall_offset: float = 0.0
     """Added to ``now`` for tombstone stamps, which other nodes compare with their own clocks:
     the shell passes wall-clock minus monotonic time (0 in simulation)."""
+    app_version: str = ""
+    """This node's application version, told to the cluster when it joins."""
     phase: Phase = Phase.IDLE
     gossip: Gossip = attrs.field(factory=Gossip)
     exiting_confirmed: set[UniqueAddress] = attrs.field(factory=set)
@@ -175,11 +177,9 @@ class ClusterCore:
     """When a first seed node asked the other seeds one last time, past its deadline."""
     _nacked: dict[Address, float] = attrs.field(factory=dict)
     """While seeding: when each seed node last said it is no member (it is up, seeding too)."""
-    _deferred_joins: dict[Address, tuple[UniqueAddress, frozenset[str], float]] = attrs.field(
-        factory=dict
-    )
-    """Joins of new incarnations waiting for the old one to be removed: the joiner, its roles,
-    and when it stops waiting for our Welcome (it asks again then)."""
+    _deferred_joins: dict[Address, tuple[Join, float]] = attrs.field(factory=dict)
+    """Joins of new incarnations waiting for the old one to be removed: the Join, and when the
+    joiner stops waiting for our Welcome (it asks again then)."""
 
     def __attrs_post_init__(self) -> None:
         self._islands = IslandFinder(
@@ -285,7 +285,8 @@ class ClusterCore:
         self._join_target = address
         self._next_join_retry = now + self.settings.retry_unsuccessful_join_after
         logger.info("%s: joining through %s", self.self_node, address)
-        return [Send(address, Join(node=self.self_node, roles=self.roles))]
+        join = Join(node=self.self_node, roles=self.roles, app_version=self.app_version)
+        return [Send(address, join)]
 
     def leave(self, address: Address, now: float) -> list[Effect]:
         """Mark the member at ``address`` Leaving (this node's own: leave gracefully)."""
@@ -438,7 +439,7 @@ class ClusterCore:
         return self._join_self(now)
 
     def _join_self(self, now: float) -> list[Effect]:
-        me = Member(self.self_node, roles=self.roles)
+        me = Member(self.self_node, roles=self.roles, app_version=self.app_version)
         self._become_member(now)
         return self._update(Gossip([me]), now)
 
@@ -571,8 +572,8 @@ class ClusterCore:
                 if self.phase is Phase.SEEDING:
                     self._nacked[sender.address] = now
                 return []
-            case Join(node=node, roles=roles):
-                return self._on_join(node, frozenset(roles), now)
+            case Join():
+                return self._on_join(message, now)
             case Welcome(gossip=gossip):
                 return self._on_welcome(sender, gossip, now)
             case GossipEnvelope(to=to, gossip=gossip):
@@ -635,7 +636,8 @@ class ClusterCore:
             return [Send(sender, InitJoinAck(sender=self.self_node, oldest=first, size=size))]
         return [Send(sender, InitJoinNack(sender=self.self_node))]
 
-    def _on_join(self, node: UniqueAddress, roles: frozenset[str], now: float) -> list[Effect]:
+    def _on_join(self, join: Join, now: float) -> list[Effect]:
+        node, roles = join.node, frozenset(join.roles)
         if self.phase is not Phase.MEMBER:
             return []
         gossip = self.gossip
@@ -652,8 +654,7 @@ class ClusterCore:
             # them (not only the first); the joiner gets in once they are removed
             # (_admit_deferred_joins), or with its next retry.
             self._deferred_joins[node.address] = (
-                node,
-                roles,
+                join,
                 now + self.settings.retry_unsuccessful_join_after,
             )
             effects = []
@@ -674,7 +675,8 @@ class ClusterCore:
         logger.info(
             "%s: %s is joining with roles %s", self.self_node, node, sorted(roles) or "none"
         )
-        effects = self._update(gossip.with_member(Member(node, roles=roles)), now)
+        member = Member(node, roles=roles, app_version=join.app_version)
+        effects = self._update(gossip.with_member(member), now)
         effects.append(Send(node, Welcome(sender=self.self_node, gossip=self.gossip)))
         return effects
 
@@ -726,12 +728,12 @@ class ClusterCore:
         if not self._deferred_joins or self.phase is not Phase.MEMBER:
             return []
         effects: list[Effect] = []
-        for address, (node, roles, until) in list(self._deferred_joins.items()):
-            if now >= until or self.gossip.member(node) is not None:
+        for address, (join, until) in list(self._deferred_joins.items()):
+            if now >= until or self.gossip.member(join.node) is not None:
                 del self._deferred_joins[address]  # it asks again by itself, or it got in
             elif not any(m.node.address == address for m in self.gossip.members):
                 del self._deferred_joins[address]
-                effects += self._on_join(node, roles, now)
+                effects += self._on_join(join, now)
         return effects
 
     def _on_gossip_status(

@@ -76,6 +76,7 @@ class Join:
 
     node: UniqueAddress
     roles: frozenset[str] = frozenset()
+    app_version: str = ""
 
 
 @message(name="p2pshard.cluster.Welcome")

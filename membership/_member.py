@@ -99,6 +99,9 @@ class Member:
     status: MemberStatus = MemberStatus.JOINING
     up_number: int = NOT_UP
     roles: frozenset[str] = attrs.field(default=frozenset(), converter=_roles)
+    app_version: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+    """The application version the node was started with (``NodeConfig.app_version``; empty
+    when not set), as its Join told the cluster."""
 
     @property
     def address(self) -> UniqueAddress:
@@ -154,6 +157,6 @@ def highest_priority(a: Member, b: Member) -> Member:
         return a if pa > pb else b
     if a.up_number != b.up_number:
         return a if a.up_number < b.up_number else b
-    # Same status and number: the roles come from the joining node and are the same; pick
-    # deterministically anyway.
-    return a if sorted(a.roles) <= sorted(b.roles) else b
+    # Same status and number: the roles and app version come from the joining node and are the
+    # same; pick deterministically anyway.
+    return a if (sorted(a.roles), a.app_version) <= (sorted(b.roles), b.app_version) else b

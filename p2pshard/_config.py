@@ -114,6 +114,20 @@ def _check_roles(instance: object, attribute: attrs.Attribute[Any], value: objec
         )
 
 
+_APP_VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}")
+
+
+def _check_app_version(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str) or (value and _APP_VERSION.fullmatch(value) is None):
+        raise _invalid(
+            instance,
+            attribute,
+            value,
+            "must be empty or a version such as '2.4.1' or '2026.11-rc1': up to 64 letters, "
+            "digits and '.+_-', starting with a letter or digit",
+        )
+
+
 def _check_file(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if not isinstance(value, Path) or value == Path():
         raise _invalid(instance, attribute, value, "must be a non-empty pathlib.Path to a file")
@@ -243,6 +257,7 @@ class NodeConfig:
         seed_nodes = ["node-1.shop.internal:25520", "node-2.shop.internal:25520"]
         # self_join = true  # instead of seed_nodes: a cluster of this node alone, formed at once
         roles = ["backend"]
+        app_version = "2.4.1"
         log_level = "INFO"
         shutdown_timeout = 10.0
 
@@ -354,6 +369,11 @@ class NodeConfig:
 
     roles: tuple[str, ...] = attrs.field(default=(), validator=_check_roles)
     """This node's roles (default none): shard regions and singletons can be limited to a role."""
+
+    app_version: str = attrs.field(default="", validator=_check_app_version)
+    """The version of the application this node runs (default empty: not set), as Akka's
+    ``app-version``: the cluster learns it when the node joins, and ``p2pshard status`` shows
+    each member's, so a rolling upgrade can be followed."""
 
     tls: TlsFiles = attrs.field(validator=_instance_of(TlsFiles))
     """The CA, certificate and key files for mutual TLS (required; ``[tls]`` in a file)."""

@@ -398,6 +398,7 @@ async def open_node(
                         config.bind_address,
                         canonical=config.canonical_address,
                         settings=config.transport,
+                        app_version=config.app_version,
                     )
                 )
             except OSError as exc:  # only listening can fail so: the files raised already
@@ -549,6 +550,7 @@ async def _run(
                     split_brain_resolver=sbr,
                     seed_nodes=config.seed_nodes,
                     roles=config.roles,
+                    app_version=config.app_version,
                     rng=rng,
                     downing_lease=downing_lease,
                     wall_offset=wall_offset,

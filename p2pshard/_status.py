@@ -140,6 +140,8 @@ class MemberInfo:
     """Lower is older; ``NOT_UP`` (2**31-1) for a member that was never Up."""
     age: int = attrs.field(validator=_of(int))
     """1 for the oldest member, 2 for the next ...; 0 for a member that was never Up."""
+    app_version: str = attrs.field(default="", validator=_of(str))
+    """The ``app_version`` the member joined with (empty: not set)."""
 
 
 @message(name="p2pshard.status.RegionShards")
@@ -447,6 +449,7 @@ def _member_infos(members: Iterable[Member]) -> tuple[MemberInfo, ...]:
             roles=tuple(sorted(m.roles)),
             up_number=m.up_number,
             age=age.get(m.node, 0),
+            app_version=m.app_version,
         )
         for m in members
     )
@@ -614,6 +617,7 @@ def reply_json(reply: StatusReply) -> dict[str, Any]:
                 "up_number": None if m.up_number == NOT_UP else m.up_number,
                 "age": m.age or None,
                 "reachable": m.node not in unreachable,
+                "app_version": m.app_version or None,
             }
             for m in reply.members
         ],
@@ -685,7 +689,7 @@ def reply_text(reply: StatusReply) -> str:
         "",
     ]
     lines += _table(
-        ("MEMBER", "ADDRESS", "UID", "STATUS", "ROLES", "UP#", "AGE", "REACHABLE"),
+        ("MEMBER", "ADDRESS", "UID", "STATUS", "ROLES", "UP#", "AGE", "REACHABLE", "VERSION"),
         [
             (
                 m.node.name,
@@ -696,6 +700,7 @@ def reply_text(reply: StatusReply) -> str:
                 "-" if m.up_number == NOT_UP else str(m.up_number),
                 str(m.age or "-"),
                 "no" if m.node in unreachable else "yes",
+                m.app_version or "-",
             )
             for m in reply.members
         ],

@@ -832,3 +832,16 @@ def test_a_restarted_node_joining_again_never_looks_like_another_cluster(
         assert w.cores[address(i)].gossip.member(attrs.evolve(old, uid=2)) is not None
         if i != restarted:
             assert downed(w, i) == [f"n{restarted}"]  # the old incarnation only
+
+
+def test_every_member_learns_each_ones_app_version_from_its_join() -> None:
+    # Issue 22: the app version a node was started with travels in its Join, lives in the
+    # gossip's member record, and so reaches every member (the first seed's own record too).
+    w = World(seed=5)
+    versions = {1: "2.4.1", 2: "2.5.0", 3: ""}
+    for i, version in versions.items():
+        w.add(i).app_version = version  # before it forms or joins: start only sent InitJoin
+    w.run(20)
+    for i in versions:
+        seen = {m.node.name: m.app_version for m in w.cores[address(i)].gossip.members}
+        assert seen == {f"n{j}": v for j, v in versions.items()}

@@ -128,6 +128,10 @@ def test_canonical_address_differs_from_bind_address() -> None:
         ({"shutdown_timeout": 0}, "NodeConfig.shutdown_timeout = 0 is invalid: must be a number"),
         ({"shutdown_timeout": float("inf")}, "NodeConfig.shutdown_timeout = inf is invalid"),
         ({"bind_host": "0.0.0.0"}, "NodeConfig.canonical_host = None is invalid: it is required"),
+        ({"app_version": "v 2"}, "NodeConfig.app_version = 'v 2' is invalid: must be empty or"),
+        ({"app_version": "-rc1"}, "NodeConfig.app_version = '-rc1' is invalid"),
+        ({"app_version": "1" * 65}, "up to 64 letters, digits and '.+_-'"),
+        ({"app_version": 2}, "NodeConfig.app_version = 2 is invalid"),
     ],
 )
 def test_invalid_values_fail_at_construction(changes: dict[str, object], expected: str) -> None:

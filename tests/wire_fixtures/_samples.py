@@ -72,6 +72,7 @@ def samples() -> list[object]:
         status=status["UP"],
         up_number=1,
         roles=frozenset({"frontend", "backend"}),
+        app_version="2.4.1",
     )
     member_b = make("p2pshard.Member", node=node_b, status=status["LEAVING"], up_number=2)
     member_c = make("p2pshard.Member", node=node_c)
@@ -129,7 +130,9 @@ def samples() -> list[object]:
         make("p2pshard.cluster.InitJoin", sender=node_a),
         make("p2pshard.cluster.InitJoinAck", sender=node_b, oldest=node_b, size=3),
         make("p2pshard.cluster.InitJoinNack", sender=node_b),
-        make("p2pshard.cluster.Join", node=node_c, roles=frozenset({"backend"})),
+        make(
+            "p2pshard.cluster.Join", node=node_c, roles=frozenset({"backend"}), app_version="2.4.1"
+        ),
         make("p2pshard.cluster.Welcome", sender=node_a, gossip=gossip),
         make("p2pshard.cluster.GossipEnvelope", sender=node_a, to=node_b, gossip=gossip),
         make(
@@ -256,6 +259,7 @@ def samples() -> list[object]:
             roles=("backend", "frontend"),
             up_number=1,
             age=3,
+            app_version="2.4.1",
         ),
         entity_type,
         other_cluster,
