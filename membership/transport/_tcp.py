@@ -170,10 +170,6 @@ class _OpenLink:
     certificate: bytes
     """The peer's certificate (DER), to check whether a CA of new settings signed it."""
     inbound: bool
-    protocol: int = 1
-    """The protocol version the link speaks."""
-    app_version: str = ""
-    """The peer's ``app_version``, as its hello or hello answer gave it."""
 
     def __str__(self) -> str:
         way = "from" if self.inbound else "to"
@@ -498,7 +494,7 @@ class TcpTransport(Transport):
                 first, *rest = await self._read_frame(link, decoder)
                 hello = _wire.decode(first).message
                 peer = check_hello(hello, cluster=self.cluster, certificate_name=identity.name)
-                assert isinstance(hello, Hello)
+                assert isinstance(hello, Hello)  # check_hello refused anything else
                 try:
                     version = self._protocol.agree(_peer_range(hello))
                 except HandshakeError as exc:  # told to the peer too, so both logs say why
@@ -509,16 +505,7 @@ class TcpTransport(Transport):
                 ack = HelloAck(sender=self._local, protocol=version, app_version=self._app_version)
                 link.write_nowait(encode_frame(_wire.encode(ack)))
                 await link.flush()
-                entry = _OpenLink(
-                    link,
-                    peer,
-                    identity,
-                    serial,
-                    der,
-                    inbound=True,
-                    protocol=version,
-                    app_version=hello.app_version,
-                )
+                entry = _OpenLink(link, peer, identity, serial, der, inbound=True)
                 self._register(entry, generation)
         except _LINK_FAILURES as exc:
             self._counters.handshakes_refused += 1
@@ -627,16 +614,7 @@ class TcpTransport(Transport):
                         f"{address} chose wire protocol version {ack.protocol}, and this node "
                         f"speaks {self._protocol}"
                     )
-                entry = _OpenLink(
-                    link,
-                    ack.sender,
-                    identity,
-                    serial,
-                    der,
-                    inbound=False,
-                    protocol=ack.protocol,
-                    app_version=ack.app_version,
-                )
+                entry = _OpenLink(link, ack.sender, identity, serial, der, inbound=False)
                 self._register(entry, generation)
                 self._peer_protocols[address] = (ack.protocol, ack.app_version)
         except BaseException as exc:

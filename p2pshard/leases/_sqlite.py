@@ -31,6 +31,7 @@ from typing import TypeVar
 import trio
 
 from .._errors import LeaseUnavailable
+from .._store_version import newer_schema
 
 _T = TypeVar("_T")
 
@@ -90,12 +91,10 @@ class SqliteLeaseBackend:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("BEGIN IMMEDIATE")
             found = int(conn.execute("PRAGMA user_version").fetchone()[0])
-            if found > LEASE_SCHEMA_VERSION:
-                raise LeaseUnavailable(
-                    f"sqlite lease file {self.path} holds lease schema version {found}, written "
-                    f"by a newer p2pshard; this release reads version {LEASE_SCHEMA_VERSION} and "
-                    "older. Run a release that reads it (nothing was changed)"
-                )
+            where = f"sqlite lease file {self.path}"
+            refusal = newer_schema("lease", where, found, LEASE_SCHEMA_VERSION)
+            if refusal is not None:
+                raise LeaseUnavailable(refusal)
             conn.execute(_SCHEMA)
             if found < LEASE_SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {LEASE_SCHEMA_VERSION}")

@@ -52,29 +52,16 @@ DEFAULT_SNAPSHOT_EVERY = 100
 """Events between snapshots by default, for entity types that do not say."""
 
 LOCK_WAIT_FRACTION = 0.8
-
-JOURNAL_SCHEMA_VERSION = 1
-"""The layout of the journal's tables that this release writes and reads. A store of a higher
-version (a newer release wrote it) is refused rather than misread; a store of a lower one is
-migrated forward when opened. Version 1 is the first numbered one: a store without a number is
-of that layout, and gets it."""
-
-
-def newer_schema(where: str, found: int) -> str | None:
-    """Why a journal store of schema version ``found`` cannot be used, or None if it can."""
-    if found <= JOURNAL_SCHEMA_VERSION:
-        return None
-    return (
-        f"{where} holds journal schema version {found}, written by a newer p2pshard; this "
-        f"release reads version {JOURNAL_SCHEMA_VERSION} and older. Run a release that reads "
-        "it (nothing was changed)"
-    )
-
-
 """Part of ``operation_timeout`` a storage backend lets one call wait for another writer's lock
 (SQLite's busy timeout, PostgreSQL's ``statement_timeout`` and ``lock_timeout``): the store then
 refuses the call itself, with nothing written, before the caller's timeout abandons the thread
 and leaves the outcome unknown."""
+
+JOURNAL_SCHEMA_VERSION = 1
+"""The layout of the journal's tables that this release writes and reads. A store of a higher
+version (a newer release wrote it) is refused rather than misread; a store of a lower one is
+migrated forward when opened (see ``p2pshard._store_version``). Version 1 is the first numbered
+one: a store without a number is of that layout, and gets it."""
 
 
 def _invalid(instance: Any, attribute: attrs.Attribute[Any], value: Any, allowed: str) -> None:

@@ -34,6 +34,7 @@ import psycopg.conninfo
 import psycopg.errors
 
 from .._errors import JournalConflict, JournalError
+from .._store_version import newer_schema
 from ._journal import (
     DEFAULT_MAX_EVENT_SIZE,
     DEFAULT_SNAPSHOT_EVERY,
@@ -48,7 +49,6 @@ from ._journal import (
     check_size,
     check_snapshot_seq,
     check_token,
-    newer_schema,
 )
 from ._threads import ThreadedJournal, read_recovery
 
@@ -179,7 +179,8 @@ class PostgresJournal(ThreadedJournal[Connection]):
                 "SELECT version FROM p2pshard_schema WHERE component = 'journal'"
             ).fetchone()
             found = 1 if row is None else int(row[0])  # no row: the first layout, unnumbered
-            refusal = newer_schema(f"postgresql journal {self.where}", found)
+            where = f"postgresql journal {self.where}"
+            refusal = newer_schema("journal", where, found, JOURNAL_SCHEMA_VERSION)
             if refusal is not None:
                 raise JournalError("", refusal)
             for statement in _SCHEMA:

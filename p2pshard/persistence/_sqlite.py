@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from .._errors import JournalError
+from .._store_version import newer_schema
 from ._journal import (
     DEFAULT_MAX_EVENT_SIZE,
     DEFAULT_SNAPSHOT_EVERY,
@@ -41,7 +42,6 @@ from ._journal import (
     check_size,
     check_snapshot_seq,
     check_token,
-    newer_schema,
 )
 from ._threads import ThreadedJournal, read_recovery
 
@@ -143,7 +143,8 @@ class SqliteJournal(ThreadedJournal[sqlite3.Connection]):
 
     def _create_tables(self, conn: sqlite3.Connection) -> None:
         """Create the tables, or check those there (their schema version: ``user_version``)."""
-        refusal = newer_schema(f"sqlite journal {self.path}", _schema_version(conn))
+        where, found = f"sqlite journal {self.path}", _schema_version(conn)
+        refusal = newer_schema("journal", where, found, JOURNAL_SCHEMA_VERSION)
         if refusal is not None:
             raise JournalError("", refusal)
         for statement in _SCHEMA:

@@ -11,7 +11,7 @@ import re
 import resource
 import ssl
 import struct
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
@@ -38,17 +38,11 @@ from membership.transport import _wire
 from membership.transport._framing import FrameDecoder, encode_frame
 from membership.transport._tcp import Hello, HelloAck, TcpTransport, open_tcp_transport
 from membership.transport._tls import DenyList, TlsIdentity
+from tests._support.polling import wait_until
 
 from .conftest import CLUSTER, CertSet, Seq
 
 LOCAL = Address("127.0.0.1", 0)
-
-
-async def wait_until(predicate: Callable[[], bool], limit: float = 10) -> None:
-    """Poll counters (they have no event to wait on) until ``predicate`` holds."""
-    with trio.fail_after(limit):
-        while not predicate():  # noqa: ASYNC110
-            await trio.sleep(0.005)
 
 
 async def tls_client(

@@ -4,7 +4,6 @@ refusal of a peer whose range does not meet ours, told on both sides (issue 22).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 import pytest
 import trio
@@ -13,16 +12,11 @@ import trio.testing
 from membership import Address, ConfigurationError, HandshakeError, SimNetwork
 from membership.transport._tcp import open_tcp_transport
 from membership.transport._versions import CURRENT_PROTOCOL, ProtocolRange
+from tests._support.polling import wait_until
 
 from .conftest import CertSet, Seq
 
 LOCAL = Address("127.0.0.1", 0)
-
-
-async def wait_until(predicate: Callable[[], bool], limit: float = 10) -> None:
-    with trio.fail_after(limit):
-        while not predicate():  # noqa: ASYNC110
-            await trio.sleep(0.005)
 
 
 # --- the range, sans-IO ---------------------------------------------------------------------------

@@ -3,8 +3,6 @@ status`` shows it per member, so a rolling upgrade can be followed."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import attrs
 import trio
 import trio.testing
@@ -14,12 +12,6 @@ from p2pshard._status import reply_json, reply_text
 from p2pshard.testing import simulated_cluster
 
 VERSIONS = {1: "2.4.1", 2: "2.5.0-rc1", 3: ""}
-
-
-async def wait_for(predicate: Callable[[], bool], limit: float = 120.0) -> None:
-    with trio.fail_after(limit):
-        while not predicate():  # noqa: ASYNC110 - polls cluster state on the mock clock
-            await trio.sleep(0.1)
 
 
 async def test_status_shows_each_members_app_version(

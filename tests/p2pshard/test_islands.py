@@ -13,6 +13,7 @@ from membership._member import MemberStatus
 from p2pshard import NodeConfig
 from p2pshard._status import reply_json, reply_text
 from p2pshard.testing import SimCluster, node_address, simulated_cluster
+from tests._support.polling import wait_until
 
 
 def up(sim: SimCluster, i: int) -> list[str]:
@@ -20,9 +21,7 @@ def up(sim: SimCluster, i: int) -> list[str]:
 
 
 async def wait_for(predicate: Callable[[], bool], limit: float = 120.0) -> None:
-    with trio.fail_after(limit):
-        while not predicate():  # noqa: ASYNC110 - polls cluster state on the mock clock
-            await trio.sleep(0.1)
+    await wait_until(predicate, limit, interval=0.1)  # cluster state, on the mock clock
 
 
 def with_seeds(sim: SimCluster, layout: dict[int, tuple[int, ...]]) -> None:
