@@ -4,6 +4,8 @@ Transport (TCP with mutual TLS, and a simulated network), the wire format, and t
 of the whole project. Gossip membership, failure detection, downing and singletons build on these.
 """
 
+from ._app_version import AppVersion as AppVersion
+from ._app_version import newest_app_version as newest_app_version
 from ._cluster import Cluster as Cluster
 from ._cluster import ClusterStatistics as ClusterStatistics
 from ._cluster import DowningLease as DowningLease

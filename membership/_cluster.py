@@ -31,7 +31,14 @@ from ._cluster_messages import CLUSTER_MESSAGES, InitJoin
 from ._cluster_settings import ClusterSettings
 from ._events import ClusterEvent, diff
 from ._failure_detector import FailureDetectorSettings
-from ._gossip import Gossip, convergence, leader, oldest, reachability_excluding_downed
+from ._gossip import (
+    Gossip,
+    convergence,
+    leader,
+    oldest,
+    reachability_excluding_downed,
+    singleton_host,
+)
 from ._heartbeat import Heartbeat, HeartbeatRsp, HeartbeatSenderState, heartbeat_response
 from ._islands import Sighting
 from ._lease import HeldLease
@@ -210,8 +217,15 @@ class Cluster:
         return leader(self._core.gossip, self._node, role)
 
     def oldest(self, role: str | None = None) -> Member | None:
-        """The oldest Up or Leaving member (with ``role``): where singletons run."""
+        """The oldest Up or Leaving member (with ``role``)."""
         return oldest(self._core.gossip, role)
+
+    def singleton_host(self, role: str | None = None) -> Member | None:
+        """Where singletons (of ``role``) run: the oldest member of the newest ``app_version``.
+
+        That is the oldest Up or Leaving member, unless a rolling upgrade is under way.
+        """
+        return singleton_host(self._core.gossip, role)
 
     @property
     def unreachable(self) -> frozenset[Member]:

@@ -32,6 +32,7 @@ from collections.abc import Collection, Iterable
 
 import attrs
 
+from ._app_version import AppVersion, newest_app_version
 from ._member import (
     CONVERGENCE_STATUSES,
     LEADER_STATUSES,
@@ -239,6 +240,27 @@ def oldest(
     """
     eligible = [m for m in gossip.members if m.has_role(role) and m.status in statuses]
     return min(eligible, key=Member.age_key, default=None)
+
+
+_HOSTS = (MemberStatus.UP, MemberStatus.LEAVING)
+
+
+def singleton_host(gossip: Gossip, role: str | None = None) -> Member | None:
+    """Where singletons (of ``role``) run: the oldest Up or Leaving member of the newest version.
+
+    Without a rollout under way every member runs one ``app_version`` and this is
+    :func:`oldest`. While members run different versions, it is the oldest of those that run
+    the newest (:class:`~membership.AppVersion` order), so a rolling upgrade moves singletons
+    once, to the first upgraded member, rather than at every step.
+    """
+    eligible = [m for m in gossip.members if m.has_role(role) and m.status in _HOSTS]
+    if not eligible:
+        return None
+    first = eligible[0].app_version
+    if any(m.app_version != first for m in eligible):
+        newest = AppVersion.parse(newest_app_version(m.app_version for m in eligible) or "")
+        eligible = [m for m in eligible if AppVersion.parse(m.app_version) == newest]
+    return min(eligible, key=Member.age_key)
 
 
 @attrs.frozen

@@ -3,12 +3,15 @@
 Theory of operation: :meth:`Singletons.start` registers a singleton on this node: a manager
 (:class:`SingletonManagerCore` for the hand-over protocol, plus this shell) watches the cluster and
 runs the function when this node is the oldest Up member of the role, handing it over when that
-changes. Every node that may host it must call ``start`` with the same name. :meth:`proxy` returns
-a :class:`SingletonProxy` that sends to wherever the singleton runs: to the oldest member in this
-node's view. A manager that is about to start the instance (waiting for the hand-over) buffers
-what arrives; one that does not run it answers "not here" with the message, and the proxy keeps
-it and tries again once the cluster view settles. Messages inside a stopping instance's inbox are
-lost, as in Akka: delivery is at most once; ask() fails by timeout.
+changes. While a rolling upgrade is under way (members of different ``app_version``) it is the
+oldest member of the newest version instead, so that the rollout moves the singleton once
+(:meth:`~membership.Cluster.singleton_host`). Every node that may host it must call ``start``
+with the same name. :meth:`proxy` returns a :class:`SingletonProxy` that sends to wherever the
+singleton runs: to that member in this node's view. A manager that is about to start the
+instance (waiting for the hand-over) buffers what arrives; one that does not run it answers
+"not here" with the message, and the proxy keeps it and tries again once the cluster view
+settles. Messages inside a stopping instance's inbox are lost, as in Akka: delivery is at most
+once; ask() fails by timeout.
 
 The function gets a :class:`SingletonContext` to read its messages from (or to have them handed
 to a function of its own, ``serve``). It is cancelled on
@@ -220,7 +223,7 @@ class _Manager:
         if cluster.terminated.is_set():
             self._apply(self.core.terminate())
             return
-        oldest = cluster.oldest(self.role)
+        oldest = cluster.singleton_host(self.role)
         members = cluster.gossip.nodes()
         self._apply(
             self.core.update(None if oldest is None else oldest.node, members, trio.current_time())
@@ -381,7 +384,10 @@ class Singletons:
         buffer_size: int = 1000,
         retry_interval: float = 1.0,
     ) -> None:
-        """Run ``fn`` as the singleton ``name`` whenever this node is the oldest (of ``role``).
+        """Run ``fn`` as the singleton ``name`` whenever this node is the singleton host.
+
+        The host is the oldest member (of ``role``), or during a rolling upgrade the oldest of
+        the newest ``app_version`` (:meth:`~membership.Cluster.singleton_host`).
 
         With a ``lease`` (Akka's ``use-lease``), the instance starts only once the lease is
         granted (asked for again every ``retry_interval``), is stopped at once when it is lost

@@ -90,7 +90,7 @@ class SingletonProxy:
 
     def _target(self) -> UniqueAddress | None:
         """Where the singleton runs now, as far as this node knows; None if nowhere yet."""
-        target = self._services.cluster.oldest(self.role)
+        target = self._services.cluster.singleton_host(self.role)
         if target is None or (
             target.node == self._self_node and not self._services.runs_here(self.name)
         ):

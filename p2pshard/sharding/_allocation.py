@@ -23,12 +23,12 @@ Ties break on the region's address, so every coordinator decides the same way.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 import attrs
 
-from membership import MemberStatus, UniqueAddress
+from membership import AppVersion, MemberStatus, UniqueAddress
 from membership.internal import in_range, node_order
 
 from .._ids import EntityId as EntityId
@@ -45,10 +45,23 @@ _JOINING = frozenset({MemberStatus.JOINING, MemberStatus.WEAKLY_UP})
 
 @attrs.frozen
 class ClusterView:
-    """What a strategy may know of the cluster: member statuses and who is unreachable."""
+    """What a strategy may know of the cluster.
+
+    Member statuses, who is unreachable, and each member's ``app_version``.
+    """
 
     members: Mapping[UniqueAddress, MemberStatus] = attrs.field(factory=dict)
     unreachable: frozenset[UniqueAddress] = frozenset()
+    app_versions: Mapping[UniqueAddress, str] = attrs.field(factory=dict)
+    """Each member's ``app_version`` (a member missing here counts as the empty version)."""
+
+    def app_version(self, node: UniqueAddress) -> AppVersion:
+        """``node``'s application version, ordered (the empty version if not known)."""
+        return AppVersion.parse(self.app_versions.get(node, ""))
+
+    def one_app_version(self, nodes: Iterable[UniqueAddress]) -> bool:
+        """Whether every one of ``nodes`` runs the same application version (no rollout)."""
+        return len({self.app_version(node) for node in nodes}) <= 1
 
     def good_time_to_rebalance(self) -> bool:
         """No member unreachable, joining or weakly up (Akka's ``isAGoodTimeToRebalance``)."""

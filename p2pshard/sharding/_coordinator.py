@@ -132,9 +132,11 @@ class ShardCoordinator:
         self._apply(self.core.receive(request.sender, message, trio.current_time()))
 
     def _view(self) -> ClusterView:
+        members = self._cluster.members
         return ClusterView(
-            members={m.node: m.status for m in self._cluster.members},
+            members={m.node: m.status for m in members},
             unreachable=frozenset(m.node for m in self._cluster.unreachable),
+            app_versions={m.node: m.app_version for m in members},
         )
 
     async def _follow_cluster(self) -> None:

@@ -31,6 +31,11 @@ termination deallocates its shards.
 are deallocated (remembered as unallocated with remember-entities, to start elsewhere at once). A
 region in graceful shutdown gets no new shards and all of its shards are handed off.
 
+*Rolling upgrades.* While the regions' members run different ``app_version`` values, new
+shards go only to regions of the newest version (the strategy chooses among those) and nothing
+is rebalanced, as in Akka: shards handed off by nodes leaving for their upgrade move to
+upgraded nodes, and no shard moves back and forth between the old and the new ones.
+
 *Removal margin.* A downed node may still be running its entities: on the far side of a
 partition it stops them only once its own split brain resolver decides, which can come a little
 after this side's. So a region whose node was downed (rather than leaving, or stopping its
@@ -374,7 +379,7 @@ class ShardCoordinatorCore:
             return []
         if region is not None:
             return [self._send(sender, self._home(shard, region))]
-        candidates = self._candidates()
+        candidates = self._allocation_candidates()
         if len(self.state.regions) < self.settings.min_nr_of_members or not candidates:
             return []  # the region asks again; min_nr_of_members gates the first allocation
         requester = sender if sender in candidates else next(iter(candidates))
@@ -398,7 +403,7 @@ class ShardCoordinatorCore:
         if self.phase is not CoordinatorPhase.ACTIVE or not self.state.remember_entities:
             return []
         waiting = sorted(s for s in self.state.unallocated_shards if s not in self._workers)
-        candidates = self._candidates()
+        candidates = self._allocation_candidates()
         if (
             not waiting
             or not candidates
@@ -416,8 +421,8 @@ class ShardCoordinatorCore:
 
     def _rebalance(self, now: float) -> list[CoordinatorEffect]:
         candidates = self._candidates()
-        if not candidates:
-            return []
+        if not candidates or not self.cluster.one_app_version(candidates):
+            return []  # nothing to move, or a rolling upgrade is under way
         chosen = self.strategy.rebalance(candidates, frozenset(self._workers), self.cluster)
         effects: list[CoordinatorEffect] = []
         for shard in sorted(chosen):
@@ -636,6 +641,20 @@ class ShardCoordinatorCore:
             for r, shards in self.state.regions.items()
             if r not in self._shutting_down and not self._held(r)
         }
+
+    def _allocation_candidates(self) -> dict[UniqueAddress, tuple[ShardId, ...]]:
+        """Regions a new shard may go to: during a rolling upgrade, those of the newest version.
+
+        The newest among regions that stay and are reachable (a shard allocated to a leaving or
+        unreachable region would not start soon), or among all when there are none such.
+        """
+        candidates = self._candidates()
+        view = self.cluster
+        if view.one_app_version(candidates):
+            return candidates
+        staying = [r for r in candidates if not view.is_leaving(r) and r not in view.unreachable]
+        newest = max(view.app_version(r) for r in staying or candidates)
+        return {r: ids for r, ids in candidates.items() if view.app_version(r) == newest}
 
     def _ack(self, region: UniqueAddress) -> SendTo:
         return self._send(region, RegisterAck(type_name=self.type_name, coordinator=self.self_node))

@@ -185,7 +185,7 @@ class ShardRegion:
             settings,
             hosting=factory is not None,
             now=trio.current_time(),
-            oldest=_oldest(services.cluster, role),
+            oldest=_singleton_host(services.cluster, role),
         )
         self._proxy = services.singletons.proxy(coordinator_name(type_name), role=role)
         self._nursery = nursery
@@ -975,7 +975,7 @@ class ShardRegion:
             async def follow_cluster() -> None:
                 async for _ in events:
                     members = {m.node: m.status for m in cluster.members}
-                    oldest = _oldest(cluster, self.role)
+                    oldest = _singleton_host(cluster, self.role)
                     self._apply(self._core.cluster_changed(oldest, members, trio.current_time()))
                 # The subscription ends when this node is out of the cluster: nothing more to do.
                 self._lifecycle.closed = True
@@ -1016,8 +1016,8 @@ async def _release(lease: ShardLease, what: str) -> None:
         logger.warning("shard %s: lease not released: %s", what, exc)
 
 
-def _oldest(cluster: Any, role: str | None) -> UniqueAddress | None:
-    member = cluster.oldest(role)
+def _singleton_host(cluster: Any, role: str | None) -> UniqueAddress | None:
+    member = cluster.singleton_host(role)
     return None if member is None else member.node
 
 

@@ -629,7 +629,7 @@ class Scenario:
     def coordinator_node(self) -> int:
         """The node running the counter type's coordinator: the oldest member, as seen by any."""
         i = self.sim.live[0]
-        oldest = self.sim.nodes[i].cluster.oldest()
+        oldest = self.sim.nodes[i].cluster.singleton_host()
         assert oldest is not None
         return next(j for j in self.sim.live if self.sim.nodes[j].address == oldest.node)
 

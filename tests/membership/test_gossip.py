@@ -15,6 +15,7 @@ from membership._gossip import (
     leader_actions_on_convergence,
     leader_actions_weakly_up,
     oldest,
+    singleton_host,
 )
 from membership._member import ALLOWED_TRANSITIONS, NOT_UP, Member, MemberStatus
 from membership._reachability import Reachability
@@ -75,6 +76,30 @@ def test_oldest_per_role_and_only_up_or_leaving() -> None:
     assert oldest(g, "a") == member(3, S.LEAVING, up=7, roles=("a",))
     assert oldest(g, "b") == member(2, up=5, roles=("b",))
     assert oldest(g, "c") is None
+
+
+def test_singletons_run_on_the_oldest_member_while_every_member_runs_one_version() -> None:
+    g = gossip(member(1, up=3), member(2, up=1), member(3, up=2))
+    assert singleton_host(g) == oldest(g) == member(2, up=1)
+    versioned = [attrs.evolve(m, app_version="1.4.0") for m in g.members]
+    host = singleton_host(Gossip(tuple(versioned)))
+    assert host == attrs.evolve(member(2, up=1), app_version="1.4.0")
+
+
+def test_during_a_rollout_singletons_run_on_the_oldest_member_of_the_newest_version() -> None:
+    def at(i: int, version: str, status: S = S.UP, roles: tuple[str, ...] = ()) -> Member:
+        return attrs.evolve(member(i, status, roles=roles), app_version=version)
+
+    g = gossip(at(1, "1.9.0"), at(2, "1.9.0"), at(3, "1.10.0-rc.1"), at(4, "1.10.0"), at(5, "1.10"))
+    assert singleton_host(g) == at(4, "1.10.0")  # 1.10 = 1.10.0 > 1.10.0-rc.1 > 1.9.0
+    # A joining member of a newer version does not count until it is Up; a leaving one does.
+    g = gossip(at(1, "1.0.0"), at(2, "2.0.0", S.JOINING), at(3, "1.1.0", S.LEAVING))
+    assert singleton_host(g) == at(3, "1.1.0", S.LEAVING)
+    # Per role: the newest among the role's members only.
+    a, b = ("a",), ("b",)
+    g = gossip(at(1, "1.0.0", roles=a), at(2, "3.0.0", roles=b), at(3, "2.0.0", roles=a))
+    assert singleton_host(g, "a") == at(3, "2.0.0", roles=("a",))
+    assert singleton_host(g, "c") is None
 
 
 # ---- vector clocks ---------------------------------------------------------------------------

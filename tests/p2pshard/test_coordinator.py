@@ -209,6 +209,7 @@ class Driver:
         self.now = 0.0
         self.members: dict[UniqueAddress, MemberStatus] = {m: MemberStatus.UP for m in members}
         self.unreachable: set[UniqueAddress] = set()
+        self.versions: dict[UniqueAddress, str] = {}
         self.core = ShardCoordinatorCore(
             TYPE,
             COORDINATOR,
@@ -235,7 +236,11 @@ class Driver:
         return self.core.phase
 
     def view(self) -> ClusterView:
-        return ClusterView(members=dict(self.members), unreachable=frozenset(self.unreachable))
+        return ClusterView(
+            members=dict(self.members),
+            unreachable=frozenset(self.unreachable),
+            app_versions=dict(self.versions),
+        )
 
     def load(self, state: CoordinatorState | None = None) -> list[SendTo]:
         loaded = state or CoordinatorState()
@@ -905,6 +910,48 @@ def test_no_rebalance_while_a_member_is_unreachable_or_joining(
     # once the cluster is calm the next round moves a shard
     d.unreachable.clear()
     d.members.pop(N4, None)
+    d.cluster_changed()
+    assert d.tick(40.0) != []
+    assert len(d.core.rebalance_in_progress()) == 1
+
+
+def test_during_a_rolling_upgrade_new_shards_go_only_to_regions_of_the_newest_version() -> None:
+    d = running({N1: [], N2: ["x", "y", "z"], N3: ["w"]}, [P9])
+    d.versions.update({N1: "1.0.0", N2: "1.10.0", N3: "1.9.0"})  # numeric order: N2 newest
+    d.cluster_changed()
+    assert d.send(P9, ask("a")) == [SendTo(P9, home("a", N2)), SendTo(N2, host("a"))]
+    # The newest region leaving: the newest of those that stay (N3), not the emptiest (N1).
+    d.set_status(N2, MemberStatus.LEAVING)
+    assert d.send(P9, ask("b")) == [SendTo(P9, home("b", N3)), SendTo(N3, host("b"))]
+    # Unreachable counts as not there either; with nobody else, the newest of all.
+    d.unreachable.add(N3)
+    d.cluster_changed()
+    assert d.send(P9, ask("c")) == [SendTo(P9, home("c", N1)), SendTo(N1, host("c"))]
+    # The rollout done (one version everywhere): the fewest shards again.
+    d.unreachable.clear()
+    d.set_status(N2, MemberStatus.UP)
+    d.versions.update({N1: "1.10", N3: "1.10.0+build.7"})  # equal to N2's
+    d.cluster_changed()
+    assert d.send(P9, ask("d")) == [SendTo(P9, home("d", N1)), SendTo(N1, host("d"))]
+    check_state(d.core.state)
+
+
+def test_remembered_shards_restart_on_the_newest_version_during_a_rollout() -> None:
+    d = running({N1: ["a"], N2: [], N3: []}, settings=ShardingSettings(remember_entities=True))
+    d.versions.update({N1: "2.0.0-rc.1", N2: "1.9.0", N3: "2.0.0-rc.2"})
+    d.set_status(N1, None)  # N1 gone: its remembered shard starts again at once
+    assert d.core.state.shards == {"a": N3}
+
+
+def test_no_rebalance_while_regions_run_different_versions() -> None:
+    d = running({N1: ["s1", "s2", "s3", "s4"], N2: []}, settings=REBALANCE, manual=[N1, N2])
+    d.versions.update({N1: "1.0.0", N2: "1.1.0"})
+    d.cluster_changed()
+    for k in range(1, 4):
+        assert d.tick(10.0 * k) == []
+    assert d.core.rebalance_in_progress() == frozenset()
+    # N1 upgraded too: the next round moves a shard
+    d.versions[N1] = "1.1.0"
     d.cluster_changed()
     assert d.tick(40.0) != []
     assert len(d.core.rebalance_in_progress()) == 1
