@@ -134,6 +134,9 @@ class TransportStatistics:
     links_closed_refused: int = 0
     """Links closed because their messages were refused faster than
     ``refused_messages_per_second`` allows."""
+    messages_not_sent_protocol: int = 0
+    """Messages not sent: their type needs a later wire protocol version than the peer's link
+    agreed on (``@message(since=...)``), or there was no link yet to tell."""
 
     def peer(self, address: Address) -> PeerStatistics | None:
         """The statistics of one peer, or None if nothing was ever sent to it."""
@@ -155,6 +158,7 @@ class _Counters:
     links_closed_tls_error: int = 0
     messages_dropped_undecodable: int = 0
     messages_dropped_wrong_incarnation: int = 0
+    messages_not_sent_protocol: int = 0
     connections_refused_busy: int = 0
     accepts_failed: int = 0
     links_closed_refused: int = 0
@@ -402,7 +406,13 @@ class Transport(abc.ABC):
             outbox = self._outboxes.get(address)
             if outbox is not None:
                 self._recent_to, self._recent = to, (address, uid, outbox)
-        frame = self._encoder.frame(message, uid)
+        try:
+            frame = self._encoder.frame(message, uid)
+        except _wire.NeedsProtocol:
+            gated = self._frame_since(message, uid, address)
+            if gated is None:
+                return
+            frame = gated
         if outbox is not None:
             frames = outbox.frames
             if outbox._taker is None and len(frames) < outbox.capacity and not outbox.closed:
@@ -432,7 +442,13 @@ class Transport(abc.ABC):
             outbox = self._outboxes.get(address)
             if outbox is not None:
                 self._recent_to, self._recent = to, (address, uid, outbox)
-        frame = self._encoder.frame(message, uid)
+        try:
+            frame = self._encoder.frame(message, uid)
+        except _wire.NeedsProtocol:
+            gated = self._frame_since(message, uid, address)
+            if gated is None:
+                return
+            frame = gated
         if outbox is not None:
             # Outbox.put inlined for the common case, a queue with room: one coroutine less;
             # and put_nowait's when its link task is busy (a burst): no call at all.
@@ -612,6 +628,28 @@ class Transport(abc.ABC):
             return None
         counters.messages_received += 1
         return Envelope(sender, message, identity)
+
+    def _frame_since(self, message: object, uid: int, address: Address) -> bytes | None:
+        """The frame of a message whose type a later protocol added; None: not for this peer.
+
+        Sent only over a link that agreed on that version or later; otherwise dropped, counted
+        and logged (at a bounded rate), so that an older peer never gets a type it cannot read.
+        """
+        need = _wire.needs_protocol(type(message))
+        # To itself a node sends anything: it reads what it sends.
+        agreed = need if address == self._local.address else self.peer_protocol(address)
+        frame = self._encoder.frame_since(message, uid, agreed)
+        if frame is None:
+            self._counters.messages_not_sent_protocol += 1
+            self._refusals.refuse(
+                f"not-sent-protocol {address} {agreed}",  # a line per peer and link version
+                f"{self._local}: did not send a {type(message).__name__} to {address}: it needs "
+                f"wire protocol version {need}, and the link "
+                + ("is not up" if agreed is None else f"speaks version {agreed}"),
+                trio.current_time(),
+                level=logging.INFO,
+            )
+        return frame
 
     def _drop_undecodable(self, exc: MessageDecodeError, sender: UniqueAddress) -> None:
         self._counters.messages_dropped_undecodable += 1
@@ -794,6 +832,7 @@ class Transport(abc.ABC):
             connections_refused_busy=c.connections_refused_busy,
             accepts_failed=c.accepts_failed,
             links_closed_refused=c.links_closed_refused,
+            messages_not_sent_protocol=c.messages_not_sent_protocol,
         )
 
     def connected_peers(self) -> list[UniqueAddress]:

@@ -121,7 +121,32 @@ _by_name: dict[str, _ClassSpec | _EnumSpec] = {}
 _as_list_by_class: dict[type, Callable[[Any], list[Any]]] = {}
 """``_ClassSpec.as_list`` of each registered attrs class: one lookup per nested object."""
 _as_body_by_class: dict[type, Callable[[Any], tuple[int, list[Any]]]] = {}
-"""``_ClassSpec.as_body`` of each registered attrs class: one lookup per message sent."""
+"""``_ClassSpec.as_body`` of each registered attrs class: one lookup per message sent.
+
+A class registered with ``since`` above 1 has a stand-in here that raises
+:class:`NeedsProtocol`, so that the send path checks the link's version for it alone."""
+_since_by_class: dict[type, int] = {}
+"""The classes registered with ``since`` above 1, and that version."""
+
+
+class NeedsProtocol(Exception):
+    """Raised by :meth:`FrameEncoder.frame` for a message type that a later protocol added.
+
+    The transport then encodes it with :meth:`FrameEncoder.frame_since` only for a peer whose
+    link agreed on ``version`` or later.
+    """
+
+    def __init__(self, version: int) -> None:
+        super().__init__(version)
+        self.version = version
+
+
+def _gated(version: int) -> Callable[[Any], tuple[int, list[Any]]]:
+    def as_body(message: Any) -> tuple[int, list[Any]]:
+        raise NeedsProtocol(version)
+
+    return as_body
+
 
 _SCALARS: Final = frozenset({str, int, float, bool, bytes, type(None)})
 """Types a field whose validator checks for them only cannot hold a registered object."""
@@ -389,9 +414,14 @@ def _build_partial(cls: type, aliases: tuple[str, ...], value: list[Any]) -> obj
     return cls(**dict(zip(aliases, value[1:], strict=False)))
 
 
-def _register(cls: T, name: str | None) -> T:
+def _register(cls: T, name: str | None, since: int = 1) -> T:
     if not isinstance(cls, type):
         raise MessageRegistrationError(f"@message applies to classes, not to {cls!r}")
+    if not isinstance(since, int) or isinstance(since, bool) or since < 1:
+        raise MessageRegistrationError(
+            f"cannot register {cls.__qualname__} with since={since!r}: since is the wire "
+            "protocol version that added the type, a whole number from 1"
+        )
     wire_name = name if name is not None else f"{cls.__module__}.{cls.__qualname__}"
     if not isinstance(wire_name, str) or not wire_name:
         raise MessageRegistrationError(f"wire name {wire_name!r} must be a non-empty string")
@@ -436,26 +466,45 @@ def _register(cls: T, name: str | None) -> T:
         del _by_class[taken.cls]
         _as_list_by_class.pop(taken.cls, None)
         _as_body_by_class.pop(taken.cls, None)
+        _since_by_class.pop(taken.cls, None)
     old = _by_class.get(cls)
     if old is not None and old.name != wire_name:
         del _by_name[old.name]
     _by_class[cls] = spec
     _by_name[wire_name] = spec
+    _since_by_class.pop(cls, None)
     if isinstance(spec, _ClassSpec):
         _as_list_by_class[cls] = spec.as_list
         _as_body_by_class[cls] = spec.as_body
+        if since > 1:
+            _since_by_class[cls] = since
+            _as_body_by_class[cls] = _gated(since)
+    elif since > 1:
+        raise MessageRegistrationError(
+            f"cannot register {cls.__qualname__} with since={since}: only a message class can "
+            "need a protocol version, not an enum"
+        )
     return cls
 
 
 @overload
 def message(cls: T, /) -> T: ...
 @overload
-def message(*, name: str) -> Callable[[T], T]: ...
-def message(cls: T | None = None, /, *, name: str | None = None) -> T | Callable[[T], T]:
+def message(*, name: str | None = None, since: int = 1) -> Callable[[T], T]: ...
+def message(
+    cls: T | None = None, /, *, name: str | None = None, since: int = 1
+) -> T | Callable[[T], T]:
     """Register an attrs class (or an Enum) so that it can be sent between nodes.
 
     The wire name defaults to the class's module plus qualified name; pass ``name=`` to keep it
     stable across a rename. Every node must import the class before messages of it arrive.
+
+    ``since`` is the wire protocol version that added the type (default 1). A message of a type
+    with ``since`` above 1 goes only to peers whose link agreed on that version or a later one:
+    to an older peer (or one with no link yet) the transport drops it, counts it
+    (``messages_not_sent_protocol``) and logs why, so an older node never sees a type it cannot
+    read. Check :meth:`~membership.Transport.peer_protocol` to do something else for older peers.
+    The gate applies to a message sent on its own, not to an object nested inside another.
 
     Example:
         >>> import attrs
@@ -471,8 +520,13 @@ def message(cls: T | None = None, /, *, name: str | None = None) -> T | Callable
         MessageRegistrationError: not an attrs class or Enum, or the wire name is taken.
     """
     if cls is not None:
-        return _register(cls, name)
-    return lambda c: _register(c, name)
+        return _register(cls, name, since)
+    return lambda c: _register(c, name, since)
+
+
+def needs_protocol(cls: type) -> int:
+    """The wire protocol version a message type needs (its ``since``; 1 for most)."""
+    return _since_by_class.get(cls, 1)
 
 
 def wire_name(cls: type) -> str | None:
@@ -610,6 +664,25 @@ class FrameEncoder:
         except (SerializationError, TypeError, ValueError, OverflowError) as exc:
             self._packer = _new_packer()  # see _encode_body
             raise _cannot_send(message, exc) from _cause(exc)
+        size = HEADER_SIZE + len(body)
+        if size > self._max_size:
+            raise _too_large(message, size, self._max_size)
+        framed: bytes = _FRAMED_HEADER.pack(size, WIRE_VERSION, kind, to_uid) + body
+        return framed
+
+    def frame_since(self, message: object, to_uid: int, agreed: int | None) -> bytes | None:
+        """The frame of a message whose type needs a later protocol (:class:`NeedsProtocol`).
+
+        None when ``agreed`` (the link's protocol version; None: no link yet) is older than the
+        type's ``since``: the message must not be sent.
+
+        Raises:
+            SerializationError: as :func:`encode`.
+            MessageTooLarge: the frame would exceed ``max_frame_size``.
+        """
+        if agreed is None or agreed < _since_by_class.get(type(message), 1):
+            return None
+        kind, body = _encode_body(message)
         size = HEADER_SIZE + len(body)
         if size > self._max_size:
             raise _too_large(message, size, self._max_size)

@@ -3,13 +3,23 @@ refusal of a peer whose range does not meet ours, told on both sides (issue 22).
 
 from __future__ import annotations
 
+import enum
 import logging
 
+import attrs
 import pytest
 import trio
 import trio.testing
 
-from membership import Address, ConfigurationError, HandshakeError, SimNetwork
+from membership import (
+    Address,
+    ConfigurationError,
+    HandshakeError,
+    MessageRegistrationError,
+    SimNetwork,
+    Transport,
+    message,
+)
 from membership.transport._tcp import open_tcp_transport
 from membership.transport._versions import CURRENT_PROTOCOL, ProtocolRange
 from tests._support.polling import wait_until
@@ -60,6 +70,50 @@ def test_this_release_speaks_version_1() -> None:
     assert 2 not in CURRENT_PROTOCOL
 
 
+@message(name="tests.versions.Gossip2", since=2)
+@attrs.frozen
+class Gossip2:
+    """A message type that protocol version 2 added."""
+
+    n: int
+
+
+def test_since_must_be_a_version_and_only_on_message_classes() -> None:
+    for bad in (0, -1, True, "2", 1.5):
+
+        @attrs.frozen
+        class Bad:
+            n: int
+
+        with pytest.raises(MessageRegistrationError, match=f"since={bad!r}: since is the wire"):
+            message(since=bad)(Bad)  # type: ignore[arg-type]
+
+    class Colour(enum.Enum):
+        RED = 1
+
+    with pytest.raises(MessageRegistrationError, match="only a message class can need"):
+        message(name="tests.versions.Colour", since=2)(Colour)
+
+
+async def _gate_holds(sender: Transport, newer: Transport, older: Transport) -> None:
+    """``sender`` and ``newer`` speak version 2, ``older`` version 1 only."""
+    newer_at, older_at = newer.local_address.address, older.local_address.address
+    await sender.send(older_at, Gossip2(0))  # no link yet: not sent either
+    assert sender.statistics().messages_not_sent_protocol == 1
+    for to in (newer_at, older_at):
+        await sender.send(to, Seq(1))
+    await wait_until(lambda: None not in (sender.peer_protocol(a) for a in (newer_at, older_at)))
+    assert (sender.peer_protocol(newer_at), sender.peer_protocol(older_at)) == (2, 1)
+    await sender.send(older_at, Gossip2(1))  # never sent: older could not read it
+    await sender.send(newer_at, Gossip2(2))
+    await sender.send(older_at, Seq(3))
+    with trio.fail_after(10):
+        assert [(await newer.receive()).message for _ in range(2)] == [Seq(1), Gossip2(2)]
+        assert [(await older.receive()).message for _ in range(2)] == [Seq(1), Seq(3)]
+    assert sender.statistics().messages_not_sent_protocol == 2
+    assert older.statistics().messages_dropped_undecodable == 0  # nothing unreadable came
+
+
 # --- over TCP -------------------------------------------------------------------------------------
 
 
@@ -82,6 +136,21 @@ async def test_a_link_speaks_the_newest_version_both_ends_speak(certs: CertSet) 
         assert new.peer_app_version(old.local_address.address) == "1.4"
         assert old.peer_app_version(new.local_address.address) == "2.0"
         assert new.peer_protocol(Address("127.0.0.1", 1)) is None  # no link there
+
+
+async def test_a_type_of_a_later_version_goes_only_to_peers_that_speak_it(
+    certs: CertSet, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    two = ProtocolRange(1, 2)
+    async with (
+        open_tcp_transport(certs.identity("sender"), "sender", LOCAL, protocol=two) as sender,
+        open_tcp_transport(certs.identity("newer"), "newer", LOCAL, protocol=two) as newer,
+        open_tcp_transport(certs.identity("older"), "older", LOCAL) as older,
+    ):
+        await _gate_holds(sender, newer, older)
+    lines = [r.getMessage() for r in caplog.records if "did not send a Gossip2" in r.getMessage()]
+    assert any("needs wire protocol version 2, and the link speaks version 1" in x for x in lines)
 
 
 async def test_a_peer_of_an_unsupported_version_is_refused_on_both_sides(
@@ -143,6 +212,22 @@ async def test_on_the_simulated_network_links_agree_or_are_refused_as_over_tcp(
     lines = [r.getMessage() for r in caplog.records]
     assert any("refused a link from new" in line and both in line for line in lines), lines
     assert any("cannot link to old" in line and both in line for line in lines), lines
+
+
+async def test_a_type_of_a_later_version_goes_only_to_peers_that_speak_it_on_the_simulated_network(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    net = SimNetwork(seed=5, cluster="versions")
+    two = ProtocolRange(1, 2)
+    async with (
+        net.transport(Address("10.0.0.1", 1), "sender", protocol=two) as sender,
+        net.transport(Address("10.0.0.1", 2), "newer", protocol=two) as newer,
+        net.transport(Address("10.0.0.1", 3), "older") as older,
+    ):
+        await _gate_holds(sender, newer, older)
+    lines = [r.getMessage() for r in caplog.records if "did not send a Gossip2" in r.getMessage()]
+    assert any("needs wire protocol version 2, and the link is not up" in x for x in lines), lines
 
 
 def test_a_protocol_that_is_not_a_range_is_refused() -> None:
