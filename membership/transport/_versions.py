@@ -8,7 +8,8 @@ version or a later one: see :meth:`TcpTransport.peer_protocol`.
 
 Versions so far:
 
-* 1: the first with the negotiation (every message and frame kind of p2pshard 0.1).
+* 1: the first with the negotiation: every message and frame kind of p2pshard 0.2.0, the first
+  release that speaks it (0.1.0 nodes cannot link to it: see CHANGELOG.md).
 """
 
 from __future__ import annotations

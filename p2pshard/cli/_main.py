@@ -13,11 +13,14 @@ durable store; ``p2pshard chaos`` runs seeded chaos schedules on a simulated clu
 configured end with a one-line message and exit status 2; a node that fails at run time, does
 not answer, or refuses, exits with 1; a node that the cluster downed or removed exits with
 ``EXIT_DOWNED`` (3), so that a supervisor restarting on failure starts it again.
+``p2pshard --version`` prints the installed release (the version of the package's metadata,
+which ``pyproject.toml`` sets).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import logging
 import signal
@@ -51,11 +54,20 @@ if TYPE_CHECKING:
 logger = logging.getLogger("p2pshard.cli")
 
 
+def release() -> str:
+    """The installed p2pshard release, as its package metadata says (``pyproject.toml``)."""
+    try:
+        return importlib.metadata.version("p2pshard")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed: pip install -e . sets it)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="p2pshard",
         description="Run and manage p2pshard cluster nodes.",
     )
+    parser.add_argument("--version", action="version", version=f"p2pshard {release()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     certs = commands.add_parser(
@@ -710,9 +722,12 @@ async def _serve_node(config: NodeConfig, config_file: Path) -> int:
             async with open_node(config) as node:
                 running_node.append(node)
                 logger.info(
-                    "%s: running as %s; Ctrl-C or SIGTERM stops it, SIGHUP reloads [tls]",
+                    "%s: running as %s (p2pshard %s, app_version %s); Ctrl-C or SIGTERM stops "
+                    "it, SIGHUP reloads [tls]",
                     name,
                     node.address,
+                    release(),
+                    config.app_version or "not set",
                 )
                 with running:
                     await node.terminated.wait()  # downed or removed: nothing left to run

@@ -10,6 +10,7 @@ import socket
 import stat
 import subprocess
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,20 @@ def test_certs_request_needs_a_kind(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert list(tmp_path.iterdir()) == []
 
 
+def _pyproject_version() -> str:
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    return str(tomllib.loads(pyproject.read_text())["project"]["version"])
+
+
+def test_version_is_the_one_pyproject_sets(capsys: pytest.CaptureFixture[str]) -> None:
+    """What ``--version`` prints comes from the installed metadata: a release that set one number
+    in pyproject.toml and ran with a stale install would show the old one here."""
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out == f"p2pshard {_pyproject_version()}\n"
+
+
 def test_cli_errors_name_the_problem_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -187,6 +202,7 @@ def test_node_process_stops_on_sigterm(tmp_path: Path) -> None:
     )
     (tmp_path / "node.toml").write_text(
         'cluster_name = "c"\nnode_name = "n"\nbind_port = 0\nself_join = true\n'
+        'app_version = "2.4.1"\n'
         '[tls]\nca_file = "n/ca.pem"\ncert_file = "n/node.pem"\nkey_file = "n/node-key.pem"\n'
     )
     with subprocess.Popen(
@@ -201,6 +217,8 @@ def test_node_process_stops_on_sigterm(tmp_path: Path) -> None:
                 if "running as" in line:
                     break
                 assert time.monotonic() < deadline
+            # The log says which release and app_version started (a rolling upgrade's record).
+            assert f"(p2pshard {_pyproject_version()}, app_version 2.4.1)" in line
             child.send_signal(signal.SIGTERM)
             assert child.wait(timeout=30) == 0
             assert "SIGTERM received, leaving the cluster" in child.stderr.read()
