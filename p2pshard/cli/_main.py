@@ -373,6 +373,21 @@ def _parser() -> argparse.ArgumentParser:
         help="with --real: 3 nodes, 35 s of shorter faults, 15 s quiet (about 70 s in all)",
     )
     chaos.add_argument(
+        "--rolling",
+        action="store_true",
+        help="with --real: a rolling upgrade instead of faults: 3 nodes (or --nodes) on this "
+        "source tree (app_version 1.0.0) replaced one at a time by a next build made with "
+        "tests/rolling/next_build.patch (1.1.0: a new heartbeat field, a new message type, "
+        "protocol versions 1-2), then one rolled back; prints the time of each node step "
+        "(about 60 s; needs a source checkout and git)",
+    )
+    chaos.add_argument(
+        "--upgrade",
+        type=int,
+        help="with --rolling: upgrade only this many nodes (in the order the seed draws) before "
+        "rolling one of them back (default: all)",
+    )
+    chaos.add_argument(
         "--dir",
         type=Path,
         help="with --real: the data directory (certificates, configurations, logs, histories); "
@@ -425,8 +440,8 @@ def _chaos(args: argparse.Namespace) -> int:
 
     if args.real:
         return _chaos_real(args)
-    if args.quick or args.dir is not None:
-        raise ConfigurationError("--quick and --dir go with --real")
+    if args.quick or args.rolling or args.upgrade is not None or args.dir is not None:
+        raise ConfigurationError("--quick, --rolling, --upgrade and --dir go with --real")
     base = REALISTIC if args.realistic else ChaosSettings()
     faults = base.faults
     if args.faults is not None:
@@ -527,7 +542,16 @@ def _chaos_real(args: argparse.Namespace) -> int:
             "--removal-margin goes with the simulated cluster, not --real (a real node takes "
             "sharding.down_removal_margin from its entity type's settings)"
         )
-    base = RealChaosSettings.quick() if args.quick else RealChaosSettings()
+    if args.rolling:
+        if args.quick or args.faults is not None or args.duration is not None:
+            raise ConfigurationError(
+                "--rolling injects no faults: --quick, --faults and --duration do not go with it"
+            )
+        base = RealChaosSettings.rolling_upgrade()
+    else:
+        if args.upgrade is not None:
+            raise ConfigurationError("--upgrade goes with --real --rolling")
+        base = RealChaosSettings.quick() if args.quick else RealChaosSettings()
     faults = (
         base.faults if args.faults is None else tuple(k.strip() for k in args.faults.split(","))
     )
@@ -539,6 +563,7 @@ def _chaos_real(args: argparse.Namespace) -> int:
         faults=faults,
         use_lease=not args.no_lease,
         message_interval=args.message_interval,
+        upgrade=args.upgrade or 0,
     )
     seed = random.randrange(1 << 31) if args.seed is None else args.seed
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
@@ -563,6 +588,17 @@ def _chaos_real(args: argparse.Namespace) -> int:
                     else round(report.agreed_after, 1),
                     "seconds": round(report.seconds, 1),
                     "data_dir": str(report.data_dir),
+                    "steps": [
+                        {
+                            "node": step.node,
+                            "from": step.from_build,
+                            "to": step.to_build,
+                            "left": round(step.left, 1),
+                            "removed": round(step.removed, 1),
+                            "up": round(step.up, 1),
+                        }
+                        for step in report.steps
+                    ],
                 }
             )
         )

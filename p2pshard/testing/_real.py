@@ -78,6 +78,22 @@ handles a message before it ends (a singleton: answers a ping). An incarnation t
 finds its lease lost and stops without acting did nothing a second incarnation could conflict
 with (that is what leases with fencing are for); one that acts is checked like any other.
 
+A rolling upgrade, ``p2pshard chaos --real --rolling [--nodes 3] [--upgrade N] [--seed S]``
+(``RealChaosSettings(rolling=True)``), runs the same node processes without faults: they start
+on the previous build of a :class:`~p2pshard.testing._rolling.Rollout` (a source root put first
+on ``PYTHONPATH``, and an ``app_version`` in each node's TOML file) and are replaced one at a
+time, in an order drawn from the seed, by processes of the next build; then one of them is
+rolled back. A step sends SIGTERM (the node leaves gracefully and exits 0; its supervisor then
+waits for the rollout instead of restarting it), waits until every other node has removed it,
+starts the node's new process on the same address and waits until every node agrees and every
+shard answers through every node; the step's times are printed. Besides the history checkers,
+the nodes' counters (``stats`` in their views and exit lines) must show no message dropped as
+undecodable (a type the receiver does not know), no link closed for a bad frame, each link on
+the lower protocol version of its two builds, and with two or more next-build nodes (of the
+default rollout), that each received the next build's new message type
+(``ROLLING`` violations). Without a rollout given, the builds are this source tree and the
+next build :func:`~p2pshard.testing._rolling.make_next_build` makes in the data directory.
+
 Where it differs from the simulation: a run is not replayable (real timing): the seed fixes the
 schedule's draws, but which nodes are up to be picked depends on timing; a flaky link loses
 connections, not frames, and a slow one delays chunks of a byte stream, not frames (a proxy sees
@@ -97,7 +113,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +127,7 @@ from membership import (
     TransportSettings,
 )
 from membership.internal import create_cluster_ca, create_node_certificate, in_range, single_error
+from membership.transport._versions import CURRENT_PROTOCOL
 
 from .._config import NodeConfig, TlsFiles
 from ..cli._exit import EXIT_DOWNED
@@ -127,6 +144,7 @@ from ._checkers import (
 from ._merge import ProcessRun, merge_histories
 from ._proxy import FaultProxy
 from ._real_node import ANSWER_TIMEOUT
+from ._rolling import SOURCE_ROOT, Build, Rollout, default_rollout
 
 REAL_FAULTS = (
     "kill",
@@ -150,6 +168,22 @@ a seventh kind would make the quick run about 10 s longer.
 
 NODE_PROCESS = "node-process"
 """The invariant name of a node process that failed: exited with an error, or never ready."""
+
+ROLLING = "rolling-upgrade"
+"""The invariant name of what a rolling upgrade must keep: each step's graceful leave and return,
+no message dropped for an unknown type, no link closed for a bad frame, the agreed protocols."""
+
+THIS_BUILD = Build("this", SOURCE_ROOT, "", protocol=CURRENT_PROTOCOL.high)
+"""The build of a run without a rollout: this source tree."""
+
+LEAVE_TIMEOUT = 30.0
+"""Seconds a node may take from SIGTERM to its exit, leaving gracefully."""
+
+REMOVED_TIMEOUT = 30.0
+"""Seconds, after a node's exit, until every other node must have removed it."""
+
+GREETING_TRIES = 5
+"""Times the views are asked for again until every next-build node received a greeting."""
 
 CLUSTER = "chaos"
 """The cluster name of real-process runs."""
@@ -197,11 +231,29 @@ class RealChaosSettings:
     detections with the default failure detector and gossip that ``NodeConfig`` asks for)."""
     use_lease: bool = True
     """Shard and singleton leases; without them single activation is not guaranteed."""
+    rolling: bool = False
+    """A rolling upgrade instead of faults (see :class:`~p2pshard.testing._rolling.Rollout`):
+    every node is replaced in turn by one of the next build, then one is rolled back."""
+    upgrade: int = attrs.field(default=0, validator=in_range(0, 16, integer=True))
+    """With ``rolling``: how many nodes are upgraded before one of them is rolled back (default
+    0: all)."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.upgrade > self.nodes:
+            raise ConfigurationError(
+                f"RealChaosSettings.upgrade = {self.upgrade} is invalid: there are only "
+                f"{self.nodes} nodes to upgrade"
+            )
 
     @classmethod
     def quick(cls) -> RealChaosSettings:
         """``--quick``: three nodes, 35 s of shorter faults of every quick kind, 15 s quiet."""
         return cls(nodes=3, duration=35.0, quiet=15.0, fault_max=8.0, faults=QUICK_FAULTS)
+
+    @classmethod
+    def rolling_upgrade(cls) -> RealChaosSettings:
+        """``--rolling``: three nodes upgraded one at a time, one rolled back; no faults."""
+        return cls(nodes=3, rolling=True)
 
     @property
     def leases(self) -> LeaseSettings:
@@ -232,6 +284,8 @@ class RealChaosReport:
     data_dir: Path
     pids: tuple[int, ...]
     """Every node process started (all stopped by the time the report exists)."""
+    steps: tuple[RollingStep, ...] = ()
+    """With ``rolling``, each node step of the rollout, in order."""
 
     @property
     def ok(self) -> bool:
@@ -248,6 +302,17 @@ class RealChaosReport:
         Settings the command has no option for (``fault_max``, ``lease_ttl`` ...) are left out.
         """
         s = self.settings
+        if s.rolling:
+            parts = [f"p2pshard chaos --real --rolling --seed {self.seed}"]
+            if s.nodes != RealChaosSettings.rolling_upgrade().nodes:
+                parts.append(f"--nodes {s.nodes}")
+            if s.upgrade:
+                parts.append(f"--upgrade {s.upgrade}")
+            if s.message_interval != RealChaosSettings().message_interval:
+                parts.append(f"--message-interval {s.message_interval:g}")
+            if not s.use_lease:
+                parts.append("--no-lease")
+            return " ".join(parts)
         quick = RealChaosSettings.quick()
         base = quick if s.fault_max == quick.fault_max else RealChaosSettings()
         parts = [f"p2pshard chaos --real{' --quick' if base is quick else ''} --seed {self.seed}"]
@@ -262,6 +327,105 @@ class RealChaosReport:
         if not s.use_lease:
             parts.append("--no-lease")
         return " ".join(parts)
+
+
+@attrs.frozen
+class RollingStep:
+    """One node step of a rolling upgrade: its graceful leave, its removal, its return."""
+
+    node: str
+    """The node name, e.g. ``node-2``."""
+    label: str
+    """The process that came back, e.g. ``node-2#2``."""
+    from_build: str
+    to_build: str
+    left: float
+    """Seconds from SIGTERM until the process exited."""
+    removed: float
+    """Seconds from its exit until every other node had removed it."""
+    up: float
+    """Seconds from then until its new process ran and every node agreed and answered again."""
+
+    @property
+    def seconds(self) -> float:
+        """The whole step, leave to agreement."""
+        return self.left + self.removed + self.up
+
+    def __str__(self) -> str:
+        return (
+            f"{self.node} {self.from_build} -> {self.to_build}: left {self.left:.1f} s, "
+            f"removed {self.removed:.1f} s, up and agreed {self.up:.1f} s; "
+            f"{self.seconds:.1f} s in all"
+        )
+
+
+def check_rolling_stats(label: str, build: Build, stats: dict[str, Any]) -> list[Violation]:
+    """What one node process's ``stats`` (see ``node_stats``) must show after a rolling upgrade.
+
+    Nothing dropped as undecodable (a message type it does not know: a newer node sent it one
+    although their link does not speak the protocol version that added it), no link closed for
+    a bad frame or for too many refused messages.
+
+    Example:
+        >>> b = Build("previous", SOURCE_ROOT, "1.0.0", protocol=1)
+        >>> for v in check_rolling_stats("node-1#1", b, {"dropped_undecodable": 2}):
+        ...     print(v.detail)
+        node-1#1 (build previous) dropped 2 messages it could not decode (a type it does not know?)
+    """
+    found = []
+    dropped = stats.get("dropped_undecodable", 0)
+    if dropped:
+        found.append(
+            Violation(
+                ROLLING,
+                f"{label} (build {build.name}) dropped {dropped} messages it could not decode "
+                "(a type it does not know?)",
+            )
+        )
+    for key, what in (
+        ("links_closed_undecodable", "a frame it could not read"),
+        ("links_closed_refused", "too many refused messages"),
+    ):
+        if stats.get(key, 0):
+            found.append(
+                Violation(
+                    ROLLING,
+                    f"{label} (build {build.name}) closed {stats[key]} links for {what}",
+                )
+            )
+    return found
+
+
+def check_link_protocols(
+    stats: dict[str, dict[str, Any]], builds: dict[str, Build]
+) -> list[Violation]:
+    """Each link's agreed protocol is the lower of its two builds' newest.
+
+    ``stats`` maps node names to their ``stats`` (``protocols``: peer name → version or None),
+    ``builds`` node names to the build they run. A link not up (None) is not checked.
+
+    Example:
+        >>> old = Build("previous", SOURCE_ROOT, "1.0.0", protocol=1)
+        >>> new = Build("next", SOURCE_ROOT, "1.1.0", protocol=2)
+        >>> stats = {"node-1": {"protocols": {"node-2": 2}}}
+        >>> [v.detail for v in check_link_protocols(stats, {"node-1": new, "node-2": old})]
+        ['node-1 (build next) speaks protocol 2 to node-2 (build previous), not 1']
+    """
+    found = []
+    for name, node_stats in sorted(stats.items()):
+        for peer, version in sorted(node_stats.get("protocols", {}).items()):
+            if version is None or name not in builds or peer not in builds:
+                continue
+            expected = min(builds[name].protocol, builds[peer].protocol)
+            if version != expected:
+                found.append(
+                    Violation(
+                        ROLLING,
+                        f"{name} (build {builds[name].name}) speaks protocol {version} to {peer} "
+                        f"(build {builds[peer].name}), not {expected}",
+                    )
+                )
+    return found
 
 
 # --- the run -------------------------------------------------------------------------------------
@@ -323,12 +487,19 @@ def node_process_command(
     return command
 
 
-def node_process_env() -> dict[str, str]:
-    """The environment of node processes: this one's, with this p2pshard first on the path."""
-    root = str(Path(__file__).resolve().parents[2])  # where this p2pshard is imported from
+def node_process_env(root: Path | None = None) -> dict[str, str]:
+    """The environment of node processes: this one's, with a p2pshard first on the path.
+
+    ``root`` is the source root of the build to run (default: where this p2pshard is imported
+    from). ``PYTHONSAFEPATH`` keeps the working directory off the path, so that a p2pshard
+    there cannot shadow the build's.
+    """
+    if root is None:
+        root = Path(__file__).resolve().parents[2]  # where this p2pshard is imported from
     return {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))),
+        "PYTHONPATH": os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH")))),
+        "PYTHONSAFEPATH": "1",
     }
 
 
@@ -380,12 +551,45 @@ class _Orchestrator:
     """(i, j) → the proxy node i reaches node j through."""
     via: dict[tuple[int, int], Address] = attrs.field(factory=dict)
     """(i, j) → where that proxy listens."""
-    configs: dict[int, Path] = attrs.field(factory=dict)
+    configs: dict[tuple[int, str], Path] = attrs.field(factory=dict)
+    """(i, build name) → node i's TOML file for that build."""
     runs: list[ProcessRun] = attrs.field(factory=list)
     current: dict[int, ProcessRun] = attrs.field(factory=dict)
     faults: list[str] = attrs.field(factory=list)
     violations: list[Violation] = attrs.field(factory=list)
     stopping: trio.Event = attrs.field(factory=trio.Event)
+    rollout: Rollout | None = None
+    """The builds of a rolling upgrade (``settings.rolling``)."""
+    build_of: dict[int, Build] = attrs.field(factory=dict)
+    """i → the build node i's next process runs."""
+    run_builds: dict[str, Build] = attrs.field(factory=dict)
+    """Process label → the build it ran."""
+    uids: dict[str, str] = attrs.field(factory=dict)
+    """Process label → its incarnation's uid (hex), once ready."""
+    members_seen: dict[str, frozenset[str]] = attrs.field(factory=dict)
+    """Process label → the uids in its latest ``members`` line."""
+    stats: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    """Process label → its latest ``stats`` (from a view or its exit line)."""
+    last_views: dict[int, dict[str, Any]] = attrs.field(factory=dict)
+    """i → the view node i gave to the latest :meth:`ask_views`."""
+    leaving: set[str] = attrs.field(factory=set)
+    """Labels of the processes told to leave (SIGTERM) by the rollout."""
+    restart: dict[int, trio.Event] = attrs.field(factory=dict)
+    """i → set by the rollout when node i, having left, is to start again."""
+    steps: list[RollingStep] = attrs.field(factory=list)
+    disagreements: list[Violation] = attrs.field(factory=list)
+    """The first disagreement of each round of the latest :meth:`wait_agreement`, until it
+    agreed."""
+
+    def __attrs_post_init__(self) -> None:
+        first = THIS_BUILD if self.rollout is None else self.rollout.previous
+        for i in self.nodes:
+            self.build_of[i] = first
+            self.restart[i] = trio.Event()
+
+    @property
+    def builds(self) -> tuple[Build, ...]:
+        return (THIS_BUILD,) if self.rollout is None else (self.rollout.previous, self.rollout.next)
 
     @property
     def nodes(self) -> list[int]:
@@ -423,16 +627,24 @@ class _Orchestrator:
         leases = attrs.evolve(
             self.settings.leases, backend="sqlite", path=self.data_dir / "leases.db"
         )
-        for i in self.nodes:
+        for i, build in ((i, build) for i in self.nodes for build in self.builds):
             name = f"node-{i}"
             node_dir = self.data_dir / name
+            if build is not self.builds[0] and (node_dir / "ca.pem").exists():
+                tls = TlsFiles(
+                    ca_file=node_dir / "ca.pem",
+                    cert_file=node_dir / "node.pem",
+                    key_file=node_dir / "node-key.pem",
+                )
+            else:
+                tls = node_tls(name, ca_dir, node_dir, cluster=CLUSTER)
             config = NodeConfig(
                 cluster_name=CLUSTER,
                 node_name=name,
                 bind_host="127.0.0.1",
                 bind_port=seeds[i - 1].port,
                 seed_nodes=seeds,
-                tls=node_tls(name, ca_dir, node_dir, cluster=CLUSTER),
+                tls=tls,
                 transport=TransportSettings(
                     dial_via=tuple(
                         (str(seeds[j - 1]), self.via[(i, j)]) for j in self.nodes if j != i
@@ -445,10 +657,11 @@ class _Orchestrator:
                 lease=leases,
                 log_level="WARNING",
                 shutdown_timeout=5.0,
+                app_version=build.app_version,
             )
-            path = node_dir / "node.toml"
+            path = node_dir / ("node.toml" if build is THIS_BUILD else f"node-{build.name}.toml")
             path.write_text(config.to_toml())
-            self.configs[i] = path
+            self.configs[(i, build.name)] = path
             (node_dir / "history").mkdir(exist_ok=True)
 
     # -- the node processes ---------------------------------------------------------------------
@@ -458,8 +671,9 @@ class _Orchestrator:
         count = sum(1 for run in self.runs if run.node == name) + 1
         history = self.data_dir / name / "history" / f"{count}.jsonl"
         s = self.settings
+        build = self.build_of[i]
         command = node_process_command(
-            self.configs[i],
+            self.configs[(i, build.name)],
             history,
             clients=s.clients_per_node,
             entities=s.entities,
@@ -468,11 +682,13 @@ class _Orchestrator:
             seed=self.seed,
             use_lease=s.use_lease,
         )
-        env = node_process_env()
+        env = node_process_env(build.root)
         log = (self.data_dir / name / "node.log").open("ab")
-        log.write(f"=== {name}#{count} starts at {self.now() - self.origin:.1f}\n".encode())
+        on = "" if build is THIS_BUILD else f" on build {build.name}"
+        log.write(f"=== {name}#{count} starts at {self.now() - self.origin:.1f}{on}\n".encode())
         log.flush()
         run = ProcessRun(name, f"{name}#{count}", history, self.now())
+        self.run_builds[run.label] = build
         with log:
             # In the main thread, not a worker thread: the child's parent-death signal
             # (--parent) follows the thread that started it.
@@ -483,6 +699,7 @@ class _Orchestrator:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 env=env,
+                cwd=self.data_dir / name,
             )
         run.pid = run.popen.pid
         self.runs.append(run)
@@ -517,6 +734,18 @@ class _Orchestrator:
             self.read_new(run)
             if self.stopping.is_set():
                 return
+            if run.label in self.leaving:  # the rollout's graceful leave
+                if status != 0:
+                    self.violations.append(
+                        Violation(
+                            NODE_PROCESS,
+                            f"{run.label} (pid {run.pid}) exited with status {status} after "
+                            f"SIGTERM, not 0: see {self.data_dir / run.node / 'node.log'}",
+                        )
+                    )
+                await self.restart[i].wait()  # the rollout starts it again, on its next build
+                self.restart[i] = trio.Event()
+                continue
             if run.killed:
                 delay = run.restart_after
             else:
@@ -537,10 +766,16 @@ class _Orchestrator:
     def read_new(self, run: ProcessRun) -> None:
         """Read the complete lines appended to the run's history file since the last call."""
         for event in run.new_events():
-            if event["e"] == "ready":
+            kind = event["e"]
+            if kind == "ready":
                 run.ready = True
-            elif event["e"] in ("view", "answers"):
+                self.uids[run.label] = str(event.get("uid"))
+            elif kind == "members":
+                self.members_seen[run.label] = frozenset(uid for _, uid, _ in event["members"])
+            elif kind in ("view", "answers"):
                 run.reports.append(event)
+            if isinstance(event.get("stats"), dict):  # in views and exit lines
+                self.stats[run.label] = event["stats"]
 
     def stop_all(self) -> None:
         """SIGKILL every node process still running and reap it (bounded)."""
@@ -588,6 +823,7 @@ class _Orchestrator:
         for i, (run, _) in asked.items():
             if i not in answers:
                 found.append(Violation(AGREEMENT, f"{run.label} did not report its view in time"))
+        self.last_views = views
         members = {
             f"node-{i}": frozenset((name, status) for name, status in view["members"])
             for i, view in views.items()
@@ -616,10 +852,12 @@ class _Orchestrator:
     async def wait_agreement(self, bound: float) -> tuple[list[Violation], float | None]:
         """Ask for views until they agree or ``bound`` seconds pass; the last violations."""
         started = self.now()
+        self.disagreements = []
         while True:
             found, _ = await self.ask_views(ANSWER_TIMEOUT + 5)
             if not found:
                 return [], self.now() - started
+            self.disagreements.append(found[0])
             if self.now() - started >= bound:
                 return found, None
             await trio.sleep(2.0)
@@ -760,7 +998,7 @@ class _Orchestrator:
                     )
                     for i in self.nodes:
                         nursery.start_soon(self.supervise, i)
-                    agreed_after = await self.chaos()
+                    agreed_after = await (self.roll() if self.settings.rolling else self.chaos())
                     self.stop_all()
                     nursery.cancel_scope.cancel()
         finally:
@@ -786,11 +1024,167 @@ class _Orchestrator:
         self.violations += found
         return agreed_after
 
+    # -- a rolling upgrade ----------------------------------------------------------------------
+
+    async def roll(self) -> float | None:
+        """Form the cluster on the previous build, replace every node by the next, roll one back.
+
+        Each step checks that every node agrees and every shard answers through every node (the
+        coordinator keeps answering); the node order and the node rolled back are drawn from the
+        seed. Returns the seconds the last step's agreement took (None: a step failed).
+        """
+        assert self.rollout is not None
+        previous, next_ = self.rollout.previous, self.rollout.next
+        found, _ = await self.wait_agreement(READY_TIMEOUT)
+        if found:
+            self.violations.append(
+                Violation(
+                    AGREEMENT, f"the cluster did not form within {READY_TIMEOUT:g} s: {found[0]}"
+                )
+            )
+            return None
+        order = list(self.nodes)
+        self.rng.shuffle(order)
+        order = order[: self.settings.upgrade or len(order)]
+        back = self.rng.choice(order)
+        plan = [(i, next_) for i in order] + [(back, previous)]
+        self.progress(
+            f"cluster up on build {previous.name} after {self.now() - self.origin:.1f} s; "
+            f"upgrading {', '.join(f'node-{i}' for i in order)} to build {next_.name}, then "
+            f"node-{back} back:"
+        )
+        agreed: float | None = None
+        for k, (i, build) in enumerate(plan, 1):
+            agreed = await self.replace(i, build, f"{k}/{len(plan)}")
+            if agreed is None:
+                return None
+            if k == len(order) and next_.greets and len(order) > 1:
+                await self.check_greetings()
+        return agreed
+
+    async def wait_until(self, done: Callable[[], bool], bound: float) -> bool:
+        """Poll ``done`` until it is true (True) or ``bound`` seconds pass (False)."""
+        deadline = self.now() + bound
+        while not done():
+            if self.now() >= deadline:
+                return False
+            await trio.sleep(POLL)
+        return True
+
+    def removed_everywhere(self, i: int, uid: str | None) -> bool:
+        """Whether no other running node lists incarnation ``uid`` of node ``i`` any more."""
+        return all(
+            uid not in self.members_seen.get(self.current[j].label, frozenset())
+            for j in self.nodes
+            if j != i and self.alive(j)
+        )
+
+    async def replace(self, i: int, build: Build, step: str) -> float | None:
+        """One step: node ``i`` leaves gracefully and comes back on ``build`` at its address.
+
+        Returns the seconds the cluster took to agree again (None: the step failed, and a
+        violation says why).
+        """
+        run = self.current[i]
+        old = self.run_builds[run.label]
+        uid = self.uids.get(run.label)
+        began = self.now()
+        self.leaving.add(run.label)
+        self.fault(f"step {step}: {run.label} leaves (SIGTERM), to come back on build {build.name}")
+        self.send_signal(run, signal.SIGTERM)
+        if not await self.wait_until(lambda: run.ended is not None, LEAVE_TIMEOUT):
+            self.violations.append(
+                Violation(
+                    ROLLING, f"{run.label} did not leave and exit {LEAVE_TIMEOUT:g} s after SIGTERM"
+                )
+            )
+            return None
+        exited = self.now()
+        if not await self.wait_until(lambda: self.removed_everywhere(i, uid), REMOVED_TIMEOUT):
+            self.violations.append(
+                Violation(
+                    ROLLING,
+                    f"{run.label} had left, and the other nodes still listed it "
+                    f"{REMOVED_TIMEOUT:g} s after it exited",
+                )
+            )
+            return None
+        removed = self.now()
+        self.build_of[i] = build
+        self.restart[i].set()
+        if not await self.wait_until(
+            lambda: self.current[i] is not run and self.current[i].ready, READY_TIMEOUT
+        ):
+            self.violations.append(
+                Violation(
+                    ROLLING,
+                    f"node-{i} on build {build.name} was not ready within {READY_TIMEOUT:g} s",
+                )
+            )
+            return None
+        found, agreed = await self.wait_agreement(self.settings.settle)
+        if found or agreed is None:
+            self.violations += found
+            return None
+        result = RollingStep(
+            f"node-{i}",
+            self.current[i].label,
+            old.name,
+            build.name,
+            left=exited - began,
+            removed=removed - exited,
+            up=self.now() - removed,
+        )
+        self.steps.append(result)
+        self.progress(f"    step {step}: {result}")
+        for k, seen in enumerate(self.disagreements, 1):
+            self.progress(f"      not yet agreed ({k}): {seen}")
+        self.violations += check_link_protocols(
+            {f"node-{j}": view.get("stats", {}) for j, view in self.last_views.items()},
+            {f"node-{j}": self.build_of[j] for j in self.nodes},
+        )
+        return agreed
+
+    async def check_greetings(self) -> None:
+        """With two or more nodes on the next build: each must have received its new type."""
+
+        def silent() -> list[str]:
+            return [
+                f"node-{i}"
+                for i in self.nodes
+                if self.build_of[i].greets
+                and not self.last_views.get(i, {}).get("stats", {}).get("greetings")
+            ]
+
+        for _ in range(GREETING_TRIES):
+            if not silent():
+                return
+            await trio.sleep(1.0)
+            await self.ask_views(ANSWER_TIMEOUT + 5)
+        if not silent():
+            return
+        self.violations.append(
+            Violation(
+                ROLLING,
+                f"{', '.join(silent())} on the next build received no message of the type it added "
+                "from the other next-build nodes (the protocol 2 links)",
+            )
+        )
+
     def report(self, agreed_after: float | None) -> RealChaosReport:
         """Merge every history file, run the history checkers, and report."""
         merged = merge_histories(self.runs, origin=self.origin)
         history = merged.history
         violations = [*check_history(history), *self.violations]
+        if self.settings.rolling:
+            for run in self.runs:
+                stats = self.stats.get(run.label)
+                if stats is None:
+                    violations.append(
+                        Violation(ROLLING, f"{run.label} reported no counters (no view, no exit)")
+                    )
+                    continue
+                violations += check_rolling_stats(run.label, self.run_builds[run.label], stats)
         if merged.broken_lines:
             violations.append(
                 Violation(NODE_PROCESS, f"{merged.broken_lines} history lines did not parse")
@@ -808,11 +1202,16 @@ class _Orchestrator:
             agreed_after,
             self.data_dir,
             tuple(run.pid for run in self.runs),
+            tuple(self.steps),
         )
 
 
 def run_real_chaos(
-    seed: int, settings: RealChaosSettings | None = None, *, data_dir: Path | None = None
+    seed: int,
+    settings: RealChaosSettings | None = None,
+    *,
+    data_dir: Path | None = None,
+    rollout: Rollout | None = None,
 ) -> RealChaosReport:
     """Run one real-process chaos run (see the module docstring) and check every invariant.
 
@@ -821,14 +1220,22 @@ def run_real_chaos(
     in place for inspection. Every
     node process is killed before this returns, also when it raises (Ctrl-C included).
 
+    With ``settings.rolling``, a rolling upgrade between the builds of ``rollout`` (default:
+    this source tree and the next build made from it in ``data_dir/next-build``, see
+    :mod:`p2pshard.testing._rolling`) instead of faults.
+
     Example:
         >>> report = run_real_chaos(1, RealChaosSettings.quick())  # doctest: +SKIP
         >>> print(summarize_real(report))  # doctest: +SKIP
 
     Raises:
-        ConfigurationError: ``data_dir`` is not a new or empty directory.
+        ConfigurationError: ``data_dir`` is not a new or empty directory; a ``rollout`` without
+            ``settings.rolling``; the next build cannot be made
+            (:class:`~p2pshard.testing._rolling.PatchDoesNotApply` says how to remake its patch).
     """
     settings = settings or RealChaosSettings()
+    if rollout is not None and not settings.rolling:
+        raise ConfigurationError("a rollout goes with RealChaosSettings(rolling=True)")
     if data_dir is None:
         data_dir = Path(tempfile.mkdtemp(prefix="p2pshard-chaos-real-"))
     elif data_dir.exists() and (not data_dir.is_dir() or any(data_dir.iterdir())):
@@ -837,7 +1244,11 @@ def run_real_chaos(
             "files there; give a new or empty one"
         )
     data_dir.mkdir(parents=True, exist_ok=True)
-    orchestrator = _Orchestrator(seed, settings, data_dir.resolve(), random.Random(seed))
+    if settings.rolling and rollout is None:
+        rollout = default_rollout(data_dir / "next-build")
+    orchestrator = _Orchestrator(
+        seed, settings, data_dir.resolve(), random.Random(seed), rollout=rollout
+    )
     return trio.run(orchestrator.run)
 
 
@@ -851,13 +1262,18 @@ def summarize_real(report: RealChaosReport) -> str:
     lines.append(f"{'entity incarnations':<28}{report.incarnations:>10}")
     lines.append(f"{'messages sent':<28}{report.sent:>10}")
     lines.append(f"{'messages acknowledged':<28}{report.acknowledged:>10}")
-    by_invariant = dict.fromkeys((*INVARIANTS, NODE_PROCESS), 0)
+    if report.steps:
+        lines.append(f"{'rollout steps':<28}{len(report.steps):>10}")
+        lines += [f"  {step}" for step in report.steps]
+    names = (*INVARIANTS, NODE_PROCESS, *((ROLLING,) if report.settings.rolling else ()))
+    by_invariant = dict.fromkeys(names, 0)
     for violation in report.violations:
         by_invariant[violation.invariant] = by_invariant.get(violation.invariant, 0) + 1
     lines.append(f"{'violations':<28}{sum(by_invariant.values()):>10}")
     lines += [f"  {name:<26}{count:>10}" for name, count in by_invariant.items()]
     agreed = "never" if report.agreed_after is None else f"{report.agreed_after:.1f} s"
-    lines.append(f"{'agreed after the quiet':<28}{agreed:>10}")
+    after = "agreed after the last step" if report.settings.rolling else "agreed after the quiet"
+    lines.append(f"{after:<28}{agreed:>10}")
     lines.append(f"{'real seconds':<28}{report.seconds:>10.1f}")
     if report.violations:
         lines.append(f"first violation: {report.violations[0]}")

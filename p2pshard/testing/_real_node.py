@@ -43,13 +43,14 @@ The lines, by ``e`` (event):
   (``rtt``, seconds);
 - ``singleton-start`` / ``singleton-stop`` / ``singleton-act``: the probe singleton's
   instances and the pings it answered;
-- ``view`` and ``answers``: on SIGUSR1, the members this node sees, its region's shard homes and
-  its replicas' digests; then, for one probe entity per shard, whether it answered through this
-  node (the orchestrator's final checks);
+- ``view`` and ``answers``: on SIGUSR1, the members this node sees, its region's shard homes,
+  its replicas' digests and its ``stats`` (:func:`node_stats`); then, for one probe entity per
+  shard, whether it answered through this node (the orchestrator's final checks);
 - ``leaving``: SIGTERM came: the node hands off its shards and leaves the cluster gracefully,
   as ``p2pshard node`` does;
 - ``exit``: the node left the cluster (downed, removed, or left after SIGTERM: ``why``) and the
-  process ends, as ``p2pshard node`` does; the orchestrator starts it again.
+  process ends, as ``p2pshard node`` does; the orchestrator starts it again. With ``stats``, the
+  node's counters at the end (:func:`node_stats`).
 
 Sender names hold the pid, so that a restarted process, which counts its sequence numbers from 1
 again, is a different sender.
@@ -311,7 +312,7 @@ async def _report(node: Node, region: ShardRegion, history: HistoryFile, shards:
         key: (d.hex() if (d := replicator.digest(key)) else None)
         for key in replicator.keys()  # noqa: SIM118
     }
-    history.write("view", members=members, homes=homes, digests=digests)
+    history.write("view", members=members, homes=homes, digests=digests, stats=node_stats(node))
     answers: dict[str, str] = {}
 
     async def ask(shard: str, entity: str) -> None:
@@ -326,6 +327,28 @@ async def _report(node: Node, region: ShardRegion, history: HistoryFile, shards:
         for shard, entity in sorted(probe_entities(shards).items()):
             nursery.start_soon(ask, shard, entity)
     history.write("answers", answers=answers)
+
+
+def node_stats(node: Node) -> dict[str, object]:
+    """What the rolling upgrade checks of a node: its dropped and refused frames, its links.
+
+    ``dropped_undecodable`` counts messages this node could not decode (a type it does not
+    know: a newer node sent what it should not have), ``links_closed_undecodable`` and
+    ``links_closed_refused`` links closed for bad frames or too many refused messages,
+    ``protocols`` the wire protocol version agreed with each other member, by name (None: no
+    link now). A build with more to show adds its own fields.
+    """
+    transport = node.transport_statistics()
+    return {
+        "dropped_undecodable": transport.messages_dropped_undecodable,
+        "links_closed_undecodable": transport.links_closed_undecodable,
+        "links_closed_refused": transport.links_closed_refused,
+        "protocols": {
+            m.node.name: node.transport.peer_protocol(m.node.address)
+            for m in node.cluster.members
+            if m.node != node.cluster.self_address
+        },
+    }
 
 
 def members_view(node: Node) -> dict[str, object]:
@@ -423,11 +446,13 @@ async def run_node(args: argparse.Namespace) -> int:
 
                 nursery.start_soon(leave_on_sigterm)
                 await node.terminated.wait()  # downed or removed: the process ends
-                history.write("exit", why=str(node.cluster.termination_reason))
+                history.write(
+                    "exit", why=str(node.cluster.termination_reason), stats=node_stats(node)
+                )
                 nursery.cancel_scope.cancel()
             if left_on_signal:
                 reason = node.cluster.termination_reason or "not removed in time"
-                history.write("exit", why=f"left on SIGTERM ({reason})")
+                history.write("exit", why=f"left on SIGTERM ({reason})", stats=node_stats(node))
     finally:
         history.close()
     return 0 if left_on_signal else EXIT_DOWNED

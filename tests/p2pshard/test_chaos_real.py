@@ -254,7 +254,7 @@ def test_a_process_that_has_not_ended_cannot_be_merged(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("argv", "error"),
     [
-        (["--quick"], "--quick and --dir go with --real"),
+        (["--quick"], "--quick, --rolling, --upgrade and --dir go with --real"),
         (["--real", "--nodes", "2"], "RealChaosSettings.nodes = 2 is invalid"),
         (["--real", "--faults", "kill,crash"], "RealChaosSettings.faults = ('kill', 'crash')"),
     ],
