@@ -1185,6 +1185,20 @@ class _Orchestrator:
                     )
                     continue
                 violations += check_rolling_stats(run.label, self.run_builds[run.label], stats)
+            # The first next-build process ran beside previous-build ones: its greetings to them
+            # must have been held back by the transport (``since=2``), not sent.
+            greeters = [run for run in self.runs if self.run_builds[run.label].greets]
+            held_back = sum(
+                self.stats.get(r.label, {}).get("not_sent_protocol", 0) for r in greeters
+            )
+            if greeters and not held_back:
+                violations.append(
+                    Violation(
+                        ROLLING,
+                        "no next-build node held back a message of the type it added from a "
+                        "previous-build peer: the protocol gate was never exercised",
+                    )
+                )
         if merged.broken_lines:
             violations.append(
                 Violation(NODE_PROCESS, f"{merged.broken_lines} history lines did not parse")

@@ -336,11 +336,14 @@ def node_stats(node: Node) -> dict[str, object]:
     know: a newer node sent what it should not have), ``links_closed_undecodable`` and
     ``links_closed_refused`` links closed for bad frames or too many refused messages,
     ``protocols`` the wire protocol version agreed with each other member, by name (None: no
-    link now). A build with more to show adds its own fields.
+    link now), ``not_sent_protocol`` messages it held back because their type needs a later
+    protocol than the link's (``@message(since=...)``). A build with more to show adds its own
+    fields.
     """
     transport = node.transport_statistics()
     return {
         "dropped_undecodable": transport.messages_dropped_undecodable,
+        "not_sent_protocol": transport.messages_not_sent_protocol,
         "links_closed_undecodable": transport.links_closed_undecodable,
         "links_closed_refused": transport.links_closed_refused,
         "protocols": {

@@ -10,9 +10,11 @@ release typically does to the wire:
 - it adds a trailing field with a default (``Heartbeat.sender_protocol``) to the message that
   flows between every two nodes all the time, so the previous build reads heartbeats with a
   field it does not know;
-- it adds a message type (``p2pshard.Greeting``), sent with every heartbeat, but only over links
-  whose agreed protocol version (``transport.peer_protocol``) is 2 or later: so only between two
-  nodes of the next build; each node counts those it receives (``greetings`` in its stats);
+- it adds a message type (``p2pshard.Greeting``, ``@message(since=2)``), sent with every
+  heartbeat to every receiver; the transport sends it only over links whose agreed protocol
+  version is 2 or later, so only between two nodes of the next build, and holds it back from
+  the others (``not_sent_protocol`` in the sender's stats); each node counts those it receives
+  (``greetings``);
 - it speaks protocol versions 1 to 2 (``CURRENT_PROTOCOL = ProtocolRange(1, 2)``).
 
 The ``app_version`` comes from each node's TOML file: ``1.0.0`` on the previous build, ``1.1.0``
