@@ -621,7 +621,7 @@ class Transport(abc.ABC):
         try:
             to_uid, message = _wire.decode_parts(payload)
         except MessageDecodeError as exc:
-            self._drop_undecodable(exc, sender)
+            self._drop_undecodable(exc, sender, payload)
             return None
         if to_uid and to_uid != self._local.uid:
             self._drop_for_another_incarnation(to_uid, sender)
@@ -651,7 +651,15 @@ class Transport(abc.ABC):
             )
         return frame
 
-    def _drop_undecodable(self, exc: MessageDecodeError, sender: UniqueAddress) -> None:
+    def _drop_undecodable(
+        self, exc: MessageDecodeError, sender: UniqueAddress, payload: bytes
+    ) -> None:
+        # The header was read: a message for another incarnation of this node (a newer build's,
+        # say, sent a type this one does not know) is that, not an unreadable one.
+        to_uid = _wire.decode_header(payload)[1]
+        if to_uid and to_uid != self._local.uid:
+            self._drop_for_another_incarnation(to_uid, sender)
+            return
         self._counters.messages_dropped_undecodable += 1
         self._refusals.refuse(
             "undecodable-message",
@@ -725,7 +733,7 @@ class Transport(abc.ABC):
             try:
                 to_uid, message = decode(payload)
             except MessageDecodeError as exc:
-                self._drop_undecodable(exc, sender)
+                self._drop_undecodable(exc, sender, payload)
                 continue
             if to_uid and to_uid != local_uid:
                 self._drop_for_another_incarnation(to_uid, sender)

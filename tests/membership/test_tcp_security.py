@@ -274,6 +274,27 @@ async def test_unknown_message_type_is_dropped_and_the_link_kept(certs: CertSet)
         await stream.aclose()
 
 
+async def test_an_unknown_type_for_another_incarnation_counts_as_that_not_as_unreadable(
+    certs: CertSet,
+) -> None:
+    # A newer incarnation on this address (a newer build) may have been sent a type this one
+    # does not know; the frame names that incarnation, so it is dropped as not for us.
+    async with node(certs, "server") as server:
+        stream = await raw_peer(server.local_address.address, certs.identity("raw"), "raw")
+        other_uid = server.local_address.uid ^ 1
+        unknown = msgpack.packb(["tests.NoSuchType", 1])
+        await stream.send_all(
+            encode_frame(_wire.HEADER.pack(1, 2, other_uid) + unknown)
+            + encode_frame(_wire.HEADER.pack(1, 2, server.local_address.uid) + unknown)
+            + encode_frame(_wire.encode(Seq(3)))
+        )
+        assert (await server.receive()).message == Seq(3)
+        stats = server.statistics()
+        assert stats.messages_dropped_wrong_incarnation == 1
+        assert stats.messages_dropped_undecodable == 1  # the one for this incarnation
+        await stream.aclose()
+
+
 async def test_a_flood_of_unknown_frames_is_counted_and_logged_a_few_times(
     certs: CertSet, caplog: pytest.LogCaptureFixture
 ) -> None:
