@@ -42,6 +42,7 @@ from p2pshard.testing import (
     Scenario,
     Violation,
     _chaos,
+    _sim,
     check_acknowledged_kept,
     check_agreement_views,
     check_convergence_digests,
@@ -178,6 +179,22 @@ def test_the_intruder_attacks_deterministically_and_every_attack_is_recorded() -
     assert {"Join", "Down", "Leave", "gossip", "GossipStatus", "Heartbeat"} <= seen, seen
     [again] = run_seeds([reports[0].seed], INTRUDER_SETTINGS)
     assert (again.trace_hash, again.faults) == (reports[0].trace_hash, reports[0].faults)
+
+
+def test_the_autojump_clock_jumps_as_trio_s_own() -> None:
+    async def sleeps() -> list[float]:
+        seen = []
+        for delay in (0.5, 3.0, 0.001, 0.0, 120.25):
+            with trio.move_on_after(delay * 2):  # a deadline that never fires, as well
+                await trio.sleep(delay)
+            seen.append(trio.current_time())
+        return seen
+
+    clock = _sim.autojump_clock()
+    assert "_autojump" in vars(clock)  # the cheaper jump is in place
+    expected = trio.run(sleeps, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert trio.run(sleeps, clock=clock) == expected
+    assert expected[-1] == pytest.approx(123.751)
 
 
 def test_seed_layouts() -> None:
