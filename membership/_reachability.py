@@ -18,7 +18,7 @@ from collections.abc import Collection, Iterable
 
 import attrs
 
-from .transport._address import UniqueAddress
+from .transport._address import UniqueAddress, node_order
 from .transport._wire import message
 
 
@@ -42,14 +42,16 @@ class Record:
     version: int
 
 
+# Sorted by node_order keys, the order of comparing the addresses themselves: the attrs-made
+# comparison builds tuples at every step, and every gossip decoded sorts its table again.
 def _sorted_records(records: Iterable[Record]) -> tuple[Record, ...]:
-    return tuple(sorted(records, key=lambda r: (r.observer, r.subject)))
+    return tuple(sorted(records, key=lambda r: (node_order(r.observer), node_order(r.subject))))
 
 
 def _sorted_versions(
     versions: Iterable[tuple[UniqueAddress, int]],
 ) -> tuple[tuple[UniqueAddress, int], ...]:
-    return tuple(sorted(versions))
+    return tuple(sorted(versions, key=lambda nv: (node_order(nv[0]), nv[1])))
 
 
 @message(name="p2pshard.Reachability")

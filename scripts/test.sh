@@ -106,4 +106,5 @@ mypy
 NO_MKDOCS_2_WARNING=1 mkdocs build --strict
 # Two workers (CI has two cores): most tests wait on real processes, sockets and servers, and the
 # long chaos runs would otherwise leave the second core idle. Pass -n 0 to run in one process.
-python -m pytest -n 2 --dist worksteal "$@"
+# --durations=25 lists the slowest tests of every run, so that CI shows what eats its 15 minutes.
+python -m pytest -n 2 --dist worksteal --durations=25 "$@"

@@ -267,6 +267,11 @@ class _Counters:
     frames_injected: int = 0
 
 
+_TRACE_BATCH = 256
+"""Trace lines gathered before they go into the digest: one update per batch costs less than one
+per line, and the hash of the concatenation is the same."""
+
+
 def _digest(payload: bytes) -> str:
     return hashlib.blake2b(payload, digest_size=6).hexdigest()
 
@@ -353,6 +358,8 @@ class SimNetwork:
         """Every recorded event, in order (see :class:`TraceEvent`); empty without keep_trace."""
         self._keep_trace = keep_trace
         self._trace_digest = hashlib.sha256()
+        self._trace_pending: list[str] = []
+        """Trace lines not yet hashed: fed to the digest in batches (see ``_flush_trace``)."""
 
     @property
     def seed(self) -> int:
@@ -575,6 +582,7 @@ class SimNetwork:
         Equal runs give equal hashes. It covers the events as recorded, whether or not they were
         kept in :attr:`trace`.
         """
+        self._flush_trace()
         return self._trace_digest.hexdigest()
 
     def statistics(self) -> SimNetworkStatistics:
@@ -602,10 +610,22 @@ class SimNetwork:
         dst: object = "",
         detail: str = "",
     ) -> None:
-        event = TraceEvent(_now(), kind, str(src), str(dst), detail)
-        self._trace_digest.update(f"{event}\n".encode())
+        # The line TraceEvent.__str__ gives, made without the event unless it is kept: frames are
+        # recorded two to three times each, and this was a twentieth of a simulated run's time.
+        at = _now()
+        line = f"{at!r} {kind} {src} -> {dst} {detail}\n"
+        pending = self._trace_pending
+        pending.append(line)
+        if len(pending) >= _TRACE_BATCH:
+            self._flush_trace()
         if self._keep_trace:
-            self.trace.append(event)
+            self.trace.append(TraceEvent(at, kind, str(src), str(dst), detail))
+
+    def _flush_trace(self) -> None:
+        """Hash the lines recorded since the last flush (sha256 of their concatenation)."""
+        if self._trace_pending:
+            self._trace_digest.update("".join(self._trace_pending).encode())
+            self._trace_pending.clear()
 
     def _node(self, address: Address) -> SimTransport | None:
         return self._nodes.get(address)
@@ -684,6 +704,9 @@ class _Link:
         self.refused: UniqueAddress | None = None
         """The incarnation at the address that refused this link (counted once)."""
         self.address = outbox.address
+        # How both ends read in the trace, made once: a frame is recorded two to three times.
+        self.source_text = str(source.local_address)
+        self.address_text = str(outbox.address)
         # A string seed is hashed with sha512, independent of PYTHONHASHSEED.
         self.random = random.Random(f"{network.seed}/{source.local_address}/{outbox.address}")
         self.heap: list[tuple[float, int, bytes, str]] = []
@@ -729,28 +752,28 @@ class _Link:
         payload = frame[HEADER_SIZE:]
         digest = _digest(payload)
         counters.frames_sent += 1
-        network._record("send", source, self.address, digest)
+        network._record("send", self.source_text, self.address_text, digest)
         if blocked:
             counters.frames_dropped_partition += 1
-            network._record("drop-partition", source, self.address, digest)
+            network._record("drop-partition", self.source_text, self.address_text, digest)
             return
         conditions = network.link_conditions(source.address, self.address)
         rng = self.random
         if conditions.drop and rng.random() < conditions.drop:
             counters.frames_dropped_random += 1
-            network._record("drop-random", source, self.address, digest)
+            network._record("drop-random", self.source_text, self.address_text, digest)
             return
         copies = 1
         if conditions.duplicate and rng.random() < conditions.duplicate:
             copies = 2
             counters.frames_duplicated += 1
-            network._record("duplicate", source, self.address, digest)
+            network._record("duplicate", self.source_text, self.address_text, digest)
         for _ in range(copies):
             due = now + conditions.sample_delay(rng)
             if conditions.reorder and rng.random() < conditions.reorder:
                 if due < self.last_due:
                     counters.frames_reordered += 1
-                    network._record("reorder", source, self.address, digest)
+                    network._record("reorder", self.source_text, self.address_text, digest)
             else:
                 due = max(due, self.last_due)
             self.last_due = max(self.last_due, due)
@@ -791,11 +814,11 @@ class _Link:
             return
         if network._cut(source.address, self.address):
             counters.frames_dropped_partition += 1
-            network._record("drop-partition", source, target.local_address, digest)
+            network._record("drop-partition", self.source_text, target._local_text, digest)
             await trio.lowlevel.checkpoint()
             return
         counters.frames_delivered += 1
-        network._record("deliver", source, target.local_address, digest)
+        network._record("deliver", self.source_text, target._local_text, digest)
         try:
             if len(payload) + HEADER_SIZE > target.settings.max_frame_size:
                 raise FrameTooLarge(
@@ -808,7 +831,7 @@ class _Link:
             # lost and the link reconnects.
             target._count_link_error(exc, source)
             counters.frames_rejected += 1
-            network._record("bad-frame", source, target.local_address, digest)
+            network._record("bad-frame", self.source_text, target._local_text, digest)
             self.lose_in_flight()
             if self.outbox.connected:
                 self.outbox.connects += 1
@@ -823,7 +846,7 @@ class _Link:
         lost = sorted(self.heap)
         self.heap.clear()
         for *_, digest in lost:
-            self.network._record("lost", self.source.local_address, self.address, digest)
+            self.network._record("lost", self.source_text, self.address_text, digest)
         self.outbox.frames_lost_in_flight += len(lost)
         self.network._counters.frames_lost_in_flight += len(lost)
         self.pump_lot.unpark_all()
@@ -831,7 +854,7 @@ class _Link:
         self.source._idle_lot.unpark_all()
 
     def _count_lost(self, count: int, digest: str) -> None:
-        self.network._record("lost", self.source.local_address, self.address, digest)
+        self.network._record("lost", self.source_text, self.address_text, digest)
         self.outbox.frames_lost_in_flight += count
         self.network._counters.frames_lost_in_flight += count
 
@@ -859,6 +882,8 @@ class SimTransport(Transport):
         protocol: ProtocolRange = CURRENT_PROTOCOL,
     ) -> None:
         super().__init__(local, settings, identity)
+        self._local_text = str(local)
+        """How this incarnation reads in the network's trace."""
         self._protocol = protocol
         self._network = network
         self._links: dict[Address, _Link] = {}

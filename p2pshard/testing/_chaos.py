@@ -101,7 +101,7 @@ from ._checkers import (
 from ._fanout import INBOX, ROOM, inbox_entity, room_entity, room_members
 from ._history import History
 from ._intruder import Intruder
-from ._sim import SimCluster, node_address, node_name, simulated_cluster
+from ._sim import SimCluster, autojump_clock, node_address, node_name, simulated_cluster
 from ._workload import COUNTER, CounterWorkload, Read, counter_entity, singleton_probe
 
 CLASSIC_FAULTS = (
@@ -345,7 +345,7 @@ def run_scenario(
     with _watchdog(seed):
         try:
             with deterministic_scheduling(seed):
-                return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+                return trio.run(main, clock=autojump_clock())
         except BaseException as exc:
             hung = _hung_in(exc)
             if hung is None or hung is exc:

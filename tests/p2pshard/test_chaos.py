@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import functools
 import random
 import time
+from collections.abc import Iterable
 
 import attrs
 import pytest
@@ -37,11 +39,13 @@ from p2pshard.testing import (
     FAULTS,
     REALISTIC,
     ChaosHung,
+    ChaosReport,
     ChaosSettings,
     History,
     Scenario,
     Violation,
     _chaos,
+    _sim,
     check_acknowledged_kept,
     check_agreement_views,
     check_convergence_digests,
@@ -76,9 +80,12 @@ SLOW_SEEDS = range(1000, 3000)
 JOBS = 2
 
 
-def run_and_check(seeds: range, settings: ChaosSettings) -> None:
+def run_and_check(
+    seeds: range, settings: ChaosSettings, ran: Iterable[ChaosReport] | None = None
+) -> None:
+    """Run ``seeds`` (or take the reports of a run of them, ``ran``) and check each one."""
     reports = []
-    for report in run_seeds(seeds, settings, jobs=JOBS):
+    for report in run_seeds(seeds, settings, jobs=JOBS) if ran is None else ran:
         print(
             f"seed={report.seed}: {report.incarnations} incarnations, {len(report.faults)} "
             f"faults, {report.acknowledged}/{report.sent} acknowledged, "
@@ -158,13 +165,19 @@ def test_every_invariant_holds_over_two_thousand_more_seeds() -> None:
     run_and_check(SLOW_SEEDS, ChaosSettings())
 
 
+@functools.cache
+def intruder_reports() -> tuple[ChaosReport, ...]:
+    """The intruder seeds' reports, run once for the two tests below when one worker runs both."""
+    return tuple(run_seeds(INTRUDER_SEEDS, INTRUDER_SETTINGS, jobs=JOBS))
+
+
 def test_every_invariant_holds_while_an_intruder_forges_membership_messages() -> None:
-    run_and_check(INTRUDER_SEEDS, INTRUDER_SETTINGS)
+    run_and_check(INTRUDER_SEEDS, INTRUDER_SETTINGS, intruder_reports())
 
 
 def test_the_intruder_attacks_deterministically_and_every_attack_is_recorded() -> None:
     seen: set[str] = set()
-    reports = list(run_seeds(INTRUDER_SEEDS, INTRUDER_SETTINGS, jobs=JOBS))
+    reports = intruder_reports()
     for report in reports:
         print(f"seed={report.seed}: {list(report.faults)}")
         attacks = [f.split(" ", 2)[2] for f in report.faults if " intruder: " in f]
@@ -178,6 +191,22 @@ def test_the_intruder_attacks_deterministically_and_every_attack_is_recorded() -
     assert {"Join", "Down", "Leave", "gossip", "GossipStatus", "Heartbeat"} <= seen, seen
     [again] = run_seeds([reports[0].seed], INTRUDER_SETTINGS)
     assert (again.trace_hash, again.faults) == (reports[0].trace_hash, reports[0].faults)
+
+
+def test_the_autojump_clock_jumps_as_trio_s_own() -> None:
+    async def sleeps() -> list[float]:
+        seen = []
+        for delay in (0.5, 3.0, 0.001, 0.0, 120.25):
+            with trio.move_on_after(delay * 2):  # a deadline that never fires, as well
+                await trio.sleep(delay)
+            seen.append(trio.current_time())
+        return seen
+
+    clock = _sim.autojump_clock()
+    assert "_autojump" in vars(clock)  # the cheaper jump is in place
+    expected = trio.run(sleeps, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert trio.run(sleeps, clock=clock) == expected
+    assert expected[-1] == pytest.approx(123.751)
 
 
 def test_seed_layouts() -> None:
