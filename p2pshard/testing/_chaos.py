@@ -300,8 +300,9 @@ NEXT_BUILD = Build("1.1.0", ProtocolRange(1, 2))
 build at 1 and to its own kind at 2."""
 
 ROLLOUT_STEP_BOUND = 90.0
-"""Simulated seconds a rollout step waits for each phase (the node running, its leave, its removal,
-its new incarnation Up) before it moves on, or for the last phase stops the rollout."""
+"""Simulated seconds a rollout step waits for each phase: the node Up everywhere before it leaves,
+its leave (then it is killed), its removal (then it comes back anyway), its new incarnation Up.
+The first and the last stop the rollout when they run out."""
 
 
 @attrs.frozen(kw_only=True)
@@ -772,15 +773,15 @@ async def rolling_upgrade(scenario: Scenario, rng: random.Random) -> None:
 
     The order and the node rolled back are drawn from ``rng``. Each step waits until its node
     runs and every running node sees it Up (one crashed or downed is restarted by its
-    supervisor first), lets it leave gracefully
-    (its shards handed off, as ``p2pshard node`` does on SIGTERM), waits until every running node
-    dropped the old incarnation or lists it as Removed, starts it again at its address as a new
-    incarnation of the other build, and waits until every running node sees it Up: the steps'
-    :class:`RolloutStep` durations. During one drawn step another node crashes (back after 3 to
-    12 s), during one drawn step a minority of the running nodes is cut off for 2 to 15 s. A
-    phase that does not end within :data:`ROLLOUT_STEP_BOUND` moves on, but a node that is not
-    Up everywhere before its step, or after it, stops the rollout as a ``rollout`` violation,
-    as an operator stops rolling out when a new node does not join.
+    supervisor first), lets it leave gracefully (its shards handed off, as ``p2pshard node``
+    does on SIGTERM), waits until every running node dropped the old incarnation or lists it as
+    Removed, starts it again at its address as a new incarnation of the other build, and waits
+    until every running node sees it Up: the phases timed in its :class:`RolloutStep`. During
+    one drawn step another node crashes (back after 3 to 12 s), during one drawn step a minority
+    of the running nodes is cut off for 2 to 15 s. A phase that does not end within
+    :data:`ROLLOUT_STEP_BOUND` moves on, but a node that is not Up everywhere before its step,
+    or after it, stops the rollout as a ``rollout`` violation, as an operator stops rolling out
+    when a new node does not join.
 
     Raises:
         RuntimeError: the scenario has no rollout (its seed drew none).
