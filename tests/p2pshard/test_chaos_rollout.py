@@ -6,7 +6,8 @@ only), with a crash and a partition during the rollout and the counter workload 
 every checker runs. A few CI seeds draw it (``tests/p2pshard/test_chaos.py``); here: the command
 runs one on three nodes and replays it from its seed, a next build whose protocol range does not
 meet the previous one's is caught, the checker on views made by hand, and with ``--slow`` many
-rollout seeds under the realistic settings and the fast LAN profile.
+rollout seeds under the realistic settings and the fast LAN profile (and the one seed of those
+that shows a rejoin bug, as an expected failure).
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ ROLLOUT_SETTINGS = attrs.evolve(
     REALISTIC, duration=15.0, quiet=30.0, message_interval=0.3, rollout=1.0
 )
 ROLLOUT_SLOW_SEEDS = range(600, 700)
-FAST_LAN_ROLLOUT_SLOW_SEEDS = range(700, 740)
+FAST_LAN_ROLLOUT_SETTINGS = attrs.evolve(ROLLOUT_SETTINGS, profile="fast-lan")
+STUCK_REJOIN_SEED = 711  # see test_a_node_removed_before_its_welcome_arrived_joins_again
+FAST_LAN_ROLLOUT_SLOW_SEEDS = [s for s in range(700, 780) if s != STUCK_REJOIN_SEED]
 SHORT = ChaosSettings(nodes=3, duration=5.0, quiet=15.0, message_interval=0.3, rollout=1.0)
 JOBS = 2
 
@@ -148,8 +151,21 @@ def test_every_invariant_holds_over_many_rollout_seeds() -> None:
 
 @pytest.mark.slow
 def test_every_invariant_holds_over_rollout_seeds_with_the_fast_lan_profile() -> None:
-    settings = attrs.evolve(ROLLOUT_SETTINGS, profile="fast-lan")
-    check_all(list(run_seeds(FAST_LAN_ROLLOUT_SLOW_SEEDS, settings, jobs=JOBS)))
+    check_all(list(run_seeds(FAST_LAN_ROLLOUT_SLOW_SEEDS, FAST_LAN_ROLLOUT_SETTINGS, jobs=JOBS)))
+
+
+# Found by this suite (2026-11-26): n1 is upgraded while its links are flaky and the other seed
+# node is crashed. Its new incarnation joins through n4, but n4's Welcome is lost; the leader
+# moves it Up, and since it refuses the members' gossip and heartbeats until it is welcomed, the
+# others find it unreachable within the fast LAN profile's 2 s and down and remove it, before
+# its join retry (10 s). From then on every retry is refused ("was removed and may not join
+# again") and the node neither joins nor exits for its supervisor to start a new incarnation.
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="a removed incarnation retries its join forever")
+def test_a_node_removed_before_its_welcome_arrived_joins_again() -> None:
+    report = run_chaos(STUCK_REJOIN_SEED, FAST_LAN_ROLLOUT_SETTINGS)
+    print(report.replay_command(), [str(v) for v in report.violations[:3]])
+    assert report.ok
 
 
 @pytest.mark.slow
