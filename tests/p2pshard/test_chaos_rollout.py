@@ -17,6 +17,7 @@ import json
 import attrs
 import pytest
 
+from membership import ConfigurationError
 from membership.internal import ProtocolRange
 from p2pshard.cli._main import main
 from p2pshard.testing import (
@@ -60,7 +61,8 @@ def test_the_command_runs_a_rollout_seed_that_replays(capsys: pytest.CaptureFixt
     assert report.ok, report.violations
     assert f"seed 2: trace {report.trace_hash}" in out  # the same run, replayed from its seed
     assert_rolled_out(report)
-    for step in report.rollout.steps if report.rollout else ():
+    assert report.rollout is not None
+    for step in report.rollout.steps:  # the command prints each step with its phases
         assert f"  {step}\n" in out
     assert report.replay_command() == (
         "p2pshard chaos --seed 2 --nodes 3 --duration 5 --quiet 15 --message-interval 0.3 "
@@ -137,7 +139,7 @@ def test_the_summary_and_json_give_the_step_times() -> None:
 
 
 def test_rollout_settings_are_checked() -> None:
-    with pytest.raises(Exception, match=r"ChaosSettings.rollout = 1.5 is invalid"):
+    with pytest.raises(ConfigurationError, match=r"ChaosSettings.rollout = 1.5 is invalid"):
         ChaosSettings(rollout=1.5)
     assert ChaosSettings().rollout == 0.0  # pinned seeds keep their runs
     assert REALISTIC.rollout == 0.0
