@@ -337,6 +337,14 @@ def _parser() -> argparse.ArgumentParser:
         "simulation's own); not with --real",
     )
     chaos.add_argument(
+        "--rollout",
+        type=float,
+        help="probability that a seed runs a rolling upgrade alongside its faults (default 0; "
+        "1: every seed): every node, one at a time, leaves and comes back on the next build "
+        "(app version 1.1.0, wire protocol versions 1-2), then one is rolled back to 1.0.0, "
+        "with a crash and a partition during the rollout; not with --real",
+    )
+    chaos.add_argument(
         "--message-interval",
         type=float,
         default=0.1,
@@ -462,6 +470,7 @@ def _chaos(args: argparse.Namespace) -> int:
         seed_restarts=base.seed_restarts if args.seed_restarts is None else args.seed_restarts,
         profile=args.profile,
         removal_margin=args.removal_margin,
+        rollout=base.rollout if args.rollout is None else args.rollout,
     )
     if args.seeds < 1:
         raise ConfigurationError(f"--seeds {args.seeds} is invalid: must be at least 1")
@@ -477,6 +486,12 @@ def _chaos(args: argparse.Namespace) -> int:
             f"{report.incarnations} entity incarnations, {report.acknowledged} of "
             f"{report.sent} messages acknowledged"
         )
+        if report.rollout is not None:
+            print("rolling upgrade (simulated seconds from each node's leave):")
+            for step in report.rollout.steps:
+                print(f"  {step}")
+            versions = ", ".join(f"{node} {version}" for node, version in report.rollout.versions)
+            print(f"  app versions after the quiet: {versions}")
         print(f"violations: {len(report.violations)}")
         for violation in report.violations:
             print(f"  {violation}")
@@ -498,6 +513,9 @@ def _chaos(args: argparse.Namespace) -> int:
                         "sent": report.sent,
                         "acknowledged": report.acknowledged,
                         "trace_hash": report.trace_hash,
+                        "rollout": None
+                        if report.rollout is None
+                        else [attrs.asdict(step) for step in report.rollout.steps],
                     }
                 ),
                 flush=True,
@@ -532,10 +550,11 @@ def _chaos_real(args: argparse.Namespace) -> int:
         or args.seed_restarts is not None
         or args.realistic
         or args.profile is not None
+        or args.rollout is not None
     ):
         raise ConfigurationError(
-            "--seed-layout, --seed-restarts, --profile and --realistic go with the simulated "
-            "cluster, not --real"
+            "--seed-layout, --seed-restarts, --profile, --realistic and --rollout go with the "
+            "simulated cluster, not --real"
         )
     if args.removal_margin is not None:
         raise ConfigurationError(

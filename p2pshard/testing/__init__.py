@@ -13,6 +13,8 @@ invariants a sharded application relies on:
 - at most one instance of a singleton at a time;
 - after the faults heal, the running nodes form one cluster, not islands of the same name;
 - a node that is not a member (the ``intruder`` fault) changes nothing by what it sends;
+- after a rolling upgrade (``ChaosSettings.rollout``), every member record shows the node's
+  app version and every link speaks the newest protocol version both nodes' builds share;
 - with the chat-like fan-out workload, every member's copy of a room is a prefix of the room's
   log and holds every post the room acknowledged.
 
@@ -41,16 +43,23 @@ Example:
 
 from ._chaos import CLASSIC_FAULTS as CLASSIC_FAULTS
 from ._chaos import FAULTS as FAULTS
+from ._chaos import NEXT_BUILD as NEXT_BUILD
+from ._chaos import PREVIOUS_BUILD as PREVIOUS_BUILD
 from ._chaos import REALISTIC as REALISTIC
 from ._chaos import SEED_LAYOUTS as SEED_LAYOUTS
 from ._chaos import WORKLOADS as WORKLOADS
+from ._chaos import Build as Build
 from ._chaos import ChaosHung as ChaosHung
 from ._chaos import ChaosReport as ChaosReport
 from ._chaos import ChaosSettings as ChaosSettings
+from ._chaos import Rollout as Rollout
+from ._chaos import RolloutReport as RolloutReport
+from ._chaos import RolloutStep as RolloutStep
 from ._chaos import Scenario as Scenario
 from ._chaos import ScenarioBody as ScenarioBody
 from ._chaos import draw_seed_nodes as draw_seed_nodes
 from ._chaos import random_schedule as random_schedule
+from ._chaos import rolling_upgrade as rolling_upgrade
 from ._chaos import run_chaos as run_chaos
 from ._chaos import run_scenario as run_scenario
 from ._chaos import run_seeds as run_seeds
@@ -59,6 +68,7 @@ from ._checkers import INVARIANTS as INVARIANTS
 from ._checkers import Violation as Violation
 from ._checkers import check_acknowledged_kept as check_acknowledged_kept
 from ._checkers import check_agreement_views as check_agreement_views
+from ._checkers import check_builds as check_builds
 from ._checkers import check_convergence_digests as check_convergence_digests
 from ._checkers import check_fan_out as check_fan_out
 from ._checkers import check_history as check_history

@@ -32,6 +32,16 @@ whose losing side holds a seed node crashes one such seed node, with that probab
 restarts it while the partition holds or right around the heal (then its links take 1 to 8 s to
 come up, as TCP links reconnecting). :data:`REALISTIC` turns all of it on.
 
+With ``rollout`` above 0, a seed may draw a rolling upgrade (:func:`rolling_upgrade`) that runs
+alongside its schedule: the nodes start on :data:`PREVIOUS_BUILD` (an app version and a wire
+protocol range); one at a time each leaves gracefully, is waited for until removed, and comes back
+at its address as a new incarnation of :data:`NEXT_BUILD`; then one is rolled back the same way.
+A crash of another node and a partition come during drawn steps, whatever the schedule does
+meanwhile; a node restarted for any reason keeps its build. The quiet begins when both the
+schedule and the rollout are done; the ``rollout`` checker then asks every member record for
+the node's app version and every link for the protocol version both builds agree on, and the
+report gives each step's phases in simulated seconds (:class:`RolloutStep`).
+
 A node that is downed exits (as ``p2pshard node`` does) and a supervisor starts it again a few
 seconds later. Meanwhile :class:`CounterWorkload` clients send numbered messages through every
 node: to counters, and with the ``fan-out`` workload also to chat-like rooms that copy every post
@@ -79,7 +89,7 @@ from membership import (
     UniqueAddress,
     deterministic_scheduling,
 )
-from membership.internal import in_range
+from membership.internal import ProtocolRange, in_range
 
 from .._config import NodeConfig
 from .._failover import FAILOVER_PROFILES
@@ -90,9 +100,11 @@ from ..sharding._settings import ShardingSettings
 from ._checkers import (
     AGREEMENT,
     INVARIANTS,
+    ROLLOUT,
     RUN_FINISHES,
     Violation,
     check_agreement_views,
+    check_builds,
     check_convergence_digests,
     check_history,
     check_no_fakes,
@@ -243,6 +255,12 @@ class ChaosSettings:
     ``default``) applied to every node's timing (failure detector, gossip, split brain
     resolver, leases) and the entity types' retries, in place of the simulation's own (default
     None: 1 s heartbeats, ``stable_after`` 5 s, 4 s leases)."""
+    rollout: float = attrs.field(default=0.0, validator=in_range(0, 1))
+    """The probability that a run performs a rolling upgrade alongside its fault schedule, drawn
+    per seed from a generator of its own (default 0: never; 1: every seed). The nodes start on
+    :data:`PREVIOUS_BUILD`; one at a time, each leaves gracefully and comes back at its address
+    as :data:`NEXT_BUILD`; then one, drawn, is rolled back the same way. One drawn step sees a
+    crash of another node, one a partition (see :func:`rolling_upgrade`)."""
 
     def __attrs_post_init__(self) -> None:
         if self.seed_layout.startswith("first-") and int(self.seed_layout[6:]) > self.nodes:
@@ -259,6 +277,84 @@ restarted during partitions, every fault kind (the intruder too). Combine with o
 
 
 @attrs.frozen
+class Build:
+    """A release of the application a node can run: its app version and wire protocol range.
+
+    Example:
+        >>> NEXT_BUILD.protocol.agree(PREVIOUS_BUILD.protocol)
+        1
+    """
+
+    app_version: str
+    protocol: ProtocolRange
+
+    def __str__(self) -> str:
+        return f"{self.app_version} ({self.protocol})"
+
+
+PREVIOUS_BUILD = Build("1.0.0", ProtocolRange(1, 1))
+"""The build a rolling upgrade starts from: this release's protocol only."""
+
+NEXT_BUILD = Build("1.1.0", ProtocolRange(1, 2))
+"""The build a rolling upgrade moves to: it still speaks version 1, so it links to the previous
+build at 1 and to its own kind at 2."""
+
+ROLLOUT_STEP_BOUND = 90.0
+"""Simulated seconds a rollout step waits for each phase: the node Up everywhere before it leaves,
+its leave (then it is killed), its removal (then it comes back anyway), its new incarnation Up.
+The first and the last stop the rollout when they run out."""
+
+
+@attrs.frozen(kw_only=True)
+class RolloutStep:
+    """One node's step of a rolling upgrade (or of the roll-back), and how long each phase took.
+
+    Each duration is in simulated seconds from the start of the node's graceful leave; ``None``
+    where the phase did not end within :data:`ROLLOUT_STEP_BOUND`.
+    """
+
+    node: str
+    old: str
+    """The app version it ran."""
+    new: str
+    """The app version it runs now."""
+    at: float
+    """When (trio clock) the leave began."""
+    waited: float
+    """Seconds the step waited first for the node to run and be Up in every running node's view
+    (after a crash, a partition, or being downed)."""
+    left: float | None
+    """Until the old incarnation had left and stopped (else it was crashed at the bound)."""
+    removed: float | None
+    """Until every running node had dropped the old incarnation or listed it as Removed."""
+    up: float | None
+    """Until every running node saw the new incarnation Up: the whole step."""
+
+    def __str__(self) -> str:
+        def phase(seconds: float | None) -> str:
+            return "not within the bound" if seconds is None else f"{seconds:.1f}s"
+
+        return (
+            f"{self.node} {self.old} -> {self.new}: left {phase(self.left)}, removed "
+            f"{phase(self.removed)}, Up {phase(self.up)}"
+            + (f" (waited {self.waited:.1f}s for it to be Up first)" if self.waited else "")
+        )
+
+
+@attrs.frozen(kw_only=True)
+class RolloutReport:
+    """What a run's rolling upgrade did, and the builds and links it left after the quiet."""
+
+    steps: tuple[RolloutStep, ...]
+    """Every step taken, in order: the upgrades, then the roll-back."""
+    versions: tuple[tuple[str, str], ...]
+    """(node, app version) as the running nodes' member records show it; differing views are
+    joined with ``|``."""
+    links: tuple[tuple[str, str, int | None], ...]
+    """(from, to, protocol version) of every ordered pair of running nodes (None: no link)."""
+
+
+@attrs.frozen
 class ChaosReport:
     """What one seed did and what the checkers found."""
 
@@ -272,6 +368,8 @@ class ChaosReport:
     trace_hash: str
     seed_nodes: tuple[str, ...] = ()
     """The seed nodes of the run, in configuration order (the first one forms the cluster)."""
+    rollout: RolloutReport | None = None
+    """What the run's rolling upgrade did (None: the run had none)."""
 
     @property
     def ok(self) -> bool:
@@ -302,6 +400,8 @@ class ChaosReport:
             parts.append(f"--seed-restarts {s.seed_restarts:g}")
         if s.profile is not None:
             parts.append(f"--profile {s.profile}")
+        if s.rollout != default.rollout:
+            parts.append(f"--rollout {s.rollout:g}")
         return " ".join(parts)
 
 
@@ -323,6 +423,7 @@ def run_scenario(
     sharding: ShardingSettings | None = None,
     configure: Callable[[int, NodeConfig], NodeConfig] | None = None,
     stop_message: object = None,
+    builds: tuple[Build, Build] = (PREVIOUS_BUILD, NEXT_BUILD),
 ) -> ChaosReport:
     """Run ``body`` against a chaos cluster in its own ``trio.run``, then check every invariant.
 
@@ -333,13 +434,16 @@ def run_scenario(
     ``sharding`` replaces the counter type's settings (``use_lease`` still follows
     ``settings``); ``split_brain_resolver`` the default keep-majority after 5 s; ``configure``
     adjusts node ``i``'s configuration before each start; ``stop_message`` is what the
-    counters get when their shard is handed off (by default they are just stopped).
+    counters get when their shard is handed off (by default they are just stopped). When the
+    seed draws a rolling upgrade (``settings.rollout``), it runs alongside ``body`` from the
+    first of ``builds`` to the second (a test may hand in builds that cannot link), and the
+    quiet begins once both are done.
     """
     settings = settings or ChaosSettings()
 
     async def main() -> ChaosReport:
         return await _scenario(
-            seed, body, settings, split_brain_resolver, sharding, configure, stop_message
+            seed, body, settings, split_brain_resolver, sharding, configure, stop_message, builds
         )
 
     with _watchdog(seed):
@@ -572,16 +676,28 @@ class Scenario:
     """The seed nodes, in configuration order."""
     intruder: Intruder | None = None
     """The ``intruder`` fault's attacker (one per run, attached only during its faults)."""
+    rollout: Rollout | None = None
+    """The run's rolling upgrade, if its seed drew one: each node's build, the steps so far."""
 
     @property
     def nodes(self) -> list[int]:
         """Every node number of the cluster."""
         return list(range(1, self.settings.nodes + 1))
 
-    def crash(self, i: int, *, restart_after: float | None) -> None:
-        """Kill node ``i``; start it again (a new incarnation) after ``restart_after`` seconds."""
+    def set_build(self, i: int, build: Build) -> None:
+        """Run ``build`` on node ``i`` from its next start on, and on every restart after it."""
+        if self.rollout is None:
+            raise RuntimeError("set_build needs a rollout: the run's seed drew none")
+        self.rollout.builds[i] = build
+        self.sim.protocols[i] = build.protocol
+
+    def crash(self, i: int, *, restart_after: float | None, why: str = "") -> None:
+        """Kill node ``i``; start it again (a new incarnation) after ``restart_after`` seconds.
+
+        The restart keeps the node's build. ``why`` is added to the fault's line.
+        """
         self.down.add(i)
-        self.sim.history.fault(f"crash n{i}")
+        self.sim.history.fault(f"crash n{i}{why}")
         self.sim.crash(i)
         if restart_after is not None:
             self.sim.nursery.start_soon(self.restart_later, i, restart_after)
@@ -638,6 +754,206 @@ ScenarioBody = Callable[[Scenario], Awaitable[None]]
 """A scenario: injects faults into the running cluster, returns when done."""
 
 
+@attrs.define(eq=False)
+class Rollout:
+    """A rolling upgrade: its two builds, the build of each node now, what happened so far."""
+
+    previous: Build
+    next: Build
+    builds: dict[int, Build] = attrs.field(factory=dict)
+    """The build each node runs; a node restarted for any reason comes back with it."""
+    steps: list[RolloutStep] = attrs.field(factory=list)
+    """The steps taken so far, in order."""
+    violations: list[Violation] = attrs.field(factory=list)
+    """Why the rollout stopped before its last step, if it did."""
+
+
+async def rolling_upgrade(scenario: Scenario, rng: random.Random) -> None:
+    """Upgrade every node, one at a time, to ``scenario.rollout.next``; then roll one back.
+
+    The order and the node rolled back are drawn from ``rng``. Each step waits until its node
+    runs and every running node sees it Up (one crashed or downed is restarted by its
+    supervisor first), lets it leave gracefully (its shards handed off, as ``p2pshard node``
+    does on SIGTERM), waits until every running node dropped the old incarnation or lists it as
+    Removed, starts it again at its address as a new incarnation of the other build, and waits
+    until every running node sees it Up: the phases timed in its :class:`RolloutStep`. During
+    one drawn step another node crashes (back after 3 to 12 s), during one drawn step a minority
+    of the running nodes is cut off for 2 to 15 s. A phase that does not end within
+    :data:`ROLLOUT_STEP_BOUND` moves on, but a node that is not Up everywhere before its step,
+    or after it, stops the rollout as a ``rollout`` violation, as an operator stops rolling out
+    when a new node does not join.
+
+    Raises:
+        RuntimeError: the scenario has no rollout (its seed drew none).
+    """
+    rollout = scenario.rollout
+    if rollout is None:
+        raise RuntimeError("rolling_upgrade needs a rollout: the run's seed drew none")
+    nodes = scenario.nodes
+    plan = [(i, rollout.next) for i in rng.sample(nodes, len(nodes))]
+    plan.append((rng.choice(nodes), rollout.previous))
+    crash = (rng.randrange(len(plan)), rng.uniform(0.5, 4.0), rng.uniform(3.0, 12.0))
+    partition = (rng.randrange(len(plan)), rng.uniform(0.5, 4.0), rng.uniform(2.0, 15.0))
+    picks = random.Random(rng.getrandbits(64))  # the victims, drawn when the faults come
+    async with trio.open_nursery() as faults:
+        for n, (i, build) in enumerate(plan):
+            if n == crash[0]:
+                faults.start_soon(_rollout_crash, scenario, picks, crash[1], crash[2])
+            if n == partition[0]:
+                faults.start_soon(_rollout_partition, scenario, picks, partition[1], partition[2])
+            if not await _rollout_step(scenario, rollout, i, build):
+                break
+
+
+async def _rollout_step(scenario: Scenario, rollout: Rollout, i: int, build: Build) -> bool:
+    """One node to ``build``: leave, removed, back, Up. False: the rollout stops here."""
+    sim, name, bound = scenario.sim, node_name(i), ROLLOUT_STEP_BOUND
+    began = trio.current_time()
+    with trio.move_on_after(bound):
+        while i in scenario.down or not _up_everywhere(sim, i):  # noqa: ASYNC110 - mock clock
+            await trio.sleep(0.1)
+    if i in scenario.down or not _up_everywhere(sim, i):
+        rollout.violations.append(
+            Violation(
+                ROLLOUT,
+                f"{name} was not Up in every running node's view {bound:g} s after its step to "
+                f"{build} was due: the rollout stopped there",
+            )
+        )
+        return False
+    start = trio.current_time()
+    old, was = sim.nodes[i].address, rollout.builds[i]
+    scenario.down.add(i)  # its exit is the rollout's: no supervisor restarts it meanwhile
+    sim.history.fault(f"rollout {name}: leaves, back as {build}")
+    left = removed = up = None
+    with trio.move_on_after(bound):
+        await sim.graceful_leave(i)
+        left = trio.current_time() - start
+    if left is None:  # a leave that hangs is ended as an operator would: kill -9
+        sim.crash(i)
+        await sim.done[i].wait()
+    with trio.move_on_after(bound):
+        while any(  # noqa: ASYNC110 - polls cluster state on the mock clock
+            m.node == old and m.status is not MemberStatus.REMOVED
+            for j in sim.live
+            for m in sim.nodes[j].cluster.members
+        ):
+            await trio.sleep(0.1)
+        removed = trio.current_time() - start
+    scenario.set_build(i, build)
+    await scenario.restart_later(i, 0.0)
+    with trio.move_on_after(bound):
+        while not _up_everywhere(sim, i):  # noqa: ASYNC110 - polls cluster state on the mock clock
+            await trio.sleep(0.1)
+        up = trio.current_time() - start
+    step = RolloutStep(
+        node=name,
+        old=was.app_version,
+        new=build.app_version,
+        at=start,
+        waited=start - began,
+        left=left,
+        removed=removed,
+        up=up,
+    )
+    rollout.steps.append(step)
+    sim.history.fault(f"rollout {step}")
+    if up is None:
+        rollout.violations.append(
+            Violation(
+                ROLLOUT,
+                f"{name} ({build.app_version}, {build.protocol}) was not Up in every running "
+                f"node's view {bound:g} s after it left: the rollout stopped there",
+            )
+        )
+    return up is not None
+
+
+def _up_everywhere(sim: SimCluster, i: int) -> bool:
+    """Whether node ``i`` runs and every running node sees this incarnation of it Up."""
+    node = sim.nodes.get(i)
+    return node is not None and all(
+        any(m.node == node.address and m.status is MemberStatus.UP for m in view.cluster.members)
+        for view in sim.nodes.values()
+    )
+
+
+async def _rollout_crash(
+    scenario: Scenario, rng: random.Random, delay: float, restart_after: float
+) -> None:
+    await trio.sleep(delay)
+    live = [i for i in scenario.sim.live if i not in scenario.down]
+    if len(live) < 2:
+        scenario.sim.history.fault("crash skipped (rollout): too few nodes running")
+        return
+    scenario.crash(rng.choice(live), restart_after=restart_after, why=" (rollout)")
+
+
+async def _rollout_partition(
+    scenario: Scenario, rng: random.Random, delay: float, lasting: float
+) -> None:
+    sim = scenario.sim
+    await trio.sleep(delay)
+    live = [i for i in sim.live if i not in scenario.down]
+    if len(live) < 2:
+        sim.history.fault("partition skipped (rollout): too few nodes running")
+        return
+    most = min(len(scenario.nodes) // 2, len(live) - 1)
+    minority = sorted(rng.sample(live, rng.randint(1, most)))
+    sim.partition(minority, [i for i in scenario.nodes if i not in minority])
+    sim.history.fault(f"partition {minority} for {lasting:.1f}s (rollout)")
+    await trio.sleep(lasting)
+    sim.heal()
+
+
+async def _roll_out(scenario: Scenario, rng: random.Random, done: trio.Event) -> None:
+    try:
+        await trio.sleep(rng.uniform(1.0, 5.0))
+        await rolling_upgrade(scenario, rng)
+    finally:
+        done.set()
+
+
+def _built(
+    rollout: Rollout, configure: Callable[[int, NodeConfig], NodeConfig] | None
+) -> Callable[[int, NodeConfig], NodeConfig]:
+    """Each node's build's app version first, then ``configure`` (which has the last word)."""
+
+    def both(i: int, config: NodeConfig) -> NodeConfig:
+        config = attrs.evolve(config, app_version=rollout.builds[i].app_version)
+        return config if configure is None else configure(i, config)
+
+    return both
+
+
+def _versions_seen(sim: SimCluster) -> Iterator[tuple[str, dict[str, str]]]:
+    """Per running node: the app version its member record of each running node shows."""
+    running = {node.address: node_name(i) for i, node in sim.nodes.items()}
+    for i in sim.live:
+        members = sim.nodes[i].cluster.members
+        yield node_name(i), {running[m.node]: m.app_version for m in members if m.node in running}
+
+
+def _rollout_report(scenario: Scenario, rollout: Rollout) -> RolloutReport:
+    sim = scenario.sim
+    seen: dict[str, set[str]] = {}
+    for _, view in _versions_seen(sim):
+        for name, version in view.items():
+            seen.setdefault(name, set()).add(version)
+    return RolloutReport(
+        steps=tuple(rollout.steps),
+        versions=tuple(
+            (node_name(i), "|".join(sorted(seen.get(node_name(i), ())))) for i in sim.live
+        ),
+        links=tuple(
+            (node_name(a), node_name(b), sim.nodes[a].transport.peer_protocol(node_address(b)))
+            for a in sim.live
+            for b in sim.live
+            if a != b
+        ),
+    )
+
+
 async def random_schedule(scenario: Scenario) -> None:
     """The chaos schedule: random faults of ``settings.faults``, for ``settings.duration`` s."""
     sim, rng, settings = scenario.sim, scenario.rng, scenario.settings
@@ -658,6 +974,7 @@ async def _scenario(
     sharding: ShardingSettings | None,
     configure: Callable[[int, NodeConfig], NodeConfig] | None,
     stop_message: object,
+    builds: tuple[Build, Build],
 ) -> ChaosReport:
     rng = random.Random(seed)
     history = History()
@@ -702,6 +1019,13 @@ async def _scenario(
         lease = node.leases.lease(f"sim-singleton-{PROBE}") if settings.use_lease else None
         await node.singletons.start(PROBE, singleton_probe(history, i), lease=lease)
 
+    # Its own generator, so that a run without a rollout draws nothing more from ``rng``.
+    rollout_rng = random.Random(f"{seed}/rollout")
+    rollout = None
+    if settings.rollout and rollout_rng.random() < settings.rollout:
+        rollout = Rollout(*builds)
+        configure = _built(rollout, configure)
+
     async with simulated_cluster(seed, setup, links=links, history=history) as sim:
         sim.lease_backend = backend
         sim.exit_when_terminated = True
@@ -713,8 +1037,13 @@ async def _scenario(
         seeds = draw_seed_nodes(settings, random.Random(f"{seed}/seed-nodes"))
         sim.seeds = tuple(node_address(i) for i in seeds)
         intruder = Intruder(sim, random.Random(f"{seed}/intruder"))
-        scenario = Scenario(sim, rng, settings, backend, seeds=seeds, intruder=intruder)
+        scenario = Scenario(
+            sim, rng, settings, backend, seeds=seeds, intruder=intruder, rollout=rollout
+        )
         nodes = scenario.nodes
+        if rollout is not None:
+            for i in nodes:
+                scenario.set_build(i, rollout.previous)
 
         def on_exit(i: int) -> None:
             if i not in scenario.down:  # downed: a supervisor starts it again
@@ -743,8 +1072,13 @@ async def _scenario(
             sim.nursery.start_soon(workload.run, nodes)
         if settings.double_activation_at is not None:
             sim.nursery.start_soon(_double_activation, sim, settings.double_activation_at)
+        rolled = trio.Event()
+        if rollout is not None:
+            sim.nursery.start_soon(_roll_out, scenario, rollout_rng, rolled)
 
         await body(scenario)
+        if rollout is not None:  # (a run without one keeps its schedule: no checkpoint here)
+            await rolled.wait()  # bounded: every phase of every step is
         sim.heal()
         for i in nodes:
             sim.set_links(i, links, among=nodes)
@@ -753,6 +1087,18 @@ async def _scenario(
         violations = check_history(history)
         violations += intruder.found
         violations += await _check_cluster(sim, nodes, settings, intruder.fakes)
+        rolled_out = None
+        if rollout is not None:
+            rolled_out = _rollout_report(scenario, rollout)
+            violations += rollout.violations
+            violations += check_builds(
+                {
+                    node_name(i): (rollout.builds[i].app_version, rollout.builds[i].protocol)
+                    for i in sim.live
+                },
+                dict(_versions_seen(sim)),
+                {(a, b): v for a, b, v in rolled_out.links},
+            )
         report = ChaosReport(
             seed,
             settings,
@@ -763,6 +1109,7 @@ async def _scenario(
             history.acknowledged_count(),
             sim.net.trace_hash(),
             tuple(node_name(i) for i in seeds),
+            rolled_out,
         )
         for i in sim.live:
             sim.crash(i)
@@ -1025,10 +1372,21 @@ def summarize(reports: Sequence[ChaosReport]) -> str:
     for report in reports:
         for fault in report.faults:
             word = fault.split(" ", 2)[1].rstrip(":")
+            if word == "rollout":
+                continue  # the steps are counted below, not as faults
             kind = "exit (downed)" if "exited" in fault else word
             kinds[kind] = kinds.get(kind, 0) + 1
     lines.append(f"{'faults injected':<28}{sum(kinds.values()):>10}")
     lines += [f"  {kind:<26}{count:>10}" for kind, count in sorted(kinds.items())]
+    rollouts = [r.rollout for r in reports if r.rollout is not None]
+    if rollouts:
+        steps = [step for rollout in rollouts for step in rollout.steps]
+        took = [step.up for step in steps if step.up is not None]
+        lines.append(f"{'rolling upgrades':<28}{len(rollouts):>10}")
+        lines.append(f"  {'node steps':<26}{len(steps):>10}")
+        if took:
+            lines.append(f"  {'step seconds, mean':<26}{sum(took) / len(took):>10.1f}")
+            lines.append(f"  {'step seconds, longest':<26}{max(took):>10.1f}")
     lines.append(f"{'entity incarnations':<28}{sum(r.incarnations for r in reports):>10}")
     lines.append(f"{'messages sent':<28}{sum(r.sent for r in reports):>10}")
     lines.append(f"{'messages acknowledged':<28}{sum(r.acknowledged for r in reports):>10}")

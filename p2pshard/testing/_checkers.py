@@ -16,6 +16,9 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
+from membership import HandshakeError
+from membership.internal import ProtocolRange
+
 from ._history import History, Span
 
 SINGLE_ACTIVATION = "single-activation"
@@ -27,6 +30,7 @@ CONVERGENCE = "convergence"
 FAN_OUT = "fan-out"
 ONE_CLUSTER = "one-cluster"
 INTRUDER_IGNORED = "intruder-ignored"
+ROLLOUT = "rollout"
 RUN_FINISHES = "run-finishes"
 
 INVARIANTS = (
@@ -39,9 +43,12 @@ INVARIANTS = (
     FAN_OUT,
     ONE_CLUSTER,
     INTRUDER_IGNORED,
+    ROLLOUT,
     RUN_FINISHES,
 )
-"""Every invariant name, in report order. ``run-finishes`` is not about the cluster: a seed whose
+"""Every invariant name, in report order. ``rollout`` is a rolling upgrade's: every step ended with
+its node Up, and afterwards every member record shows the node's build and every link speaks the
+protocol version the two builds agree on. ``run-finishes`` is not about the cluster: a seed whose
 run hung (or raised) is reported under it, so that the other seeds' reports still come."""
 
 
@@ -318,6 +325,74 @@ def check_no_fakes(
                 )
             )
     return found
+
+
+def check_builds(
+    builds: Mapping[str, tuple[str, ProtocolRange]],
+    seen: Mapping[str, Mapping[str, str]],
+    links: Mapping[tuple[str, str], int | None],
+) -> list[Violation]:
+    """After a rolling upgrade, every node runs the build it was given, and the links agree.
+
+    ``builds`` maps each running node to the app version and wire protocol range it was started
+    with; ``seen`` maps each running node to the app version its member record of every other
+    running node shows; ``links`` maps ordered pairs of running nodes to the protocol version of
+    the link between them (None: no link now). A record that shows another version means the
+    member record is stale or wrong; two builds whose ranges do not meet can never link (the
+    rollout is broken whatever else happens); a link that speaks another version than the newest
+    both ranges hold means the negotiation went wrong. A missing link between builds that do
+    meet is left to the agreement checks.
+
+    Example:
+        >>> one = {"n1": ("1.0.0", ProtocolRange(1, 1)), "n2": ("1.1.0", ProtocolRange(2, 2))}
+        >>> [str(v) for v in check_builds(one, {}, {})]  # doctest: +NORMALIZE_WHITESPACE
+        ['rollout: n1 (1.0.0, version 1) and n2 (1.1.0, version 2) cannot link: no wire
+          protocol version in common']
+    """
+    found = []
+    names = sorted(builds, key=_node_key)
+    for viewer in sorted(seen, key=_node_key):
+        for node in names:
+            version = seen[viewer].get(node)
+            if version is not None and version != builds[node][0]:
+                found.append(
+                    Violation(
+                        ROLLOUT,
+                        f"{viewer}'s member record of {node} shows app version {version!r}, "
+                        f"but {node} runs {builds[node][0]!r}",
+                    )
+                )
+    for n, a in enumerate(names):
+        for b in names[n + 1 :]:
+            (version_a, range_a), (version_b, range_b) = builds[a], builds[b]
+            agreed = _agreed(range_a, range_b)
+            if agreed is None:
+                found.append(
+                    Violation(
+                        ROLLOUT,
+                        f"{a} ({version_a}, {range_a}) and {b} ({version_b}, {range_b}) cannot "
+                        "link: no wire protocol version in common",
+                    )
+                )
+                continue
+            for source, target in ((a, b), (b, a)):
+                speaks = links.get((source, target))
+                if speaks is not None and speaks != agreed:
+                    found.append(
+                        Violation(
+                            ROLLOUT,
+                            f"{source}'s link to {target} speaks protocol version {speaks}, "
+                            f"not {agreed}, the newest both builds speak",
+                        )
+                    )
+    return found
+
+
+def _agreed(a: ProtocolRange, b: ProtocolRange) -> int | None:
+    try:
+        return a.agree(b)
+    except HandshakeError:
+        return None
 
 
 def _node_key(name: str) -> tuple[str, int, str]:

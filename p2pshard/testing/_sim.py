@@ -38,6 +38,7 @@ from membership import (
     SimNetwork,
     SplitBrainResolverSettings,
 )
+from membership.internal import CURRENT_PROTOCOL, ProtocolRange
 
 from .._config import NodeConfig, TlsFiles
 from .._node import Node, open_node
@@ -167,6 +168,10 @@ class SimCluster:
     """Called with the node number whenever a node stops, for whatever reason."""
     configure: Callable[[int, NodeConfig], NodeConfig] | None = None
     """Adjusts each node's configuration before it starts."""
+    protocols: dict[int, ProtocolRange] = attrs.field(factory=dict)
+    """The wire protocol versions each node speaks from its next start on (a node not named
+    here: this release's, ``CURRENT_PROTOCOL``): another build of the node, in a rolling
+    upgrade."""
     nodes: dict[int, Node] = attrs.field(factory=dict)
     regions: dict[int, ShardRegion] = attrs.field(factory=dict)
     scopes: dict[int, trio.CancelScope] = attrs.field(factory=dict)
@@ -211,7 +216,11 @@ class SimCluster:
             with trio.CancelScope() as scope:
                 self.scopes[i] = scope
                 async with (
-                    self.net.transport(node_address(i), node_name(i)) as transport,
+                    self.net.transport(
+                        node_address(i),
+                        node_name(i),
+                        protocol=self.protocols.get(i, CURRENT_PROTOCOL),
+                    ) as transport,
                     open_node(
                         config,
                         transport=transport,

@@ -10,7 +10,8 @@ made by hand (two islands, fake members).
 
 ``REALISTIC_CI_SETTINGS`` is as hard as real hosts: seed nodes drawn per seed (a few, not every
 node), seed nodes restarted during partitions, long partitions with the seed nodes on the losing
-side, and an intruder sending forged membership messages: the CI seeds run with it, and ``--slow``
+side, an intruder sending forged membership messages, and in about one seed of thirty a rolling
+upgrade (``tests/p2pshard/test_chaos_rollout.py``): the CI seeds run with it, and ``--slow``
 runs them once more with the first wave's schedules (every node a seed node, the classic fault
 kinds). ``FAST_LAN_SETTINGS`` runs the same, with every node on the fast LAN failover profile
 (``p2pshard.FAST_LAN``), over ``FAST_LAN_SEEDS``: the profile is checked safe by chaos as well as by
@@ -61,14 +62,20 @@ from p2pshard.testing import (
     run_seeds,
     summarize,
 )
+from tests._support.rollout import assert_rolled_out
 
 CI_SEEDS = range(200)
 CI_SETTINGS = ChaosSettings(duration=15.0, quiet=30.0, message_interval=0.3)
 FAN_OUT_SEEDS = range(200, 224)
 FAN_OUT_SLOW_SEEDS = range(224, 400)
 FAN_OUT_SETTINGS = attrs.evolve(CI_SETTINGS, workloads=("fan-out",))
+ROLLOUT_SHARE = 0.03  # 7 of the CI seeds, none of the others (about 8 s more on two cores)
 REALISTIC_CI_SETTINGS = attrs.evolve(
-    REALISTIC, duration=CI_SETTINGS.duration, quiet=30.0, message_interval=0.3
+    REALISTIC,
+    duration=CI_SETTINGS.duration,
+    quiet=30.0,
+    message_interval=0.3,
+    rollout=ROLLOUT_SHARE,
 )
 FAST_LAN_SEEDS = range(400, 420)
 FAST_LAN_SLOW_SEEDS = range(420, 500)
@@ -82,8 +89,8 @@ JOBS = 2
 
 def run_and_check(
     seeds: range, settings: ChaosSettings, ran: Iterable[ChaosReport] | None = None
-) -> None:
-    """Run ``seeds`` (or take the reports of a run of them, ``ran``) and check each one."""
+) -> list[ChaosReport]:
+    """Run ``seeds`` (or take the reports of a run of them, ``ran``), check each, return them."""
     reports = []
     for report in run_seeds(seeds, settings, jobs=JOBS) if ran is None else ran:
         print(
@@ -98,12 +105,18 @@ def run_and_check(
         f"seed {r.seed}: {r.violations[0]} (replay: {r.replay_command()})" for r in failing
     )
     assert all(r.incarnations > 0 and r.acknowledged > 0 for r in reports)
+    for report in reports:
+        if report.rollout is not None:
+            assert_rolled_out(report)
+    return reports
 
 
 def test_every_invariant_holds_over_the_ci_seeds() -> None:
     """As hard as real hosts: seed subsets drawn per seed, seed nodes restarted during
-    partitions, seed partitions, and the intruder among the faults."""
-    run_and_check(CI_SEEDS, REALISTIC_CI_SETTINGS)
+    partitions, seed partitions, the intruder among the faults, and in a few seeds a rolling
+    upgrade with its own crash and partition."""
+    reports = run_and_check(CI_SEEDS, REALISTIC_CI_SETTINGS)
+    assert [r.seed for r in reports if r.rollout is not None] == [15, 51, 112, 122, 159, 189, 198]
 
 
 def test_every_invariant_holds_over_fan_out_seeds() -> None:
@@ -499,9 +512,11 @@ def test_the_replay_command_carries_the_removal_margin() -> None:
         (["--faults", "skew,quake"], "ChaosSettings.faults = ('skew', 'quake') is invalid"),
         (["--real", "--workloads", "fan-out"], "--workloads goes with the simulated cluster"),
         (["--seed-layout", "every"], "ChaosSettings.seed_layout = 'every' is invalid"),
-        (["--real", "--realistic"], "--realistic go with the simulated cluster"),
+        (["--real", "--realistic"], "--realistic and --rollout go with the simulated cluster"),
+        (["--real", "--rollout", "1"], "--realistic and --rollout go with the simulated cluster"),
+        (["--rollout", "2"], "ChaosSettings.rollout = 2.0 is invalid"),
         (["--profile", "slow-wan"], "ChaosSettings.profile = 'slow-wan' is invalid: choose one"),
-        (["--real", "--profile", "fast-lan"], "--profile and --realistic go with the simulated"),
+        (["--real", "--profile", "fast-lan"], "--profile, --realistic and --rollout go with"),
         (["--real", "--removal-margin", "0"], "--removal-margin goes with the simulated cluster"),
         (["--removal-margin", "-1"], "ChaosSettings.removal_margin = -1.0 is invalid"),
     ],
