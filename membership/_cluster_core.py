@@ -642,8 +642,13 @@ class ClusterCore:
             return []
         gossip = self.gossip
         if gossip.is_tombstoned(node):
-            logger.info("%s: %s was removed and may not join again", self.self_node, node)
-            return []
+            # It was removed before it learnt it was in (our Welcome lost, say): it retries its
+            # join for ever unless told. The gossip's tombstone tells it, so that it shuts down
+            # and its supervisor starts a new incarnation, which may join.
+            logger.info(
+                "%s: %s was removed and may not join again; telling it", self.self_node, node
+            )
+            return [Send(node, Welcome(sender=self.self_node, gossip=gossip))]
         existing = gossip.member(node)
         if existing is not None:
             # Our Welcome was lost, or it retried: welcome it again.
@@ -683,6 +688,8 @@ class ClusterCore:
     def _on_welcome(self, sender: UniqueAddress, gossip: Gossip, now: float) -> list[Effect]:
         if self.phase is not Phase.JOINING or sender.address != self._join_target:
             return []
+        if gossip.is_tombstoned(self.self_node):
+            return self._shut_down("removed from the cluster before it was welcomed")
         if not gossip.has_member(self.self_node):
             return []
         logger.info("%s: welcomed by %s", self.self_node, sender)

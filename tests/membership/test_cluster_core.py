@@ -25,7 +25,7 @@ from membership._cluster_core import (
     Shutdown,
     StartExiting,
 )
-from membership._cluster_messages import InitJoin, InitJoinAck, InitJoinNack, Join
+from membership._cluster_messages import InitJoin, InitJoinAck, InitJoinNack, Join, Welcome
 from membership._cluster_settings import ClusterSettings
 from membership._events import MemberDowned, MemberRemoved, MemberUp
 from membership._gossip import convergence, leader, oldest
@@ -315,7 +315,7 @@ def test_min_nr_of_members_holds_everyone_in_joining() -> None:
     assert set(w.statuses(1).values()) == {S.UP}
 
 
-def test_join_from_a_tombstoned_incarnation_is_ignored() -> None:
+def test_join_from_a_tombstoned_incarnation_is_answered_with_the_tombstone() -> None:
     w = World(seed=9)
     for i in range(1, 3):
         w.add(i)
@@ -327,7 +327,40 @@ def test_join_from_a_tombstoned_incarnation_is_ignored() -> None:
     w.apply(first, first.update_reachability({gone}, w.now))
     w.run(10)
     assert first.gossip.is_tombstoned(gone)
-    assert first.receive(gone, Join(node=gone), w.now) == []
+    (answer,) = first.receive(gone, Join(node=gone), w.now)
+    assert isinstance(answer, Send)
+    assert isinstance(answer.message, Welcome)
+    assert answer.message.gossip.is_tombstoned(gone)  # it is not let in, and learns why
+    assert not answer.message.gossip.has_member(gone)
+
+
+def test_a_joiner_removed_before_its_welcome_arrived_shuts_down_at_its_next_try() -> None:
+    # Chaos seed 711 (fast-lan, rollout): the leader moved the joiner Up, its Welcome was lost,
+    # the others found it unreachable and removed it; its join retries were ignored, so the
+    # node neither joined nor exited for its supervisor to start a new incarnation.
+    w = World(seed=10)
+    for i in range(1, 3):
+        w.add(i)
+    w.run(20)
+    first = w.cores[address(1)]
+    joiner = w.add(3)
+    for _ in range(1000):
+        if first.gossip.has_member(joiner.self_node):
+            break
+        w.run(0.01)
+    w.queue = [q for q in w.queue if not isinstance(q[4], Welcome)]  # the Welcome is lost
+    heapq.heapify(w.queue)
+    w.cut |= {(address(1), address(3)), (address(2), address(3))}  # and all that follows
+    w.run(5)
+    assert first.gossip.has_member(joiner.self_node)
+    assert joiner.phase is Phase.JOINING
+    w.apply(first, first.down(address(3), w.now))
+    w.apply(first, first.update_reachability({joiner.self_node}, w.now))
+    w.run(10)
+    assert first.gossip.is_tombstoned(joiner.self_node)
+    w.cut.clear()
+    w.run(30)  # its next join try
+    assert joiner.phase is Phase.SHUT_DOWN
 
 
 @pytest.mark.parametrize("seed", range(5))
