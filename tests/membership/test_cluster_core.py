@@ -360,7 +360,8 @@ def test_a_joiner_removed_before_its_welcome_arrived_shuts_down_at_its_next_try(
     assert first.gossip.is_tombstoned(joiner.self_node)
     w.cut.clear()
     w.run(30)  # its next join try
-    assert joiner.phase is Phase.SHUT_DOWN
+    phase: Phase = joiner.phase  # (mypy narrowed it to JOINING above)
+    assert phase is Phase.SHUT_DOWN
 
 
 @pytest.mark.parametrize("seed", range(5))
