@@ -126,8 +126,13 @@ from membership import (
     SplitBrainResolverSettings,
     TransportSettings,
 )
-from membership.internal import create_cluster_ca, create_node_certificate, in_range, single_error
-from membership.transport._versions import CURRENT_PROTOCOL
+from membership.internal import (
+    CURRENT_PROTOCOL,
+    create_cluster_ca,
+    create_node_certificate,
+    in_range,
+    single_error,
+)
 
 from .._config import NodeConfig, TlsFiles
 from ..cli._exit import EXIT_DOWNED

@@ -46,7 +46,7 @@ from pathlib import Path
 import attrs
 
 from membership import ConfigurationError
-from membership.transport._versions import CURRENT_PROTOCOL
+from membership.internal import CURRENT_PROTOCOL
 
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
 """The source tree this p2pshard is imported from (the directory holding ``p2pshard/``)."""
