@@ -295,26 +295,17 @@ class StatusService:
         types: dict[str, EntityTypeStatus] = {}
 
         async def one(type_name: str) -> None:
-            try:
-                stats = await self._sharding.cluster_stats(type_name, timeout=stats_timeout)
-                regions = tuple(
-                    RegionShards(node=node, shards=dict(shards))
-                    for node, shards in sorted(stats.regions.items())
-                )
-                failed, error = tuple(sorted(stats.failed)), ""
-            except ConfigurationError as exc:  # stopped meanwhile
-                regions, failed, error = (), (), str(exc)
-            try:
-                region = _plain_table(self._sharding.region(type_name).statistics())
-            except ConfigurationError:
-                region = {}
-            types[type_name] = EntityTypeStatus(
-                type_name=type_name, region=region, regions=regions, failed=failed, error=error
-            )
+            types[type_name] = await self.entity_type(type_name, stats_timeout)
 
         async with trio.open_nursery() as nursery:
             for type_name in sorted(self._sharding.type_names):
                 nursery.start_soon(one, type_name)
+        return attrs.evolve(
+            self.members(request_id), entity_types=tuple(types[name] for name in sorted(types))
+        )
+
+    def members(self, request_id: int) -> StatusReply:
+        """This node's view of the members now, without entity types (nothing to wait for)."""
         cluster = self._cluster
         oldest = cluster.oldest()
         return StatusReply(
@@ -324,8 +315,31 @@ class StatusService:
             unreachable=tuple(sorted(m.node for m in cluster.unreachable)),
             leader=cluster.leader,
             oldest=None if oldest is None else oldest.node,
-            entity_types=tuple(types[name] for name in sorted(types)),
+            entity_types=(),
             other_clusters=tuple(_other_cluster(s) for s in cluster.other_clusters()),
+        )
+
+    async def entity_type(self, type_name: str, stats_timeout: float) -> EntityTypeStatus:
+        """This node's region of ``type_name`` and every region's shards, gathered in time.
+
+        A type that is not started here (or stopped meanwhile) gets an empty region table and
+        the reason in ``error``.
+        """
+        try:
+            stats = await self._sharding.cluster_stats(type_name, timeout=stats_timeout)
+            regions = tuple(
+                RegionShards(node=node, shards=dict(shards))
+                for node, shards in sorted(stats.regions.items())
+            )
+            failed, error = tuple(sorted(stats.failed)), ""
+        except ConfigurationError as exc:  # stopped meanwhile
+            regions, failed, error = (), (), str(exc)
+        try:
+            region = _plain_table(self._sharding.region(type_name).statistics())
+        except ConfigurationError:
+            region = {}
+        return EntityTypeStatus(
+            type_name=type_name, region=region, regions=regions, failed=failed, error=error
         )
 
 
@@ -368,7 +382,7 @@ class MemberCommandService:
                 asker,
                 exc,
             )
-        if _member_at(self._cluster, asker.address) is None:
+        if member_at(self._cluster, asker.address) is None:
             with contextlib.suppress(RuntimeError):  # the nursery is closing: the node stops
                 self._nursery.start_soon(self._forget, asker.address)
         return True
@@ -384,35 +398,12 @@ class MemberCommandService:
                 f"{identity.kind.value}"
             )
         cluster = self._cluster
-        if cluster.statistics().phase != "member":
-            return False, (
-                f"{cluster.self_address} is not a member of the cluster now; ask a member"
-            )
-        member = _member_at(cluster, command.address)
+        if not is_member_now(cluster):
+            return False, not_a_member_text(cluster)
+        member = member_at(cluster, command.address)
         if member is None:
-            known = ", ".join(f"{m.node.name} at {m.node.address}" for m in cluster.members)
-            return False, f"no member at {command.address} (members: {known or 'none'})"
-        status = member.status
-        node = member.node
-        if command.action == "leave":
-            if status in _LEAVING:
-                return True, f"{node} is leaving already ({status.name})"
-            if status not in _LEAVABLE:
-                return False, f"{node} is {status.name}: it cannot leave any more"
-            cluster.leave(node.address)
-            done = MemberStatus.LEAVING
-            what = "it hands its shards and singletons over, then is removed"
-        else:
-            if status is MemberStatus.DOWN:
-                return True, f"{node} is Down already"
-            cluster.down(node)
-            done = MemberStatus.DOWN
-            what = "it is removed once the others no longer reach it; if it runs, it stops"
-        after = _member_at(cluster, command.address)
-        if after is None or after.status is not done:
-            now = "removed" if after is None else after.status.name
-            return False, f"{node} could not be marked {done.name} (it is {now})"
-        return True, f"{node} marked {done.name}: {what}"
+            return False, no_member_text(cluster, command.address)
+        return carry_out(cluster, member, command.action)
 
     async def _forget(self, client: Address) -> None:
         """A command-line client: once it has the answer, stop linking to its port."""
@@ -420,11 +411,56 @@ class MemberCommandService:
             await self._transport.forget(client, flush_timeout=FORGET_AFTER)
 
 
-def _member_at(cluster: Cluster, address: Address) -> Member | None:
+def member_at(cluster: Cluster, address: Address) -> Member | None:
+    """The member at ``address`` as ``cluster`` sees it, or None."""
     for member in cluster.members:
         if member.node.address == address:
             return member
     return None
+
+
+def is_member_now(cluster: Cluster) -> bool:
+    """Whether this node is a member (so its view of the members may be acted on)."""
+    return cluster.statistics().phase == "member"
+
+
+def not_a_member_text(cluster: Cluster) -> str:
+    """Why a node that is not a member now refuses to make members leave or go down."""
+    return f"{cluster.self_address} is not a member of the cluster now; ask a member"
+
+
+def no_member_text(cluster: Cluster, address: Address) -> str:
+    """The refusal for an address no member has, naming the members there are."""
+    known = ", ".join(f"{m.node.name} at {m.node.address}" for m in cluster.members)
+    return f"no member at {address} (members: {known or 'none'})"
+
+
+def carry_out(cluster: Cluster, member: Member, action: str) -> tuple[bool, str]:
+    """Make ``member`` leave or go down (``action``); whether that was done, and a text.
+
+    Leaving a member that is leaving already, or downing one that is Down, counts as done.
+    """
+    status = member.status
+    node = member.node
+    if action == "leave":
+        if status in _LEAVING:
+            return True, f"{node} is leaving already ({status.name})"
+        if status not in _LEAVABLE:
+            return False, f"{node} is {status.name}: it cannot leave any more"
+        cluster.leave(node.address)
+        done = MemberStatus.LEAVING
+        what = "it hands its shards and singletons over, then is removed"
+    else:
+        if status is MemberStatus.DOWN:
+            return True, f"{node} is Down already"
+        cluster.down(node)
+        done = MemberStatus.DOWN
+        what = "it is removed once the others no longer reach it; if it runs, it stops"
+    after = member_at(cluster, node.address)
+    if after is None or after.status is not done:
+        now = "removed" if after is None else after.status.name
+        return False, f"{node} could not be marked {done.name} (it is {now})"
+    return True, f"{node} marked {done.name}: {what}"
 
 
 def _other_cluster(sighting: Sighting) -> OtherCluster:
@@ -634,24 +670,26 @@ def reply_json(reply: StatusReply) -> dict[str, Any]:
             }
             for o in reply.other_clusters
         ],
-        "entity_types": [
+        "entity_types": [entity_type_json(t) for t in reply.entity_types],
+    }
+
+
+def entity_type_json(status: EntityTypeStatus) -> dict[str, Any]:
+    """One entity type's region and cluster stats as a JSON-ready dict (as in ``reply_json``)."""
+    return {
+        "type_name": status.type_name,
+        "region": dict(status.region),
+        "regions": [
             {
-                "type_name": t.type_name,
-                "region": dict(t.region),
-                "regions": [
-                    {
-                        **(node_json(r.node) or {}),
-                        "shard_count": len(r.shards),
-                        "entity_count": sum(r.shards.values()),
-                        "shards": _sorted_shards(r.shards),
-                    }
-                    for r in t.regions
-                ],
-                "failed": [node_json(n) for n in t.failed],
-                "error": t.error or None,
+                **(node_json(r.node) or {}),
+                "shard_count": len(r.shards),
+                "entity_count": sum(r.shards.values()),
+                "shards": _sorted_shards(r.shards),
             }
-            for t in reply.entity_types
+            for r in status.regions
         ],
+        "failed": [node_json(n) for n in status.failed],
+        "error": status.error or None,
     }
 
 
