@@ -235,6 +235,80 @@ class TlsFiles:
         )
 
 
+_TOKEN = re.compile(r"[\x21-\x7e]{16,4096}")
+"""What a management token may be: visible ASCII (it travels in an HTTP header), 16 or more."""
+
+
+def _check_token(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise _invalid(instance, attribute, value, "must be a string or None")
+    if _TOKEN.fullmatch(value) is None:
+        # The value is a secret: the message says what is wrong with it, not what it is.
+        raise ConfigurationError(
+            f"{type(instance).__name__}.{attribute.name} = <{len(value)} characters, not shown> "
+            "is invalid: must be 16 to 4096 visible ASCII characters without spaces, such as "
+            "the output of `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+        )
+
+
+@attrs.frozen(kw_only=True)
+class ManagementSettings:
+    """The management endpoint: health, readiness and cluster state over HTTP (``[management]``).
+
+    Off unless ``enabled``. The node then serves, on ``host:port``, ``GET /alive``,
+    ``GET /ready`` (for load balancers and Kubernetes probes), ``GET /cluster/members``,
+    ``GET /cluster/members/{address}``, ``PUT /cluster/members/{address}`` (leave or down, with
+    the bearer ``token``) and ``GET /cluster/shards/{type}``, as JSON (see
+    ``docs/operations.md``). It speaks plain HTTP: bind it to a private address (loopback, the
+    pod's or the host's internal network), never to one the internet reaches. A file::
+
+        [management]
+        enabled = true
+        host = "10.0.0.5"
+        port = 8558
+        token = "change-me-to-32-random-characters"  # or P2PSHARD_MANAGEMENT__TOKEN
+
+    Example:
+        >>> ManagementSettings(enabled=True, port=0).read_token_required
+        False
+    """
+
+    enabled: bool = attrs.field(default=False, validator=_instance_of(bool))
+    """Serve the management endpoint (default false)."""
+
+    host: str = attrs.field(default="127.0.0.1", validator=_check_host)
+    """The interface to listen on (default ``"127.0.0.1"``): a private address, as the endpoint
+    speaks plain HTTP; ``"0.0.0.0"`` inside a pod, where only the pod network reaches it."""
+
+    port: int = attrs.field(default=8558, validator=_port(0))
+    """The TCP port to listen on (default 8558, as Akka Management's; 0 takes any free port,
+    which ``node.management_address`` tells)."""
+
+    token: str | None = attrs.field(default=None, validator=_check_token, repr=False)
+    """The bearer token ``PUT /cluster/members/{address}`` needs in its ``Authorization:
+    Bearer`` header (default None: leave and down over HTTP are refused with 403). 16 to 4096
+    visible ASCII characters; keep it out of the file with ``P2PSHARD_MANAGEMENT__TOKEN``."""
+
+    read_token_required: bool = attrs.field(default=False, validator=_instance_of(bool))
+    """Whether ``GET /cluster/...`` needs the token too (default false). ``/alive`` and
+    ``/ready`` never do: probes and load balancers call them without credentials."""
+
+    ready_give_up_after: float = attrs.field(default=10.0, validator=_check_timeout)
+    """Seconds after this node became Up that ``/ready`` stops waiting for its regions to
+    register with their coordinators and answers ready anyway, saying so (default 10, as Akka's
+    sharding health check's ``disabled-after``): a coordinator that cannot be reached must not
+    stall a rolling upgrade for ever."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.read_token_required and self.token is None:
+            raise ConfigurationError(
+                f"{type(self).__name__}.read_token_required = True is invalid without a token: "
+                "set token (or P2PSHARD_MANAGEMENT__TOKEN), or read_token_required = false"
+            )
+
+
 @attrs.frozen(kw_only=True)
 class NodeConfig:
     """Everything one node needs to start: who it is, where it listens, whom it asks to join.
@@ -298,6 +372,12 @@ class NodeConfig:
         path = "journal.db"
         # dsn = "postgresql://p2pshard@db-host/shop"  # backend = "postgresql"
         snapshot_every = 100
+
+        [management]  # p2pshard.ManagementSettings: health checks and cluster state over HTTP
+        enabled = true
+        host = "127.0.0.1"  # plain HTTP: a private address only
+        port = 8558
+        # token: set P2PSHARD_MANAGEMENT__TOKEN to allow leave and down over HTTP
 
     Environment variables override the file: ``P2PSHARD_`` and the field name in upper case, a
     double underscore for each table level. Lists are comma-separated, tables of ``name = value``
@@ -418,6 +498,12 @@ class NodeConfig:
     )
     """Where event-sourced entities keep their events, ``node.journal`` (default: no journal;
     ``[journal]`` in a file)."""
+
+    management: ManagementSettings = attrs.field(
+        factory=ManagementSettings, validator=_instance_of(ManagementSettings)
+    )
+    """The HTTP management endpoint: health, readiness, members, leave and down (default off;
+    ``[management]`` in a file)."""
 
     log_level: str = attrs.field(default="INFO", validator=_check_log_level)
     """The least severe log records to emit: DEBUG, INFO, WARNING or ERROR (default INFO)."""

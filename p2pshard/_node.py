@@ -5,7 +5,8 @@ transport (TCP with mutual TLS from the configuration, or one handed in, such as
 network's), starts the node's services in a nursery it owns, and yields a :class:`Node`. The
 transport hands each received message straight to the service it belongs to; today
 that is membership (``node.cluster``: gossip, heartbeats, split brain resolver) and cluster
-singletons (``node.singletons``).
+singletons (``node.singletons``). With ``[management]`` enabled the nursery also serves the HTTP
+management endpoint (``p2pshard._management``) at ``node.management_address``.
 
 Leaving the block leaves the cluster gracefully, as Akka's coordinated shutdown does: the node
 asks to leave, waits (up to ``shutdown_timeout``) until it has gone through Leaving and Exiting
@@ -31,6 +32,7 @@ from cryptography import x509
 
 from crdt import Replicator, ReplicatorSettings, open_replicator
 from membership import (
+    Address,
     Cluster,
     ConfigurationError,
     DowningLease,
@@ -53,6 +55,7 @@ from membership.internal import (
 )
 
 from ._config import NodeConfig
+from ._management import ManagementApp, serve_management
 from ._status import MemberCommandService, StatusService
 from .leases._lease import TRIO_CLOCK, LeaseBackend, LeaseClock, Leases, LeaseSettings
 from .leases._sqlite import SqliteLeaseBackend
@@ -85,6 +88,7 @@ class Node:
     _member_commands: MemberCommandService | None = None
     _leases: Leases | None = None
     _journal: Journal | None = None
+    _management_address: Address | None = None
     _nursery: trio.Nursery | None = None
     _rng: random.Random = attrs.Factory(random.Random)
     _trusted: object = None
@@ -101,6 +105,20 @@ class Node:
     def address(self) -> UniqueAddress:
         """This incarnation: canonical address, node name and uid."""
         return self._transport.local_address
+
+    @property
+    def management_address(self) -> Address | None:
+        """Where the HTTP management endpoint listens (None: ``[management]`` is not enabled).
+
+        With ``port = 0`` in ``[management]`` this is the port it was given.
+
+        Example:
+            >>> async def ready(node: Node) -> bool:
+            ...     async with httpx.AsyncClient() as http:
+            ...         answer = await http.get(f"http://{node.management_address}/ready")
+            ...     return answer.status_code == 200
+        """
+        return self._management_address
 
     @property
     def cluster(self) -> Cluster:
@@ -585,6 +603,15 @@ async def _run(
                         )
                         node._status = StatusService(transport, cluster, node._sharding, nursery)
                         node._member_commands = MemberCommandService(transport, cluster, nursery)
+                        if config.management.enabled:
+                            # Served until the nursery is cancelled, so /ready says 503 while
+                            # the node leaves.
+                            app = ManagementApp(
+                                config.management, cluster, node._sharding, node._status
+                            )
+                            node._management_address = await nursery.start(
+                                serve_management, app, config.management
+                            )
                         try:
                             yield node
                         except Exception:

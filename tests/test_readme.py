@@ -19,7 +19,8 @@ identical, and each distinct shell block runs once.
 
 The example directory gets the certificates the shell examples make and the node.toml the toml
 examples make; each program or fragment runs in its own process, with ``P2PSHARD_BIND_PORT`` and
-``P2PSHARD_SEED_NODES`` moved to a free port (the documents use 25520).
+``P2PSHARD_SEED_NODES`` moved to a free port (the documents use 25520), and the management
+endpoint to any free port (``P2PSHARD_MANAGEMENT__PORT=0``; the documents use 8558).
 """
 
 from __future__ import annotations
@@ -184,6 +185,7 @@ def test_the_example_runs(example: Example, example_dir: Path, tmp_path: Path) -
         "PYTHONUNBUFFERED": "1",
         "P2PSHARD_BIND_PORT": str(port),
         "P2PSHARD_SEED_NODES": f"127.0.0.1:{port}",
+        "P2PSHARD_MANAGEMENT__PORT": "0",
     }
     if example.mode == "program":
         script = tmp_path / "example.py"

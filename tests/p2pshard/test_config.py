@@ -20,7 +20,7 @@ from membership._failure_detector import FailureDetectorSettings
 from membership.sbr._settings import SplitBrainResolverSettings
 from membership.transport._certs import create_certificate, create_cluster_ca
 from membership.transport._tls import DenyList
-from p2pshard import ClientConfig, NodeConfig, TlsFiles
+from p2pshard import ClientConfig, ManagementSettings, NodeConfig, TlsFiles
 
 TLS = TlsFiles(
     ca_file=Path("/pki/ca.pem"), cert_file=Path("/pki/node-1.pem"), key_file=Path("/pki/node-1.key")
@@ -399,7 +399,7 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
     )
     assert message.endswith(
         "tls, transport, cluster, failure_detector, split_brain_resolver, replicator, lease, "
-        "journal, log_level, shutdown_timeout"
+        "journal, management, log_level, shutdown_timeout"
     )
 
 
@@ -1137,3 +1137,92 @@ def test_a_client_is_who_its_certificate_says(tmp_path: Path, kind: IdentityKind
     other = attrs.evolve(client, cluster_name="other")
     with pytest.raises(ConfigurationError, match="not for cluster 'other'"):
         other.identity()
+
+
+# --- the management endpoint ---------------------------------------------------------------------
+
+MANAGEMENT_TOKEN = "a-token-of-32-characters-exactly"
+
+
+def test_management_is_off_by_default_and_read_from_its_table(tmp_path: Path) -> None:
+    assert load(tmp_path, MINIMAL).management == ManagementSettings()
+    assert ManagementSettings().enabled is False
+    config = load(
+        tmp_path,
+        MINIMAL
+        + f"""
+[management]
+enabled = true
+host = "10.0.0.5"
+port = 0
+token = "{MANAGEMENT_TOKEN}"
+read_token_required = true
+ready_give_up_after = 30
+""",
+    )
+    assert config.management == ManagementSettings(
+        enabled=True,
+        host="10.0.0.5",
+        port=0,
+        token=MANAGEMENT_TOKEN,
+        read_token_required=True,
+        ready_give_up_after=30.0,
+    )
+    assert MANAGEMENT_TOKEN not in repr(config)  # a secret stays out of logged reprs
+    assert NodeConfig.load(write(tmp_path / "again", config.to_toml()), environ={}) == config
+
+
+def test_management_from_the_environment(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        MINIMAL,
+        P2PSHARD_MANAGEMENT__ENABLED="yes",
+        P2PSHARD_MANAGEMENT__PORT="18558",
+        P2PSHARD_MANAGEMENT__TOKEN=MANAGEMENT_TOKEN,
+    )
+    assert config.management == ManagementSettings(enabled=True, port=18558, token=MANAGEMENT_TOKEN)
+    cleared = load(
+        tmp_path,
+        MINIMAL + f'\n[management]\ntoken = "{MANAGEMENT_TOKEN}"\n',
+        P2PSHARD_MANAGEMENT__TOKEN="",
+    )
+    assert cleared.management.token is None
+
+
+@pytest.mark.parametrize(
+    ("table", "expected"),
+    [
+        (
+            "port = 70000",
+            "management.port = 70000 is invalid: must be an integer from 0 to 65535",
+        ),
+        ('host = ""', "management.host = '' is invalid: must be a host name or IP address"),
+        (
+            "ready_give_up_after = 0",
+            "management.ready_give_up_after = 0.0 is invalid: must be a number of seconds "
+            "greater than 0",
+        ),
+        (
+            "read_token_required = true",
+            "management.read_token_required = True is invalid without a token: set token (or "
+            "P2PSHARD_MANAGEMENT__TOKEN), or read_token_required = false",
+        ),
+        (
+            'token = "short secret"',
+            "management.token = <12 characters, not shown> is invalid: must be 16 to 4096 "
+            "visible ASCII characters without spaces, such as the output of "
+            "`python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`",
+        ),
+    ],
+)
+def test_bad_management_settings_in_file(tmp_path: Path, table: str, expected: str) -> None:
+    message = load_error(tmp_path, f"{MINIMAL}\n[management]\n{table}\n")
+    assert message == f"{expected} (in {tmp_path / 'node.toml'})"
+    assert "short secret" not in message
+
+
+def test_a_bad_management_token_from_the_environment_is_not_shown(tmp_path: Path) -> None:
+    message = load_error(tmp_path, MINIMAL, P2PSHARD_MANAGEMENT__TOKEN="pässwörd-pässwörd")
+    assert message.startswith("management.token = <17 characters, not shown> is invalid")
+    assert message.endswith("(from P2PSHARD_MANAGEMENT__TOKEN)")
+    assert "pässwörd" not in message
