@@ -88,7 +88,8 @@ class ReplicatorStatistics:
     Attributes:
         keys: keys held (deleted ones not counted).
         deleted_keys: tombstones held.
-        bytes_per_key: each key's full state, in bytes of a yrs update.
+        bytes_per_key: each key's full state, in bytes of a yrs update (empty when the
+            snapshot was taken with ``key_sizes=False``).
         pending_writes: updates and deletes waiting for replicas.
         pending_reads: reads waiting for replicas.
         gossip_messages_sent: anti-entropy and delta messages sent.
@@ -381,13 +382,20 @@ class Replicator:
         """
         return self._core.digest(key)
 
-    def statistics(self) -> ReplicatorStatistics:
-        """A snapshot of the counters; ``bytes_per_key`` costs one encoding per key."""
+    def statistics(self, *, key_sizes: bool = True) -> ReplicatorStatistics:
+        """A snapshot of the counters.
+
+        Args:
+            key_sizes: whether to fill ``bytes_per_key``, which costs one encoding of every
+                key's full state; without it ``bytes_per_key`` is empty and the snapshot costs
+                no more than reading the counters (what a metrics scrape wants).
+        """
         core = self._core.statistics()
+        held = self._core.held_keys() if key_sizes else []
         return ReplicatorStatistics(
             keys=core.keys,
             deleted_keys=core.deleted_keys,
-            bytes_per_key={key: self._core.size_of(key) for key in self._core.held_keys()},
+            bytes_per_key={key: self._core.size_of(key) for key in held},
             pending_writes=core.pending_writes,
             pending_reads=core.pending_reads,
             gossip_messages_sent=core.gossip_messages_sent,

@@ -353,6 +353,18 @@ class Cluster:
             refused=tuple(sorted(self.refusals.counts.items())),
         )
 
+    def failure_detector_phi(self) -> dict[UniqueAddress, float]:
+        """Phi of each failure detector this node keeps, now: suspicion that the node is gone.
+
+        One per node this node sends heartbeats to and has heard from (its receivers on the
+        heartbeat ring, and those it keeps watching until they answer or are removed), in
+        address order. A node is marked unreachable once its phi reaches
+        ``failure_detector.threshold``. Read-only: for metrics and diagnostics.
+        """
+        now = trio.current_time()
+        registry = self._heartbeats.registry
+        return {node: registry.phi(node, now) for node in registry.monitored()}
+
     # ---- who may send what ----
 
     def is_member_link(self, envelope: Envelope) -> bool:

@@ -365,12 +365,19 @@ class HeartbeatSenderState:
     def init(
         self, nodes: Iterable[UniqueAddress], unreachable: Iterable[UniqueAddress], now: float
     ) -> None:
-        """Replace the ring with a snapshot of the cluster (Akka's ``CurrentClusterState``)."""
+        """Replace the ring with a snapshot of the cluster (Akka's ``CurrentClusterState``).
+
+        A node missing from the snapshot was removed: as :meth:`remove_member`, it is no longer
+        heartbeated (even one that had stopped answering) and its detector is forgotten.
+        """
         self._expire(now)
+        members = frozenset(nodes)
+        removed = self._ring.nodes - members - {self._self_node}
         self._membership_change(
-            attrs.evolve(self._ring, nodes=frozenset(nodes), unreachable=frozenset(unreachable)),
-            now,
+            attrs.evolve(self._ring, nodes=members, unreachable=frozenset(unreachable)), now
         )
+        for node in removed:
+            self._forget(node)
 
     def add_member(self, node: UniqueAddress, now: float) -> None:
         """A member joined (or was first seen); it may become a receiver."""
@@ -387,6 +394,10 @@ class HeartbeatSenderState:
         if node == self._self_node:
             return
         self._membership_change(self._ring.without_node(node), now)
+        self._forget(node)
+
+    def _forget(self, node: UniqueAddress) -> None:
+        """``node`` left the cluster: no heartbeats to it, no detector, nothing expected."""
         self._registry.remove(node)
         self._old_receivers_now_unreachable.discard(node)
         self._expected_first.pop(node, None)

@@ -128,6 +128,39 @@ def _check_app_version(instance: object, attribute: attrs.Attribute[Any], value:
         )
 
 
+def app_spec_problem(value: str) -> str | None:
+    """What is wrong with an application entry point ``MODULE:FUNCTION``, or None if nothing.
+
+    ``MODULE`` is a dotted module name (``shop.app``), ``FUNCTION`` a name in it, or a dotted
+    path of attributes (``Shop.setup``). Used for ``NodeConfig.app`` and ``p2pshard node --app``.
+
+    Example:
+        >>> app_spec_problem("shop.app:setup") is None
+        True
+        >>> app_spec_problem("shop.app")
+        "the ':' is missing: expected MODULE:FUNCTION, e.g. 'shop.app:setup'"
+    """
+    example = "expected MODULE:FUNCTION, e.g. 'shop.app:setup'"
+    if ":" not in value:
+        return f"the ':' is missing: {example}"
+    module, _, function = value.partition(":")
+    if not module or not all(part.isidentifier() for part in module.split(".")):
+        return f"{module!r} is not a module name (dotted Python names, no '/' or '.py'): {example}"
+    if module.endswith(".py"):
+        return f"{module!r} is a file name: give the module's name, {module[:-3]!r}"
+    if not function or not all(part.isidentifier() for part in function.split(".")):
+        return f"{function!r} is not a function name (a Python name): {example}"
+    return None
+
+
+def _check_app(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str):
+        raise _invalid(instance, attribute, value, "must be a string MODULE:FUNCTION, or empty")
+    problem = value and app_spec_problem(value)
+    if problem:
+        raise _invalid(instance, attribute, value, problem)
+
+
 def _check_file(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if not isinstance(value, Path) or value == Path():
         raise _invalid(instance, attribute, value, "must be a non-empty pathlib.Path to a file")
@@ -332,6 +365,7 @@ class NodeConfig:
         # self_join = true  # instead of seed_nodes: a cluster of this node alone, formed at once
         roles = ["backend"]
         app_version = "2.4.1"
+        app = "shop.app:setup"  # what p2pshard node runs on it (--app)
         log_level = "INFO"
         shutdown_timeout = 10.0
 
@@ -504,6 +538,11 @@ class NodeConfig:
     )
     """The HTTP management endpoint: health, readiness, members, leave and down (default off;
     ``[management]`` in a file)."""
+    app: str = attrs.field(default="", validator=_check_app)
+    """The application ``p2pshard node`` runs on this node, ``"MODULE:FUNCTION"`` (default empty:
+    a bare node), as ``--app`` gives it: ``FUNCTION`` is ``async def setup(node)``, which starts
+    the entity types and singletons. :func:`open_node` does not read it; see the Operations
+    page of the documentation."""
 
     log_level: str = attrs.field(default="INFO", validator=_check_log_level)
     """The least severe log records to emit: DEBUG, INFO, WARNING or ERROR (default INFO)."""

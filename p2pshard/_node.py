@@ -22,8 +22,9 @@ import errno
 import logging
 import random
 import time
+import types
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 import attrs
@@ -136,6 +137,14 @@ class Node:
         """Replicated keys holding pycrdt documents, with majority reads and writes."""
         assert self._replicator is not None
         return self._replicator
+
+    @property
+    def replicators(self) -> Mapping[str, Replicator]:
+        """Every replicator running on this node, by name (a read-only view that follows them).
+
+        The default one (:attr:`replicator`) and those started with :meth:`start_replicator`.
+        """
+        return types.MappingProxyType(self._replicators)
 
     @property
     def leases(self) -> Leases:

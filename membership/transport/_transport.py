@@ -447,6 +447,7 @@ class Transport(abc.ABC):
         except _wire.NeedsProtocol:
             gated = self._frame_since(message, uid, address)
             if gated is None:
+                await trio.lowlevel.checkpoint()  # a cancel point, whatever becomes of it
                 return
             frame = gated
         if outbox is not None:

@@ -3,7 +3,9 @@
 ``p2pshard certs init`` makes a cluster CA; ``certs node|client|admin`` make a key and certificate
 where the CA is, ``certs request`` makes a key and a signing request where it will be used and
 ``certs sign`` signs that request where the CA is. ``p2pshard node --config FILE`` runs one node
-until Ctrl-C or SIGTERM (SIGHUP reloads its ``[tls]`` table); ``p2pshard local-cluster`` runs
+until Ctrl-C or SIGTERM (SIGHUP reloads its ``[tls]`` table), with ``--app MODULE:FUNCTION``
+(or the config's ``app``) an application on it: ``async def setup(node)`` starts its entity
+types and singletons; ``p2pshard local-cluster`` runs
 several nodes as separate processes on one host, with throwaway certificates (the README's main
 job). ``p2pshard status`` asks a running node for its members and shards, ``p2pshard leave`` and
 ``down`` ask it to make a member leave or go down (an admin certificate only);
@@ -12,7 +14,8 @@ durable store; ``p2pshard chaos`` runs seeded chaos schedules on a simulated clu
 ``--real``, one schedule on node processes of this host). Errors in what the user typed or
 configured end with a one-line message and exit status 2; a node that fails at run time, does
 not answer, or refuses, exits with 1; a node that the cluster downed or removed exits with
-``EXIT_DOWNED`` (3), so that a supervisor restarting on failure starts it again.
+``EXIT_DOWNED`` (3), so that a supervisor restarting on failure starts it again; a node whose
+app's setup raised leaves the cluster and exits with ``EXIT_APP_FAILED`` (4).
 ``p2pshard --version`` prints the installed release (the version of the package's metadata,
 which ``pyproject.toml`` sets).
 """
@@ -23,6 +26,7 @@ import argparse
 import importlib.metadata
 import json
 import logging
+import os
 import signal
 import sqlite3
 import sys
@@ -45,11 +49,12 @@ from membership.internal import (
 )
 
 from .._config import ClientConfig, NodeConfig
-from ._exit import EXIT_DOWNED
+from ._exit import EXIT_APP_FAILED, EXIT_DOWNED
 
 if TYPE_CHECKING:
     from .._node import Node
     from .._status import CommandAnswer, Probe
+    from ._app import App
 
 logger = logging.getLogger("p2pshard.cli")
 
@@ -140,13 +145,24 @@ def _parser() -> argparse.ArgumentParser:
 
     node = commands.add_parser(
         "node",
-        help="run one node until Ctrl-C",
+        help="run one node (and an application on it: --app) until Ctrl-C",
         description="Run one node until Ctrl-C or SIGTERM, which make it leave the cluster. "
-        "SIGHUP reads the configuration file again and applies its [tls] table (CAs, the "
-        "node's certificate and key, the deny list) at once: open links the new settings refuse "
-        "are closed. A configuration that does not load is refused, and the old settings kept.",
+        "With --app MODULE:FUNCTION, import the application's module (from the current "
+        "directory or PYTHONPATH, as python -m does) and, once the node has started, await "
+        "FUNCTION(node), an async function that starts the app's entity types and singletons; "
+        "the node runs on when it returns, and leaves the cluster (exit status 4) if it "
+        "raises. SIGHUP reads the configuration file again and applies its [tls] table (CAs, "
+        "the node's certificate and key, the deny list) at once: open links the new settings "
+        "refuse are closed. A configuration that does not load is refused, and the old settings "
+        "kept.",
     )
     node.add_argument("--config", required=True, type=Path, help="the node's TOML file")
+    node.add_argument(
+        "--app",
+        metavar="MODULE:FUNCTION",
+        help="the application's setup function, e.g. shop.app:setup: async def setup(node) "
+        "(default: the config's app key, or P2PSHARD_APP; none: a bare node)",
+    )
 
     local = commands.add_parser(
         "local-cluster", help="run a cluster of node processes on this host (Ctrl-C stops it)"
@@ -412,7 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "certs":
             return _certs(args)
         if args.command == "node":
-            return _node(args.config)
+            return _node(args.config, args.app)
         if args.command == "status":
             return _status(args)
         if args.command in ("leave", "down"):
@@ -682,7 +698,9 @@ def _certs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _node(config_file: Path) -> int:
+def _node(config_file: Path, app_option: str | None) -> int:
+    from ._app import load_app
+
     config = NodeConfig.load(config_file)
     if not config.seed_nodes and not config.self_join:
         raise ConfigurationError(
@@ -695,8 +713,15 @@ def _node(config_file: Path) -> int:
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # Loaded before the node starts: a typo in the app's name costs no join and no leave.
+    app = None
+    if app_option is not None:
+        app = load_app(app_option, "--app")
+    elif config.app:
+        source = "P2PSHARD_APP" if os.environ.get("P2PSHARD_APP") else f"app of {config_file}"
+        app = load_app(config.app, source)
     try:
-        return trio.run(_serve_node, config, config_file)
+        return trio.run(_serve_node, config, config_file, app)
     except OSError as exc:
         logger.error("%s: cannot run: %s", config.node_name, exc)
         return 1
@@ -743,10 +768,12 @@ def _reload_tls(node: Node, running: NodeConfig, config_file: Path) -> bool:
     return True
 
 
-async def _serve_node(config: NodeConfig, config_file: Path) -> int:
+async def _serve_node(config: NodeConfig, config_file: Path, app: App | None = None) -> int:
     """Run the node until a signal (then leave: 0) or the cluster removes it (EXIT_DOWNED).
 
-    SIGHUP applies the file's ``[tls]`` table again (see :func:`_reload_tls`).
+    With ``app``, its setup runs once the node has started (see :func:`_run_app`); if it raises,
+    the node leaves and the status is EXIT_APP_FAILED. SIGHUP applies the file's ``[tls]`` table
+    again (see :func:`_reload_tls`).
     """
     from .._node import open_node
 
@@ -784,10 +811,22 @@ async def _serve_node(config: NodeConfig, config_file: Path) -> int:
                     release(),
                     config.app_version or "not set",
                 )
+                app_failed = False
                 with running:
-                    await node.terminated.wait()  # downed or removed: nothing left to run
-                removed = not running.cancel_called
+                    app_failed = await _run_app(node, app)
+                removed = not running.cancel_called and not app_failed
+                if app_failed:
+                    running.cancel()  # a signal during the leave finds the node leaving
             watcher.cancel_scope.cancel()
+    if app_failed:
+        assert app is not None
+        logger.error(
+            "%s: exiting with status %d: the setup of app %s failed (the traceback is above)",
+            name,
+            EXIT_APP_FAILED,
+            app.spec,
+        )
+        return EXIT_APP_FAILED
     if removed:
         reason = node.cluster.termination_reason
         logger.warning(
@@ -799,6 +838,37 @@ async def _serve_node(config: NodeConfig, config_file: Path) -> int:
         )
         return EXIT_DOWNED
     return 0
+
+
+async def _run_app(node: Node, app: App | None) -> bool:
+    """Run ``app``'s setup on ``node`` until the node is out of the cluster; whether it raised.
+
+    A setup that returns leaves the node running; one that keeps running (a web server of the
+    app, say) is cancelled when the node leaves. Without an app, wait until the node is out.
+    """
+    name = node.config.node_name
+    failed = False
+    async with trio.open_nursery() as tasks:
+
+        async def set_up(app: App) -> None:
+            nonlocal failed
+            logger.info("%s: setting up app %s", name, app.spec)
+            try:
+                await app.setup(node)
+            except Exception:
+                failed = True
+                logger.exception(
+                    "%s: the setup of app %s raised; leaving the cluster", name, app.spec
+                )
+                tasks.cancel_scope.cancel()
+            else:
+                logger.info("%s: app %s is set up; the node runs on", name, app.spec)
+
+        if app is not None:
+            tasks.start_soon(set_up, app)
+        await node.terminated.wait()  # downed or removed: nothing left to run
+        tasks.cancel_scope.cancel()
+    return failed
 
 
 def _error(command: str, text: str) -> None:

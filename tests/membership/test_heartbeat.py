@@ -390,6 +390,23 @@ def test_an_unreachable_receiver_is_replaced_but_still_heartbeated() -> None:
     assert state.reachable(22.0) == {victim}
 
 
+def test_a_receiver_that_stopped_answering_and_is_then_removed_gets_no_more_heartbeats() -> None:
+    # The cluster shell feeds whole snapshots (init), never remove_member: a receiver that had
+    # stopped answering was kept as an old unreachable receiver, and heartbeated for ever after
+    # its removal (its send queue grew without end).
+    state = sender_state(10)
+    everyone = set(cluster(10))
+    run(state, 0.0, 10.0, answering=everyone)
+    victim = state.ring.my_receivers[0]
+    run(state, 10.0, 20.0, answering=everyone - {victim})
+    state.init(everyone, {victim}, now=20.0)
+    assert victim in state.receivers  # unreachable: still heartbeated, to notice its return
+    state.init(everyone - {victim}, set(), now=25.0)  # downed and removed
+    assert victim not in state.receivers
+    assert not state.registry.is_monitoring(victim)
+    assert victim not in state.tick(26.0).receivers
+
+
 def test_a_dropped_receiver_that_is_available_is_forgotten() -> None:
     state = sender_state(10)
     everyone = set(cluster(10))

@@ -132,6 +132,10 @@ def test_canonical_address_differs_from_bind_address() -> None:
         ({"app_version": "-rc1"}, "NodeConfig.app_version = '-rc1' is invalid"),
         ({"app_version": "1" * 65}, "up to 64 letters, digits and '.+_-'"),
         ({"app_version": 2}, "NodeConfig.app_version = 2 is invalid"),
+        ({"app": "shop.app"}, "NodeConfig.app = 'shop.app' is invalid: the ':' is missing"),
+        ({"app": "shop/app.py:setup"}, "'shop/app.py' is not a module name"),
+        ({"app": "shop.app:"}, "NodeConfig.app = 'shop.app:' is invalid: '' is not a function"),
+        ({"app": 3}, "NodeConfig.app = 3 is invalid: must be a string MODULE:FUNCTION"),
     ],
 )
 def test_invalid_values_fail_at_construction(changes: dict[str, object], expected: str) -> None:
@@ -225,6 +229,17 @@ def test_minimal_file_gets_defaults(tmp_path: Path) -> None:
     assert load(tmp_path, MINIMAL) == NodeConfig(cluster_name="shop", node_name="node-1", tls=TLS)
 
 
+def test_the_app_comes_from_the_file_or_the_environment(tmp_path: Path) -> None:
+    text = MINIMAL.replace("[tls]", 'app = "shop.app:setup"\n\n[tls]')
+    assert load(tmp_path, text).app == "shop.app:setup"
+    assert load(tmp_path, text, P2PSHARD_APP="shop.jobs:Jobs.setup").app == "shop.jobs:Jobs.setup"
+    assert load(tmp_path, MINIMAL).app == ""  # a bare node
+    assert load_error(tmp_path, MINIMAL, P2PSHARD_APP="shop") == (
+        "app = 'shop' is invalid: the ':' is missing: expected MODULE:FUNCTION, e.g. "
+        "'shop.app:setup' (from P2PSHARD_APP)"
+    )
+
+
 def test_example_file_in_docstring_loads(tmp_path: Path) -> None:
     doc = NodeConfig.__doc__
     assert doc is not None
@@ -241,6 +256,7 @@ def test_example_file_in_docstring_loads(tmp_path: Path) -> None:
     assert config.cluster.min_nr_of_members_of_role == (("backend", 2),)
     assert config.failure_detector.threshold == 8.0
     assert config.split_brain_resolver.down_all_when_unstable == "on"
+    assert config.app == "shop.app:setup"
 
 
 def test_relative_paths_are_relative_to_the_file(
@@ -399,7 +415,7 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
     )
     assert message.endswith(
         "tls, transport, cluster, failure_detector, split_brain_resolver, replicator, lease, "
-        "journal, management, log_level, shutdown_timeout"
+        "journal, management, app, log_level, shutdown_timeout"
     )
 
 
