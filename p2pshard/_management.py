@@ -26,7 +26,7 @@ import hmac
 import json
 import logging
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Literal
 
@@ -35,6 +35,7 @@ import hypercorn.config
 import hypercorn.trio
 import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from membership import (
     Address,
@@ -84,19 +85,25 @@ ROUTES = (
     "GET /cluster/members/{address}",
     "PUT /cluster/members/{address}",
     "GET /cluster/shards/{type}",
+    "GET /metrics",
 )
 """Every route, as the 404 answer lists them."""
 
-RouteName = Literal["alive", "ready", "members", "member", "operation", "shards"]
+RouteName = Literal["alive", "ready", "members", "member", "operation", "shards", "metrics"]
 
 
 @attrs.frozen
 class Answer:
-    """What a request gets: an HTTP status, a JSON body and extra headers."""
+    """What a request gets: an HTTP status, a JSON body and extra headers.
+
+    ``text`` with its ``content_type`` replaces the JSON body (the metrics' text format).
+    """
 
     status: int
     body: dict[str, Any]
     headers: tuple[tuple[str, str], ...] = ()
+    text: bytes | None = None
+    content_type: str = "application/json"
 
 
 def refusal(status: int, text: str, *headers: tuple[str, str]) -> Answer:
@@ -134,6 +141,8 @@ def route(method: str, path: str) -> Route | Answer:
             methods, argument = {"GET": "member", "PUT": "operation"}, address
         case ["", "cluster", "shards", type_name] if type_name:
             methods, argument = {"GET": "shards"}, type_name
+        case ["", "metrics"]:
+            methods = {"GET": "metrics"}
         case _:
             return refusal(404, f"no route {path!r}; the routes are: {', '.join(ROUTES)}")
     name = methods.get(method)
@@ -268,6 +277,8 @@ class ManagementApp:
     _cluster: Cluster
     _sharding: Sharding
     _status: StatusService
+    _metrics: Callable[[], bytes] | None = None
+    """The node's metrics in Prometheus' text format, now (None: ``/metrics`` answers 404)."""
     _up_since: float | None = None
     """When this node was first seen Up (trio's clock), for the readiness give-up."""
 
@@ -365,6 +376,10 @@ class ManagementApp:
                     refused.body["error"],
                 )
             return refused
+        if matched.name == "metrics":
+            if self._metrics is None:
+                return refusal(404, "this node serves no metrics")
+            return Answer(200, {}, text=self._metrics(), content_type=CONTENT_TYPE_LATEST)
         if matched.name == "members":
             return Answer(200, self._members())
         if matched.name == "shards":
@@ -468,9 +483,9 @@ def _address(text: str) -> Address | Answer:
 
 
 async def _send_json(send: ASGISendCallable, answer: Answer) -> None:
-    payload = json.dumps(answer.body).encode() + b"\n"
+    payload = json.dumps(answer.body).encode() + b"\n" if answer.text is None else answer.text
     headers = [
-        (b"content-type", b"application/json"),
+        (b"content-type", answer.content_type.encode("latin-1")),
         (b"content-length", str(len(payload)).encode()),
         (b"cache-control", b"no-store"),
         *((name.encode("latin-1"), value.encode("latin-1")) for name, value in answer.headers),

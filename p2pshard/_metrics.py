@@ -26,6 +26,7 @@ call :func:`metrics_text` from a task of the node, as the management endpoint do
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -40,7 +41,8 @@ from prometheus_client.registry import Collector
 
 from membership import ConfigurationError, MemberStatus
 
-from ._node import Node
+if TYPE_CHECKING:  # the node serves these metrics (GET /metrics): it imports this module
+    from ._node import Node
 
 METRICS_CONTENT_TYPE: str = CONTENT_TYPE_LATEST
 """The ``Content-Type`` of what :func:`metrics_text` returns (Prometheus' text format)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import random
 import time
@@ -57,6 +58,7 @@ from membership.internal import (
 
 from ._config import NodeConfig
 from ._management import ManagementApp, serve_management
+from ._metrics import metrics_text
 from ._status import MemberCommandService, StatusService
 from .leases._lease import TRIO_CLOCK, LeaseBackend, LeaseClock, Leases, LeaseSettings
 from .leases._sqlite import SqliteLeaseBackend
@@ -616,7 +618,11 @@ async def _run(
                             # Served until the nursery is cancelled, so /ready says 503 while
                             # the node leaves.
                             app = ManagementApp(
-                                config.management, cluster, node._sharding, node._status
+                                config.management,
+                                cluster,
+                                node._sharding,
+                                node._status,
+                                functools.partial(metrics_text, node),
                             )
                             node._management_address = await nursery.start(
                                 serve_management, app, config.management

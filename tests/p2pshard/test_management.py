@@ -17,6 +17,7 @@ import attrs
 import httpx
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from membership import Address, ClusterSettings, ConfigurationError, MemberStatus, SimNetwork
 from p2pshard import (
@@ -154,6 +155,44 @@ def refused(response: httpx.Response, status: int, *words: str) -> str:
 # --- the routes on a running cluster ------------------------------------------------------------
 
 
+def scraped(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """A Prometheus scrape as {(sample name, sorted labels): value}."""
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+async def test_metrics_are_served_in_the_prometheus_format_and_move_with_the_work() -> None:
+    async with cluster(seed=4) as sim:
+        await sim.start_up([1, 2], bound=BOUND)
+        await registered(sim, [1, 2])
+        for entity in ENTITIES:  # the shards' homes known: each message counts where it goes
+            assert await sim.regions[1].entity_ref(entity).ask(Touch(), timeout=10) == 1
+        async with client(sim.nodes[1]) as http:
+            first = await http.get("/metrics")
+            assert first.status_code == 200, first.text
+            assert first.headers["content-type"].startswith("text/plain")
+            before = scraped(first.text)
+            assert before[("p2pshard_cluster_members", (("status", "up"),))] == 2
+            for entity in ENTITIES:
+                assert await sim.regions[1].entity_ref(entity).ask(Touch(), timeout=10) == 2
+            after = scraped((await http.get("/metrics")).text)
+            counter = (("entity_type", "Counter"),)
+            moved = sum(
+                after[(name, counter)] - before.get((name, counter), 0.0)
+                for name in (
+                    "p2pshard_sharding_messages_delivered_locally_total",
+                    "p2pshard_sharding_messages_sent_remote_total",
+                )
+            )
+            assert moved == len(ENTITIES)  # each ask went to its entity once, here or away
+            hosted_here = sim.regions[1].statistics().entities
+            assert after[("p2pshard_sharding_entities", counter)] == hosted_here
+            refused(await http.post("/metrics"), 405, "POST", "GET")
+
+
 async def test_alive_members_and_shards_of_a_running_cluster() -> None:
     async with cluster(seed=1) as sim:
         await sim.start_up([1, 2], bound=BOUND)
@@ -217,7 +256,14 @@ async def test_alive_members_and_shards_of_a_running_cluster() -> None:
             refused(await http.get("/cluster/shards/Nope"), 404, "'Nope'", "Counter")
             refused(await http.get("/cluster/members/10.0.0.1:9"), 404, "n1 at 10.0.0.1:1")
             refused(await http.get("/cluster/members/nonsense"), 400, "host:port")
-            for path in ("/", "/alive/", "/cluster", "/cluster/members/", "/cluster/shards/"):
+            for path in (
+                "/",
+                "/alive/",
+                "/cluster",
+                "/cluster/members/",
+                "/cluster/shards/",
+                "/metrics/",
+            ):
                 refused(await http.get(path), 404, "GET /alive", "PUT /cluster/members")
             wrong = await http.post("/alive")
             refused(wrong, 405, "POST", "GET")
