@@ -25,8 +25,8 @@ call :func:`metrics_text` from a task of the node, as the management endpoint do
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Protocol
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -39,10 +39,50 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from membership import ConfigurationError, MemberStatus
+from crdt import Replicator
+from membership import Cluster, ConfigurationError, MemberStatus, TransportStatistics
 
-if TYPE_CHECKING:  # the node serves these metrics (GET /metrics): it imports this module
-    from ._node import Node
+from ._config import NodeConfig
+from .leases._lease import Leases
+from .sharding._sharding import Sharding
+
+
+class Node(Protocol):
+    """What the metrics read of a node (a :class:`~p2pshard.Node` is one).
+
+    A protocol rather than the class: the node serves these metrics (``GET /metrics``), so it
+    imports this module.
+    """
+
+    @property
+    def config(self) -> NodeConfig:
+        """The node's configuration."""
+        ...
+
+    @property
+    def cluster(self) -> Cluster:
+        """Its membership."""
+        ...
+
+    @property
+    def sharding(self) -> Sharding:
+        """Its entity types."""
+        ...
+
+    @property
+    def replicators(self) -> Mapping[str, Replicator]:
+        """Its replicators, by name."""
+        ...
+
+    @property
+    def leases(self) -> Leases:
+        """Its leases (raises ConfigurationError without a lease backend)."""
+        ...
+
+    def transport_statistics(self) -> TransportStatistics:
+        """Its transport's counters."""
+        ...
+
 
 METRICS_CONTENT_TYPE: str = CONTENT_TYPE_LATEST
 """The ``Content-Type`` of what :func:`metrics_text` returns (Prometheus' text format)."""
