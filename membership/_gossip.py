@@ -32,7 +32,7 @@ from collections.abc import Collection, Iterable
 
 import attrs
 
-from ._app_version import AppVersion, newest_app_version
+from ._app_version import AppVersion
 from ._member import (
     CONVERGENCE_STATUSES,
     LEADER_STATUSES,
@@ -229,10 +229,14 @@ def leader(
     return min(candidates, key=Member.leader_key).node
 
 
+_HOSTS = (MemberStatus.UP, MemberStatus.LEAVING)
+"""The statuses of members that may run singletons."""
+
+
 def oldest(
     gossip: Gossip,
     role: str | None = None,
-    statuses: Collection[MemberStatus] = (MemberStatus.UP, MemberStatus.LEAVING),
+    statuses: Collection[MemberStatus] = _HOSTS,
 ) -> Member | None:
     """The oldest member (of ``role``) among those with one of ``statuses``.
 
@@ -240,9 +244,6 @@ def oldest(
     """
     eligible = [m for m in gossip.members if m.has_role(role) and m.status in statuses]
     return min(eligible, key=Member.age_key, default=None)
-
-
-_HOSTS = (MemberStatus.UP, MemberStatus.LEAVING)
 
 
 def singleton_host(gossip: Gossip, role: str | None = None) -> Member | None:
@@ -258,7 +259,7 @@ def singleton_host(gossip: Gossip, role: str | None = None) -> Member | None:
         return None
     first = eligible[0].app_version
     if any(m.app_version != first for m in eligible):
-        newest = AppVersion.parse(newest_app_version(m.app_version for m in eligible) or "")
+        newest = max(AppVersion.parse(m.app_version) for m in eligible)
         eligible = [m for m in eligible if AppVersion.parse(m.app_version) == newest]
     return min(eligible, key=Member.age_key)
 

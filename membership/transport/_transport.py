@@ -639,18 +639,18 @@ class Transport(abc.ABC):
         need = _wire.needs_protocol(type(message))
         # To itself a node sends anything: it reads what it sends.
         agreed = need if address == self._local.address else self.peer_protocol(address)
-        frame = self._encoder.frame_since(message, uid, agreed)
-        if frame is None:
-            self._counters.messages_not_sent_protocol += 1
-            self._refusals.refuse(
-                f"not-sent-protocol {address} {agreed}",  # a line per peer and link version
-                f"{self._local}: did not send a {type(message).__name__} to {address}: it needs "
-                f"wire protocol version {need}, and the link "
-                + ("is not up" if agreed is None else f"speaks version {agreed}"),
-                trio.current_time(),
-                level=logging.INFO,
-            )
-        return frame
+        if agreed is not None and agreed >= need:
+            return self._encoder.frame_since(message, uid)
+        self._counters.messages_not_sent_protocol += 1
+        self._refusals.refuse(
+            f"not-sent-protocol {address} {agreed}",  # a line per peer and link version
+            f"{self._local}: did not send a {type(message).__name__} to {address}: it needs "
+            f"wire protocol version {need}, and the link "
+            + ("is not up" if agreed is None else f"speaks version {agreed}"),
+            trio.current_time(),
+            level=logging.INFO,
+        )
+        return None
 
     def _drop_undecodable(
         self, exc: MessageDecodeError, sender: UniqueAddress, payload: bytes

@@ -670,18 +670,15 @@ class FrameEncoder:
         framed: bytes = _FRAMED_HEADER.pack(size, WIRE_VERSION, kind, to_uid) + body
         return framed
 
-    def frame_since(self, message: object, to_uid: int, agreed: int | None) -> bytes | None:
+    def frame_since(self, message: object, to_uid: int) -> bytes:
         """The frame of a message whose type needs a later protocol (:class:`NeedsProtocol`).
 
-        None when ``agreed`` (the link's protocol version; None: no link yet) is older than the
-        type's ``since``: the message must not be sent.
+        For a link the caller found to speak that version: :meth:`frame` refuses such a type.
 
         Raises:
             SerializationError: as :func:`encode`.
             MessageTooLarge: the frame would exceed ``max_frame_size``.
         """
-        if agreed is None or agreed < _since_by_class.get(type(message), 1):
-            return None
         kind, body = _encode_body(message)
         size = HEADER_SIZE + len(body)
         if size > self._max_size:

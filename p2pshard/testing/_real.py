@@ -1010,8 +1010,8 @@ class _Orchestrator:
             self.stop_all()
         return self.report(agreed_after)
 
-    async def chaos(self) -> float | None:
-        """Wait for the cluster, inject the faults, heal, be quiet, check the views."""
+    async def formed(self) -> bool:
+        """Wait for the cluster to form and agree; False (a violation noted) if it did not."""
         found, _ = await self.wait_agreement(READY_TIMEOUT)
         if found:
             self.violations.append(
@@ -1019,6 +1019,11 @@ class _Orchestrator:
                     AGREEMENT, f"the cluster did not form within {READY_TIMEOUT:g} s: {found[0]}"
                 )
             )
+        return not found
+
+    async def chaos(self) -> float | None:
+        """Wait for the cluster, inject the faults, heal, be quiet, check the views."""
+        if not await self.formed():
             return None
         self.progress(f"cluster up after {self.now() - self.origin:.1f} s; faults:")
         await self.schedule()
@@ -1040,13 +1045,7 @@ class _Orchestrator:
         """
         assert self.rollout is not None
         previous, next_ = self.rollout.previous, self.rollout.next
-        found, _ = await self.wait_agreement(READY_TIMEOUT)
-        if found:
-            self.violations.append(
-                Violation(
-                    AGREEMENT, f"the cluster did not form within {READY_TIMEOUT:g} s: {found[0]}"
-                )
-            )
+        if not await self.formed():
             return None
         order = list(self.nodes)
         self.rng.shuffle(order)

@@ -21,14 +21,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from membership import Address, ClusterSettings, ConfigurationError, MemberStatus, SimNetwork
 from p2pshard import (
-    EntityContext,
     EntityId,
     HashExtractor,
     ManagementSettings,
     Node,
     NodeConfig,
     TlsFiles,
-    message,
     open_node,
 )
 from p2pshard._management import (
@@ -40,6 +38,7 @@ from p2pshard._management import (
     route,
 )
 from p2pshard.testing import SimCluster, node_address, simulated_cluster_of
+from tests.p2pshard.test_cli_status import Counter, Touch
 
 TOKEN = "management-test-token-0123456789"
 FAST = ClusterSettings(
@@ -51,21 +50,6 @@ FAST = ClusterSettings(
 ENTITIES = ("a", "b", "c", "d")
 BOUND = 20.0
 """Seconds (real) any one wait for the cluster may take before the test fails."""
-
-
-@message(name="tests.management.Touch")
-@attrs.frozen
-class Touch:
-    pass
-
-
-class Counter:
-    def __init__(self, ctx: EntityContext) -> None:
-        self.count = 0
-
-    async def receive(self, msg: object, ctx: EntityContext) -> object:
-        self.count += 1
-        return self.count
 
 
 async def start_counter(i: int, node: Node, sim: Any) -> None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import collections
 import os
 import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import attrs
 import trio
@@ -119,14 +121,19 @@ def copies_seed() -> int:
     return seed
 
 
+@asynccontextmanager
+async def seeded_region() -> AsyncIterator[tuple[int, random.Random, ShardRegion]]:
+    """The region of a one-node simulated cluster, with the run's seed (printed) and generator."""
+    seed = copies_seed()
+    async with sim_cluster(seed % 1000) as sim:
+        await sim.start_up([1])
+        yield seed, random.Random(seed), sim.regions[1]
+
+
 async def test_send_decides_as_send_order_remote_home(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    seed = copies_seed()
-    rng = random.Random(seed)
-    async with sim_cluster(seed % 1000) as sim:
-        await sim.start_up([1])
-        region = sim.regions[1]
+    async with seeded_region() as (seed, rng, region):
         self_node = region._self_node
         twin = UniqueAddress(self_node.address, self_node.name, self_node.uid)  # equal, not it
         homes_choice: list[UniqueAddress | None] = [None, self_node, twin, N2, N3]
@@ -209,11 +216,7 @@ def random_message(rng: random.Random, case: int) -> object:
 async def test_send_builds_a_tell_delivery_as_delivery_does(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    seed = copies_seed()
-    rng = random.Random(seed)
-    async with sim_cluster(seed % 1000) as sim:
-        await sim.start_up([1])
-        region = sim.regions[1]
+    async with seeded_region() as (seed, rng, region):
         transport = RecordingTransport(region._transport.settings)
         saved = (region._transport, dict(region._core.homes))
         region._transport = transport  # type: ignore[assignment]
@@ -291,11 +294,7 @@ def where_it_went(
 
 
 async def test_received_decides_as_route_nowait(autojump_clock: trio.testing.MockClock) -> None:
-    seed = copies_seed()
-    rng = random.Random(seed)
-    async with sim_cluster(seed % 1000) as sim:
-        await sim.start_up([1])
-        region = sim.regions[1]
+    async with seeded_region() as (seed, rng, region):
         self_node = region._self_node
         homes_choice: list[UniqueAddress | None] = [None, self_node, N2, N3]
         shards = [ShardId(f"s{i}") for i in range(6)]
