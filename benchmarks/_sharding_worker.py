@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import httpx
 import trio
 
 from benchmarks import transport as transport_bench
@@ -46,6 +47,7 @@ from membership.transport._tcp import open_tcp_transport
 from p2pshard import (
     EntityContext,
     HashExtractor,
+    ManagementSettings,
     Node,
     NodeConfig,
     ShardingSettings,
@@ -198,6 +200,10 @@ class State:
 
     certs: Path
     nursery: trio.Nursery
+    scrape_interval: float | None = None
+    """With ``--management``: the node serves ``[management]`` and this process fetches its
+    ``GET /metrics`` every so many seconds while the node is open (None: no endpoint)."""
+    scrapes: int = 0
     node: Node | None = None
     node_scope: trio.CancelScope | None = None
     node_closed: trio.Event | None = None
@@ -232,8 +238,11 @@ class State:
             self.profiler = None
 
 
-def node_config(certs: Path, name: str, port: int, roles: tuple[str, ...]) -> NodeConfig:
-    """A node on 127.0.0.1 with the certificate ``benchmarks/transport.py`` made for ``name``."""
+def node_config(
+    certs: Path, name: str, port: int, roles: tuple[str, ...], *, management: bool = False
+) -> NodeConfig:
+    """A node on 127.0.0.1 with the certificate ``benchmarks/transport.py`` made for ``name``;
+    ``management``: with the management endpoint on a free port."""
     files = certs / name
     return NodeConfig(
         cluster_name=CLUSTER,
@@ -247,7 +256,18 @@ def node_config(certs: Path, name: str, port: int, roles: tuple[str, ...]) -> No
             key_file=files / "node-key.pem",
         ),
         log_level="WARNING",
+        management=ManagementSettings(enabled=management, port=0),
     )
+
+
+async def _scrape(state: State, node: Node, interval: float) -> None:
+    """Fetch the node's metrics as a Prometheus server would, every ``interval`` seconds."""
+    async with httpx.AsyncClient(base_url=f"http://{node.management_address}") as http:
+        while True:
+            answer = await http.get("/metrics")
+            answer.raise_for_status()
+            state.scrapes += 1
+            await trio.sleep(interval)
 
 
 async def _run_node(
@@ -261,9 +281,11 @@ async def _run_node(
     try:
         with trio.CancelScope() as scope:
             state.node_scope = scope
-            async with open_node(config) as node:
+            async with open_node(config) as node, trio.open_nursery() as nursery:
                 state.node = node
                 node.cluster.join(join)
+                if state.scrape_interval is not None:
+                    nursery.start_soon(_scrape, state, node, state.scrape_interval)
                 task_status.started()
                 await trio.sleep_forever()
     finally:
@@ -281,7 +303,9 @@ async def cmd_open(
     if state.node is not None:
         raise WorkerError("a node is open already")
     host, _, join_port = join.rpartition(":")
-    config = node_config(state.certs, name, port, tuple(roles))
+    config = node_config(
+        state.certs, name, port, tuple(roles), management=state.scrape_interval is not None
+    )
     await state.nursery.start(_run_node, state, config, Address(host, int(join_port)))
     return {"address": str(state.need_node().address)}
 
@@ -798,7 +822,7 @@ async def run_command(state: State, command: dict[str, Any]) -> dict[str, Any]:
     raise WorkerError(f"unknown command {command!r}")
 
 
-async def serve(certs: Path, lifetime: float) -> None:
+async def serve(certs: Path, lifetime: float, scrape_interval: float | None = None) -> None:
     """Answer commands until "stop", the end of stdin, or the end of ``lifetime``."""
     stdout = trio.lowlevel.FdStream(os.dup(sys.stdout.fileno()))
 
@@ -811,7 +835,7 @@ async def serve(certs: Path, lifetime: float) -> None:
             trio.lowlevel.FdStream(os.dup(sys.stdin.fileno())) as stdin,
             trio.open_nursery() as nursery,
         ):
-            state = State(certs=certs, nursery=nursery)
+            state = State(certs=certs, nursery=nursery, scrape_interval=scrape_interval)
             await answer({"event": "ready", "pid": os.getpid()})
             lines = Lines(stdin)
             while (line := await lines.readline()) is not None:
@@ -833,13 +857,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="node process of benchmarks/sharding.py")
     parser.add_argument("--certs", type=Path, required=True)
     parser.add_argument("--lifetime", type=float, default=600.0)
+    parser.add_argument(
+        "--scrape-interval",
+        type=float,
+        help="serve [management] and fetch GET /metrics every so many seconds",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING,
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    trio.run(serve, args.certs, args.lifetime)
+    trio.run(serve, args.certs, args.lifetime, args.scrape_interval)
     return 0
 
 

@@ -9,6 +9,10 @@ How to run it (from the project root)::
         # also cProfile the node processes during the measured steps, into /tmp/prof/*.prof
         # (read with: python -m pstats FILE); profiling slows them, so the figures printed in
         # that mode are not comparable with normal runs
+    .venv/bin/python -m benchmarks.sharding --quick --management
+        # every node also serves [management] on a free port, and its GET /metrics is fetched
+        # every second (--scrape-interval) for its whole life: run it paired with a plain run
+        # to see what the endpoint and the metrics cost
 
 Progress lines go to stderr unless ``--json``.
 
@@ -173,9 +177,12 @@ class Plan:
     """Seconds any one command to a node process may take."""
     lifetime: float
     """Hard limit on a node process's life, in seconds."""
+    scrape_interval: float | None = None
+    """``--management``: every node serves ``[management]`` and its metrics are fetched every
+    so many seconds (None: no management endpoint, the default)."""
 
 
-def make_plan(*, quick: bool, seed: int | None) -> Plan:
+def make_plan(*, quick: bool, seed: int | None, scrape_interval: float | None = None) -> Plan:
     """The quick plan takes well under a minute on two cores; the full one a few minutes."""
     seeds = (seed,) if seed is not None else (1,) if quick else (1, 2, 3, 4, 5)
     return Plan(
@@ -199,6 +206,7 @@ def make_plan(*, quick: bool, seed: int | None) -> Plan:
         rebalance_wall_limit=60.0 if quick else 300.0,
         step_timeout=60.0 if quick else 180.0,
         lifetime=300.0 if quick else 1200.0,
+        scrape_interval=scrape_interval,
     )
 
 
@@ -213,9 +221,14 @@ def paired_median(numerators: list[float], denominators: list[float]) -> float:
 class Worker(CommandProcess):
     """One node process (``benchmarks/_sharding_worker.py``) and its command pipe."""
 
-    def __init__(self, name: str, certs: Path, log: Path, *, lifetime: float) -> None:
+    def __init__(
+        self, name: str, certs: Path, log: Path, *, lifetime: float, scrape: float | None = None
+    ) -> None:
         args = [sys.executable, "-m", "benchmarks._sharding_worker", "--certs", str(certs)]
-        super().__init__(name, [*args, "--lifetime", str(lifetime)], log)
+        args += ["--lifetime", str(lifetime)]
+        if scrape is not None:
+            args += ["--scrape-interval", str(scrape)]
+        super().__init__(name, args, log)
 
     def request(self, command: dict[str, Any], timeout: float) -> dict[str, Any]:
         """Send one command and wait for its answer (``timeout`` plus a margin)."""
@@ -244,7 +257,10 @@ def workers(root: Path, certs: Path, names: list[str], plan: Plan) -> Iterator[l
     started: list[Worker] = []
     try:
         for name in names:
-            started.append(Worker(name, certs, root / f"{name}.log", lifetime=plan.lifetime))
+            log = root / f"{name}.log"
+            started.append(
+                Worker(name, certs, log, lifetime=plan.lifetime, scrape=plan.scrape_interval)
+            )
         for w in started:
             w.wait_ready(60)
         yield started
@@ -875,6 +891,7 @@ def run_all(plan: Plan, *, profile: Path | None, progress: bool) -> dict[str, An
         "rebalance": rebalance,
         "counts": attrs.asdict(plan),
         "profiled": profile is not None,
+        "management_scrape_interval_s": plan.scrape_interval,
         "cpus": os.cpu_count(),
         "load_average_before": load_before,
         "elapsed_s": time.monotonic() - started,
@@ -1051,6 +1068,11 @@ def format_table(report: dict[str, Any]) -> str:
     ]
     if report["profiled"]:
         lines.append("profiled run: the figures are not comparable with normal runs")
+    if report["management_scrape_interval_s"] is not None:
+        lines.append(
+            "every node served [management]; its /metrics was fetched every "
+            f"{report['management_scrape_interval_s']:g} s"
+        )
     if report["load_average_before"] >= 0.5:
         lines.append(
             "warning: other processes were using the CPUs when the run started; the absolute "
@@ -1068,11 +1090,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile", type=Path, help="cProfile the node processes' measured steps into this dir"
     )
+    parser.add_argument(
+        "--management",
+        action="store_true",
+        help="every node serves [management] and its GET /metrics is fetched while it runs",
+    )
+    parser.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=1.0,
+        help="seconds between fetches of /metrics with --management (default 1; Prometheus' "
+        "default is 15)",
+    )
     args = parser.parse_args(argv)
+    if args.scrape_interval <= 0:
+        parser.error(f"--scrape-interval must be above 0, not {args.scrape_interval}")
     if args.profile:
         args.profile = args.profile.resolve()
         args.profile.mkdir(parents=True, exist_ok=True)
-    plan = make_plan(quick=args.quick, seed=args.seed)
+    scrape = args.scrape_interval if args.management else None
+    plan = make_plan(quick=args.quick, seed=args.seed, scrape_interval=scrape)
     # A plain kill also unwinds through the clean-up that stops the node processes.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
