@@ -40,6 +40,7 @@ from typing import Any
 import attrs
 import trio
 
+from crdt import ReplicationError
 from membership import (
     Address,
     Cluster,
@@ -333,7 +334,7 @@ class StatusService:
                 for node, shards in sorted(stats.regions.items())
             )
             failed, error = tuple(sorted(stats.failed)), ""
-        except ConfigurationError as exc:  # stopped meanwhile
+        except (ConfigurationError, ReplicationError) as exc:  # stopped meanwhile
             regions, failed, error = (), (), str(exc)
         try:
             region = _plain_table(self._sharding.region(type_name).statistics())

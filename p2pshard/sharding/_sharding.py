@@ -374,6 +374,8 @@ class Sharding:
             ConfigurationError: the type is not started on this node (neither a region nor a
                 proxy of it runs here).
             ValueError: ``timeout`` is not a number of seconds above 0.
+            ReplicationError: the coordinator's state cannot be read here (this node's
+                replicator has stopped: the node is stopping).
         """
         self.region(type_name)
         if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0:
