@@ -4,10 +4,11 @@ Theory of operation. A :class:`StatusRequest` reaches a node like any other mess
 :class:`StatusService` (hooked into ``Node._dispatch``) answers the sender with a
 :class:`StatusReply`: the members as this node sees them (status, roles, ``up_number`` and age
 order), who is unreachable, the leader and the oldest member, and for each entity type started on
-the node its region's counters plus ``node.sharding.cluster_stats`` (every region's shard →
-entity count, and the regions that did not answer in time). Gathering the cluster stats waits for
-other nodes, so each request is answered from a task in the node's nursery, not from the link
-task that delivered it; a few requests at most are answered at once and the rest are dropped.
+the node its region's counters plus ``node.sharding.cluster_stats`` (the shard → entity
+counts of every region hosting the type, proxies not included, and apart the regions that did
+not answer in time). Gathering the cluster stats waits for other nodes, so each request is
+answered from a task in the node's nursery, not from the link task that delivered it; a few
+requests at most are answered at once and the rest are dropped.
 
 A :class:`MemberCommand` asks a node to make a member leave or go down (``p2pshard leave|down``).
 The node's :class:`MemberCommandService` carries it out only when the link it came over has an
@@ -39,6 +40,7 @@ from typing import Any
 import attrs
 import trio
 
+from crdt import ReplicationError
 from membership import (
     Address,
     Cluster,
@@ -162,9 +164,9 @@ class EntityTypeStatus:
     region: dict[str, bool | int | float | str | None] = attrs.field(validator=_dict_of(_SCALARS))
     """This node's ``RegionStatistics`` as a table (the coordinator as a string)."""
     regions: tuple[RegionShards, ...] = attrs.field(validator=_tuple_of(RegionShards))
-    """``cluster_stats``: every region that answered."""
+    """``cluster_stats``: every region hosting the type that answered (never a proxy)."""
     failed: tuple[UniqueAddress, ...] = attrs.field(validator=_tuple_of(UniqueAddress))
-    """``cluster_stats``: the regions that did not answer in time."""
+    """``cluster_stats``: the regions hosting the type that did not answer in time."""
     error: str = attrs.field(default="", validator=_of(str))
     """Why the cluster stats are missing, if they are."""
 
@@ -332,7 +334,7 @@ class StatusService:
                 for node, shards in sorted(stats.regions.items())
             )
             failed, error = tuple(sorted(stats.failed)), ""
-        except ConfigurationError as exc:  # stopped meanwhile
+        except (ConfigurationError, ReplicationError) as exc:  # stopped meanwhile
             regions, failed, error = (), (), str(exc)
         try:
             region = _plain_table(self._sharding.region(type_name).statistics())

@@ -3,7 +3,8 @@
 ``scripts/run-chat.sh [--nodes N] [--base-port P] [--dir DIR]`` runs this module. It makes a
 cluster CA and node certificates with the ``p2pshard certs`` command (once), writes each node's
 TOML file (SQLite journal and lease file shared in the data directory, a quick split brain
-resolver so a killed node's rooms move within about ten seconds), starts
+resolver so a killed node's rooms move within about ten seconds, the management endpoint on
+127.0.0.1 at the cluster port + 2000, which the node's ``/cluster`` page reads), starts
 ``python -m examples.chat.node`` per node, prints the page URLs and waits. Ctrl-C stops every
 node (SIGTERM, then SIGKILL after 15 s; a second Ctrl-C kills them at once). The nodes run in a
 session of their own, so the terminal's Ctrl-C reaches only this launcher and each node gets
@@ -43,6 +44,10 @@ class ChatCluster:
     data_dir: Path
     base_port: int = 27520
     http_offset: int = 1000
+    management_offset: int = 2000
+    management_nodes: frozenset[int] | None = None
+    """The nodes that serve the management endpoint (None: every node), at their cluster port
+    plus ``management_offset``; a node's ``/cluster`` page reads it when it is there."""
     cluster: str = "chat"
     log_level: str = "INFO"
     log_to_files: bool = False
@@ -56,6 +61,14 @@ class ChatCluster:
     def url(self, i: int) -> str:
         """Node ``i``'s page."""
         return f"http://127.0.0.1:{self.port(i) + self.http_offset}/"
+
+    def has_management(self, i: int) -> bool:
+        """Whether node ``i`` serves the management endpoint."""
+        return self.management_nodes is None or i in self.management_nodes
+
+    def management_url(self, i: int) -> str:
+        """Node ``i``'s management endpoint (when it has one)."""
+        return f"http://127.0.0.1:{self.port(i) + self.management_offset}/"
 
     def ws_url(self, i: int) -> str:
         """Node ``i``'s chat WebSocket."""
@@ -110,16 +123,30 @@ safety_margin = 1.0
 backend = "sqlite"
 path = {_toml_str(data / "journal.db")}
 """
+                + (
+                    f"""
+[management]
+enabled = true
+host = "127.0.0.1"
+port = {self.port(i) + self.management_offset}
+"""
+                    if self.has_management(i)
+                    else ""
+                )
             )
             paths.append(path)
         return paths
 
     def ports(self) -> list[int]:
-        """Every port the cluster listens on: each node's cluster port and page port."""
+        """Every port the cluster listens on: each node's cluster, page and management ports."""
         return [
             p
             for i in range(1, self.nodes + 1)
-            for p in (self.port(i), self.port(i) + self.http_offset)
+            for p in (
+                self.port(i),
+                self.port(i) + self.http_offset,
+                self.port(i) + self.management_offset,
+            )
         ]
 
     def check_ports(self) -> None:
@@ -287,7 +314,10 @@ def main(argv: list[str] | None = None) -> int:
         cluster.wait_ready()
         print("chat pages (Ctrl-C stops the cluster):", flush=True)
         for i in cluster.procs:
-            print(f"  {cluster.name(i)}: {cluster.url(i)}   cluster: {cluster.url(i)}cluster")
+            print(
+                f"  {cluster.name(i)}: {cluster.url(i)}   cluster: {cluster.url(i)}cluster"
+                f"   management: {cluster.management_url(i)}"
+            )
         sys.stdout.flush()
         while any(p.poll() is None for p in cluster.procs.values()):
             time.sleep(0.3)

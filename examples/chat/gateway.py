@@ -47,6 +47,25 @@ class Ping:
     """Answered with the name of the node the gateway runs on."""
 
 
+@message
+@attrs.frozen(kw_only=True)
+class WhatRunsHere:
+    """Answered with :class:`RunningHere`: the entities of every type on the gateway's node.
+
+    The ``/cluster`` page asks each member's gateway, so every node's row names its rooms
+    (the cluster's statistics count entities per shard, without their ids).
+    """
+
+
+@message
+@attrs.frozen(kw_only=True)
+class RunningHere:
+    """The node the gateway runs on, and the ids of the entities active there, per type."""
+
+    node: str
+    entities: dict[str, list[str]]
+
+
 class NodeNameExtractor:
     """Entity id = shard id = a node name (sent to with ``entity_ref``)."""
 
@@ -173,6 +192,15 @@ class Hub:
             for m in self.node.cluster.members
         )
 
+    def running_here(self) -> RunningHere:
+        """The ids of the entities active on this node, per entity type."""
+        sharding = self.node.sharding
+        entities: dict[str, list[str]] = {}
+        for type_name in sorted(sharding.type_names):
+            state = sharding.region_state(type_name)
+            entities[type_name] = sorted(str(e) for s in state.shards for e in s.entity_ids)
+        return RunningHere(node=self.node_name, entities=entities)
+
     def deliver(self, deliver: Deliver) -> list[str]:
         """Push ``deliver`` to the local connections it names; return those not found here."""
         missing = []
@@ -220,4 +248,6 @@ class Gateway:
                 return None
             case Ping():
                 return self._hub.node_name
+            case WhatRunsHere():
+                return self._hub.running_here()
         raise TypeError(f"a gateway does not handle {type(msg).__name__}")

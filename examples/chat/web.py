@@ -1,7 +1,8 @@
 """Each node's web server: the page, the cluster page and its JSON, and the chat WebSocket.
 
 A small HTTP/1.1 server on trio (one request per connection, ``Connection: close``) serves
-``/`` (the chat page), ``/cluster`` (the cluster page), ``/cluster.json`` and the static files.
+``/`` (the chat page), ``/cluster`` (the cluster page), ``/cluster.json`` (from the node's
+management endpoint when it has one, see :func:`cluster_json`) and the static files.
 ``GET /ws`` with an Upgrade header is handed, bytes already read included, to trio-websocket.
 
 WebSocket frames are JSON objects with a ``type``. From the page: ``join`` (room, user),
@@ -20,12 +21,13 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+import httpx
 import trio
 import trio_websocket
 
 import p2pshard
 
-from .gateway import Hub, Session, message_json
+from .gateway import Hub, RunningHere, Session, WhatRunsHere, message_json
 from .protocol import (
     History,
     InvalidInput,
@@ -44,6 +46,14 @@ logger = logging.getLogger("examples.chat.web")
 
 STATIC = Path(__file__).parent / "static"
 ASK_TIMEOUT = 4.0
+STATS_TIMEOUT = 0.8
+"""Seconds ``/cluster.json`` waits for other nodes (regions' statistics, gateways)."""
+MANAGEMENT_TIMEOUT = 3.0
+"""Seconds ``/cluster.json`` waits for the management endpoint (its shards route waits 2 s)."""
+MANAGEMENT_ERRORS = (httpx.HTTPError, ValueError, KeyError, TypeError)
+"""What a failed or unexpected answer of the management endpoint raises here."""
+ASKED_STATUSES = frozenset({"JOINING", "WEAKLY_UP", "UP", "LEAVING", "EXITING"})
+"""Members whose gateways ``/cluster.json`` asks for their entities."""
 MAX_FRAME = 64 * 1024
 MAX_HEAD = 16 * 1024
 _FILES = {
@@ -155,43 +165,145 @@ async def _respond(stream: trio.abc.Stream, status: int, kind: str, body: bytes)
 
 
 async def cluster_json(hub: Hub) -> dict[str, Any]:
-    """Members, and per entity type the shards and entity counts of every node."""
+    """Members, and per entity type every region's shards and the entities on each node.
+
+    The members and the shards come from the node's management endpoint when it has one
+    (``GET /cluster/members`` and ``GET /cluster/shards/{type}``), else from the node's own
+    API (``node.cluster``, ``node.sharding.cluster_stats``); ``source`` says which. The ids of
+    the entities (rooms) on each node come from that node's gateway (:class:`WhatRunsHere`).
+    """
+    node = hub.node
+    view: dict[str, Any] | None = None
+    source = "node"
+    if node.management_address is not None:
+        try:
+            view = await _from_management(hub)
+            source = "management"
+        except MANAGEMENT_ERRORS as exc:
+            logger.warning("management endpoint unusable (%r); reading the node instead", exc)
+    if view is None:
+        view = await _from_node(hub)
+    entities = await _entities_per_node(hub, view["members"])
+    for type_name, t in view["types"].items():
+        t["entities"] = {name: e.get(type_name, []) for name, e in sorted(entities.items())}
+        state = node.sharding.region_state(type_name)
+        t["local_entities"] = {s.shard_id: sorted(s.entity_ids) for s in state.shards}
+    return {
+        "node": hub.node_name,
+        "nodes": list(hub.web_urls),
+        "source": source,
+        "management": None if node.management_address is None else str(node.management_address),
+        **view,
+    }
+
+
+async def _from_management(hub: Hub) -> dict[str, Any]:
+    """Members and shards as the node's management endpoint gives them."""
+    node = hub.node
+    token = node.config.management.token
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    types: dict[str, Any] = {}
+    errors: list[Exception] = []
+    async with httpx.AsyncClient(
+        base_url=f"http://{node.management_address}", headers=headers, timeout=MANAGEMENT_TIMEOUT
+    ) as http:
+
+        async def one(type_name: str) -> None:
+            try:
+                answer = await http.get(f"/cluster/shards/{type_name}")
+                stats = answer.raise_for_status().json()
+                regions = sorted(stats["regions"], key=_name)
+                types[type_name] = {
+                    "nodes": {r["name"]: r["shards"] for r in regions},
+                    "failed": sorted(f["name"] for f in stats["failed"]),
+                }
+            except MANAGEMENT_ERRORS as exc:  # one error for the caller, not a group
+                errors.append(exc)
+
+        view = (await http.get("/cluster/members")).raise_for_status().json()
+        async with trio.open_nursery() as nursery:
+            for type_name in sorted(node.sharding.type_names):
+                nursery.start_soon(one, type_name)
+    if errors:
+        raise errors[0]
+    return {
+        "leader": (view["leader"] or {}).get("name"),
+        "oldest": (view["oldest"] or {}).get("name"),
+        "members": [
+            {
+                "name": m["name"],
+                "address": m["address"],
+                "status": m["status"],
+                "reachable": m["reachable"],
+            }
+            for m in view["members"]
+        ],
+        "types": {name: types[name] for name in sorted(types)},
+    }
+
+
+def _name(region: dict[str, Any]) -> str:
+    return str(region["name"])
+
+
+async def _from_node(hub: Hub) -> dict[str, Any]:
+    """Members and shards from the node's own API (no management endpoint here)."""
     node = hub.node
     unreachable = {m.node for m in node.cluster.unreachable}
     leader = node.cluster.leader
     oldest = node.cluster.oldest()
-    members = [
-        {
-            "name": m.node.name,
-            "address": str(m.node.address),
-            "status": m.status.name,
-            "reachable": m.node not in unreachable,
-            "up_number": m.up_number,
-        }
-        for m in node.cluster.members
-    ]
     types: dict[str, Any] = {}
 
     async def one(type_name: str) -> None:
-        stats = await node.sharding.cluster_stats(type_name, timeout=0.8)
-        local = node.sharding.region_state(type_name)
+        stats = await node.sharding.cluster_stats(type_name, timeout=STATS_TIMEOUT)
         types[type_name] = {
             "nodes": {a.name: shards for a, shards in sorted(stats.regions.items(), key=str)},
             "failed": sorted(a.name for a in stats.failed),
-            "local_entities": {s.shard_id: sorted(s.entity_ids) for s in local.shards},
         }
 
     async with trio.open_nursery() as nursery:
         for type_name in sorted(node.sharding.type_names):
             nursery.start_soon(one, type_name)
     return {
-        "node": hub.node_name,
-        "nodes": list(hub.web_urls),
         "leader": leader.name if leader else None,
         "oldest": oldest.node.name if oldest else None,
-        "members": members,
-        "types": types,
+        "members": [
+            {
+                "name": m.node.name,
+                "address": str(m.node.address),
+                "status": m.status.name,
+                "reachable": m.node not in unreachable,
+            }
+            for m in node.cluster.members
+        ],
+        "types": {name: types[name] for name in sorted(types)},
     }
+
+
+async def _entities_per_node(
+    hub: Hub, members: list[dict[str, Any]]
+) -> dict[str, dict[str, list[str]]]:
+    """Per node name, the entity ids active there by type, as each node's gateway tells.
+
+    Only reachable members that are not down are asked; a node whose gateway does not answer in
+    time (or answers from another node) is left out.
+    """
+    found = {hub.node_name: hub.running_here().entities}
+
+    async def one(name: str) -> None:
+        try:
+            answer = await hub.gateways.entity_ref(name).ask(WhatRunsHere(), timeout=STATS_TIMEOUT)
+        except p2pshard.ClusterError as exc:
+            logger.info("the gateway of %s did not tell its entities: %r", name, exc)
+            return
+        if isinstance(answer, RunningHere) and answer.node == name:
+            found[name] = answer.entities
+
+    async with trio.open_nursery() as nursery:
+        for m in members:
+            if m["name"] != hub.node_name and m["reachable"] and m["status"] in ASKED_STATUSES:
+                nursery.start_soon(one, m["name"])
+    return found
 
 
 async def _serve_websocket(hub: Hub, stream: trio.abc.Stream) -> None:
@@ -267,10 +379,11 @@ async def _read_frames(hub: Hub, ws: trio_websocket.WebSocketConnection, session
         except InvalidInput as exc:
             session.push(_error(str(exc), ref))
         except (p2pshard.AskTimeout, p2pshard.ShardingError) as exc:
+            logger.info("%s: room %s not reached: %r", session.conn, session.room, exc)
             session.push(
                 _error(
-                    f"room {session.room} did not answer in time ({type(exc).__name__}); it may "
-                    "be moving to another node after a failure: try again",
+                    f"the room {session.room} could not be reached in time (it may be moving to "
+                    "another node after a failure): try again",
                     ref,
                     retry=True,
                 )

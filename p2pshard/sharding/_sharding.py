@@ -25,6 +25,9 @@ import attrs
 import trio
 
 from crdt import (
+    GetFailure,
+    ReadLocal,
+    ReadMajority,
     Replicator,
 )
 from membership import (
@@ -46,7 +49,8 @@ from ._allocation import (
     ShardId,
 )
 from ._asks import AskTable
-from ._coordinator import ShardCoordinator
+from ._coordinator import ShardCoordinator, coordinator_key
+from ._coordinator_state import CoordinatorState
 from ._entity import check_entity_factory
 from ._extractor import MessageExtractor
 from ._message_check import MessageCheck
@@ -75,11 +79,21 @@ logger = logging.getLogger("p2pshard.sharding")
 
 @attrs.frozen
 class ClusterShardingStats:
-    """Per region (node), shard id → active entities; and the regions that did not answer."""
+    """The regions that host an entity type, each with its shards; Akka's ``ClusterShardingStats``.
+
+    What :meth:`Sharding.cluster_stats` returns. The regions are those registered with the
+    type's coordinator: nodes that host the type. Proxies host nothing and are not regions, and
+    a node that never started the type is not one either; neither is ever listed.
+    """
 
     type_name: str
+    """The entity type."""
     regions: dict[UniqueAddress, dict[str, int]]
+    """Every region that answered: shard id → number of active entities (``{}``: a region that
+    hosts no shard now, a node that joined after the shards were allocated, say)."""
     failed: frozenset[UniqueAddress]
+    """The regions that did not answer within the timeout (unreachable, stopping, overloaded):
+    hosting regions whose shards are unknown, never in ``regions``."""
 
 
 class _StatsRequest:
@@ -339,32 +353,67 @@ class Sharding:
         *,
         timeout: float,  # noqa: ASYNC109 - the API
     ) -> ClusterShardingStats:
-        """Ask every member's region of ``type_name`` for its shards and entity counts.
+        """The shards and active entity counts of every region that hosts ``type_name``.
 
-        Members that do not answer within ``timeout`` (or do not run the type) are in
-        ``failed``.
+        As Akka's ``GetClusterShardingStats``: the regions are those registered with the type's
+        coordinator, read from its replicated state (from a majority of the replicas within half
+        of ``timeout``; this node's copy when no majority answers in time). Each is asked for
+        its shards; whichever does not answer within ``timeout`` in all is in ``failed``, not in
+        ``regions``. Proxies (``start_proxy``, and ``start`` on a node without the type's role)
+        and nodes that never started the type are not regions and are never listed. A region
+        that hosts no shard is listed with ``{}``. For tests and monitoring: the answer is a
+        moment's picture, as shards move.
+
+        Example:
+            >>> async def show(node: Node) -> None:
+            ...     stats = await node.sharding.cluster_stats("Counter", timeout=2)
+            ...     for region, shards in sorted(stats.regions.items()):
+            ...         print(region.name, len(shards), sum(shards.values()))
+
+        Raises:
+            ConfigurationError: the type is not started on this node (neither a region nor a
+                proxy of it runs here).
+            ValueError: ``timeout`` is not a number of seconds above 0.
+            ReplicationError: the coordinator's state cannot be read here (this node's
+                replicator has stopped: the node is stopping).
         """
-        region = self.region(type_name)
-        members = {
-            m.node for m in self._cluster.members if region.role is None or m.has_role(region.role)
-        }
+        self.region(type_name)
+        if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0:
+            raise ValueError(f"timeout={timeout!r} must be a number of seconds above 0")
+        deadline = trio.current_time() + timeout
+        regions = await self._coordinator_regions(type_name, timeout / 2)
         rid = next(self._stats_ids)
-        request = _StatsRequest(set(members))
+        request = _StatsRequest(set(regions))
         self._stats[rid] = request
         try:
-            for node in sorted(members, key=str):
+            for node in sorted(regions):
                 with contextlib.suppress(SendQueueFull, TransportClosed):
                     self._transport.send_nowait(
                         node, GetRegionStats(type_name=type_name, request_id=rid)
                     )
             if request.waiting:
-                with trio.move_on_after(timeout):
+                with trio.move_on_at(deadline):
                     await request.done.wait()
             else:
                 await trio.lowlevel.checkpoint()
         finally:
             del self._stats[rid]
         return ClusterShardingStats(type_name, dict(request.answers), frozenset(request.waiting))
+
+    async def _coordinator_regions(
+        self,
+        type_name: str,
+        timeout: float,  # noqa: ASYNC109 - the read's own
+    ) -> frozenset[UniqueAddress]:
+        """The regions registered with the coordinator of ``type_name``, as its state says."""
+        key = coordinator_key(type_name)
+        try:
+            doc = await self._replicator.get(key, ReadMajority(timeout=timeout))
+        except GetFailure:  # no majority in time: what this node holds (it merged what came)
+            doc = await self._replicator.get(key, ReadLocal())
+        if doc is None:
+            return frozenset()
+        return frozenset(CoordinatorState.from_document(doc).regions)
 
     # -- shutdown ---------------------------------------------------------------------------
 

@@ -10,9 +10,21 @@ from examples.chat.cluster import ChatCluster, free_base_port
 
 
 @contextlib.contextmanager
-def running_chat(data: Path) -> Iterator[ChatCluster]:
-    """A 3-node chat cluster on free ports, ready; stopped (and its logs' ends printed) after."""
-    chat = ChatCluster(3, data, free_base_port(3), log_level="WARNING", log_to_files=True)
+def running_chat(
+    data: Path, *, management_nodes: frozenset[int] | None = None
+) -> Iterator[ChatCluster]:
+    """A 3-node chat cluster on free ports, ready; stopped (and its logs' ends printed) after.
+
+    ``management_nodes``: the nodes serving the management endpoint (None: all).
+    """
+    chat = ChatCluster(
+        3,
+        data,
+        free_base_port(3),
+        log_level="WARNING",
+        log_to_files=True,
+        management_nodes=management_nodes,
+    )
     try:
         chat.start()
         chat.wait_ready(timeout=60)

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,13 @@ from tests._support.node_processes import read_until, time_wait_port
 ROOT = Path(__file__).resolve().parents[2]
 
 
+MANAGED = frozenset({1, 2})
+"""The nodes with a management endpoint: node 3's /cluster page reads the node itself."""
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChatCluster]:
-    with running_chat(tmp_path_factory.mktemp("chat")) as chat:
+    with running_chat(tmp_path_factory.mktemp("chat"), management_nodes=MANAGED) as chat:
         yield chat
 
 
@@ -55,6 +60,48 @@ async def test_bad_input_gets_error_frames(cluster: ChatCluster) -> None:
         assert ack["seq"] == 1
         view = await c.history()
         assert [m["id"] for m in view["history"]] == ["ok-1"]  # nothing else got in
+
+
+async def test_the_cluster_page_names_each_room_on_the_row_of_its_node(
+    cluster: ChatCluster,
+) -> None:
+    rooms = [f"spread-{k}" for k in range(8)]
+    async with open_chat_client(cluster.ws_url(3)) as c:
+        for room in rooms:  # each room stays active after its member moved on
+            await c.join(room, "carol")
+    homes = {room: room_home(cluster, room) for room in rooms}
+    assert None not in homes.values(), homes
+    for i in (1, 2, 3):
+        status = await _complete_status(cluster, i)
+        assert status["source"] == ("management" if i in MANAGED else "node"), status["source"]
+        assert (status["management"] is not None) == (i in MANAGED)
+        assert {m["name"] for m in status["members"]} == {cluster.name(j) for j in (1, 2, 3)}
+        table = status["types"]["Room"]
+        assert set(table["nodes"]) == {cluster.name(j) for j in (1, 2, 3)}, table
+        assert table["failed"] == []
+        for room, home in homes.items():
+            rows = [node for node, names in table["entities"].items() if room in names]
+            assert rows == [cluster.name(home or 0)], (i, room, table["entities"])
+        for node, names in table["entities"].items():  # as many rooms as the shards count
+            assert len(names) == sum(table["nodes"][node].values()), (i, node, table)
+    page = await trio.to_thread.run_sync(_get, cluster.url(3) + "cluster")
+    assert 'id="types"' in page
+
+
+async def _complete_status(cluster: ChatCluster, i: int) -> dict[str, Any]:
+    """Node ``i``'s /cluster.json once every node's gateway has named its entities in it."""
+    everyone = {cluster.name(j) for j in (1, 2, 3)}
+    with trio.fail_after(20):
+        while True:
+            status = await trio.to_thread.run_sync(cluster.status, i)
+            if status is not None and set(status["types"]["Room"]["entities"]) == everyone:
+                return status
+            await trio.sleep(0.3)
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        return str(answer.read().decode())
 
 
 async def _retrying(call: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:

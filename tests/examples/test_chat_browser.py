@@ -12,6 +12,7 @@ Screenshots of the chat pages (before the kill, while posts are pending, after) 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -39,14 +40,39 @@ ROOM = "browsers"
 # Not P2PSHARD_*: node processes inherit the environment and refuse unknown P2PSHARD_* variables.
 SCREENSHOTS = os.environ.get("CHAT_SCREENSHOTS", "")
 
-# Every message in the DOM: seq and id of a delivered one (absent while pending), user, text.
+# Every message in the DOM: seq and id of a delivered one (absent while pending), user, text,
+# and the state shown beside a post not acknowledged yet ("sending…", "not sent — retry").
 READ_MESSAGES = """els => els.map(li => ({
     seq: li.dataset.seq ? Number(li.dataset.seq) : null,
     id: li.dataset.id || null,
     user: li.querySelector('.user').textContent,
     text: li.childNodes[1] ? li.childNodes[1].textContent : '',
     pending: li.classList.contains('pending'),
+    failed: li.classList.contains('failed'),
+    state: li.querySelector('.state') ? li.querySelector('.state').textContent : null,
 }))"""
+# Every text the page ever shows in its banners and status line, recorded as it changes.
+RECORD_BANNERS = """
+window.__shown = [];
+document.addEventListener("DOMContentLoaded", () => {
+  const record = () => {
+    for (const id of ["banner", "error", "status"]) {
+      const e = document.getElementById(id);
+      if (e && !e.hidden && e.textContent && !window.__shown.includes(e.textContent))
+        window.__shown.push(e.textContent);
+    }
+  };
+  new MutationObserver(record).observe(document.body, {
+    subtree: true, childList: true, characterData: true, attributes: true,
+    attributeFilter: ["hidden"],
+  });
+  record();
+});
+"""
+# What must never reach a person: exception and class names, tracebacks.
+PROGRAMMER_WORDS = re.compile(r"Error|Exception|Traceback|\b[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]+)+\b")
+RECONNECTING = "The connection to the chat was lost; reconnecting…"
+BANNER_SHOWN = "!document.getElementById('banner').hidden"
 
 
 @pytest.fixture
@@ -73,6 +99,7 @@ def browser(tmp_path: Path) -> Iterator[BrowserContext]:
         )
         try:
             context.set_default_timeout(20_000)
+            context.add_init_script(RECORD_BANNERS)
             yield context
         finally:
             context.close()
@@ -114,6 +141,18 @@ def _status(page: Page) -> str:
     return page.inner_text("#status")
 
 
+def _shown(page: Page) -> list[str]:
+    """Every banner and status text the page has shown."""
+    result: list[str] = page.evaluate("window.__shown")
+    return result
+
+
+def _room_on_row(node: str) -> str:
+    """A page function: whether the /cluster page names the room on ``node``'s row."""
+    row = f"#types table[data-type=Room] tr[data-node={node}] .entities"
+    return f"(document.querySelector('{row}')?.textContent || '').split(', ').includes('{ROOM}')"
+
+
 def test_two_browser_users_survive_kill_of_the_room_node(
     cluster: ChatCluster, browser: BrowserContext, tmp_path: Path
 ) -> None:
@@ -137,6 +176,18 @@ def test_two_browser_users_survive_kill_of_the_room_node(
         _join(bob, cluster.url(bob_node), "bob")
         assert _status(alice) == "connected to node-1"
         assert _status(bob) == f"connected to node-{bob_node}"
+        assert alice.is_hidden("#banner")
+        assert bob.is_hidden("#banner")
+        refused = browser.new_page()  # a post the room refuses: "not sent", and a retry button
+        _join(refused, cluster.url(bob_node), "carol")
+        _post(refused, "x" * 5000)
+        refused.wait_for_selector("#messages li.failed button.retry")
+        assert [m["state"] for m in _messages(refused)] == ["not sent — retry"]
+        assert refused.inner_text("#error").startswith("Your message was not sent: message too")
+        refused.click("#messages li.failed button.retry")  # refused again: not sent again
+        refused.wait_for_selector("#messages li.failed button.retry")
+        banners = {"carol": _shown(refused)}
+        refused.close()
         posted: list[str] = []
         for n in range(3):
             for who, page in (("alice", alice), ("bob", bob)):
@@ -147,7 +198,7 @@ def test_two_browser_users_survive_kill_of_the_room_node(
             _wait_delivered(page, posted, 10)
         assert [m["text"] for m in _messages(alice)] == posted
         watch.goto(cluster.url(home) + "cluster")
-        watch.wait_for_function(f"document.getElementById('types').textContent.includes('{ROOM}')")
+        watch.wait_for_function(_room_on_row(f"node-{home}"))
         shot(alice, "chat-alice-before")
         shot(bob, "chat-bob-before")
         shot(watch, f"cluster-node-{home}-before")
@@ -159,20 +210,25 @@ def test_two_browser_users_survive_kill_of_the_room_node(
         )
         on_killed.wait_for_function(
             "!document.getElementById('status').textContent.startsWith('connected')"
-            " && document.getElementById('text').disabled",
+            f" && document.getElementById('text').disabled && {BANNER_SHOWN}",
             timeout=5000,
         )
+        assert on_killed.inner_text("#banner") == RECONNECTING
         # The other page is still connected: what it posts while the room is down stays pending
-        # (grey) and is sent again until acknowledged. (The disconnected page takes no input.)
+        # (grey, "sending…") and is sent again until acknowledged. (The disconnected page takes
+        # no input.)
         posted.append(f"{other_user} during the failover")
         _post(other, posted[-1])
         other.wait_for_function("document.querySelector('#messages li.pending') !== null")
         shot(other, f"chat-{other_user}-pending")
         shot(on_killed, f"chat-{on_killed_user}-disconnected")
-        assert [m["text"] for m in _messages(other) if m["pending"]] == [posted[-1]]
+        waiting = [(m["text"], m["state"]) for m in _messages(other) if m["pending"]]
+        assert waiting == [(posted[-1], "sending…")]
         assert time.monotonic() - killed < 5, "the room came back too soon to see a pending post"
 
         _wait_delivered(other, posted, 45)
+        assert [m for m in _messages(other) if m["state"] is not None] == []
+        on_killed.wait_for_function(f"!({BANNER_SHOWN})", timeout=15_000)  # reconnected
         # the page on the killed node has reconnected to another node and joined again by itself
         posted.append(f"{on_killed_user} is back")
         _post(on_killed, posted[-1])
@@ -207,12 +263,19 @@ def test_two_browser_users_survive_kill_of_the_room_node(
         new_home = room_home(cluster, ROOM)
         assert new_home is not None
         assert new_home != home
+        banners["watch, killed node"] = _shown(watch)
         watch.goto(cluster.url(new_home) + "cluster")
         watch.wait_for_function(
-            f"document.getElementById('types').textContent.includes('{ROOM}') &&"
+            f"{_room_on_row(f'node-{new_home}')} &&"
             " (document.getElementById('members').textContent.includes('unreachable')"
             f" || !document.getElementById('members').textContent.includes('node-{home}'))"
         )
+        banners |= {"alice": _shown(alice), "bob": _shown(bob), "watch": _shown(watch)}
+        print(f"banners and status lines shown: {banners}")
+        assert RECONNECTING in banners[on_killed_user], banners
+        for name, texts in banners.items():
+            for text in texts:
+                assert not PROGRAMMER_WORDS.search(text), f"{name}'s page showed {text!r}"
         shot(alice, "chat-alice-after")
         shot(bob, "chat-bob-after")
         shot(watch, f"cluster-node-{new_home}-after")
