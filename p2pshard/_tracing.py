@@ -117,10 +117,12 @@ class Tracing:
             ENTITY_ID: entity_id,
         }
 
-    def start_send(self, operation: str, shard_id: str, entity_id: str) -> Span | None:
-        """The span of a ``tell`` or ``ask`` (``operation``), or None outside a recording span."""
-        if not self._current_span().is_recording():
-            return None
+    def recording(self) -> bool:
+        """Whether the current span records: only then is a message sent traced."""
+        return self._current_span().is_recording()
+
+    def start_send(self, operation: str, shard_id: str, entity_id: str) -> Span:
+        """The span of a ``tell`` or ``ask`` (``operation``), made in a recording span."""
         name, kind = self._send[operation]
         return self._tracer.start_span(
             name, kind=kind, attributes=self._attributes(operation, shard_id, entity_id)

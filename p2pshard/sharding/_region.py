@@ -358,10 +358,10 @@ class ShardRegion:
         self._check_usable(message)
         tracing = self._tracing
         assert tracing is not None
-        span = tracing.start_send("tell", self._extractor.shard_id(entity_id), entity_id)
-        if span is None:
+        if not tracing.recording():
             await self._send(entity_id, message, None)
             return
+        span = tracing.start_send("tell", self._extractor.shard_id(entity_id), entity_id)
         with tracing.sending(span) as parent:
             await self._send(entity_id, message, None, parent)
 
@@ -369,9 +369,9 @@ class ShardRegion:
         """:meth:`_ask` with tracing on: inside a recording span, the message is traced."""
         tracing = self._tracing
         assert tracing is not None
-        span = tracing.start_send("ask", self._extractor.shard_id(entity_id), entity_id)
-        if span is None:
+        if not tracing.recording():
             return await self._ask(entity_id, message, timeout)
+        span = tracing.start_send("ask", self._extractor.shard_id(entity_id), entity_id)
         with tracing.sending(span) as parent:
             return await self._ask(entity_id, message, timeout, parent)
 

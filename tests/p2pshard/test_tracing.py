@@ -20,15 +20,26 @@ from typing import ClassVar
 import msgpack
 import pytest
 import trio
+import trio.testing
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import NoOpTracerProvider, SpanContext, SpanKind
+from opentelemetry.trace import NoOpTracerProvider, SpanContext, SpanKind, StatusCode
 
-from membership import MemberStatus
+from membership import Address, MemberStatus, SimNetwork
 from membership.internal import wire
-from p2pshard import EntityContext, EntityId, HashExtractor, Node, NodeConfig, ShardId, ShardRegion
+from p2pshard import (
+    EntityContext,
+    EntityId,
+    HashExtractor,
+    Node,
+    NodeConfig,
+    RemoteEntityError,
+    ShardId,
+    ShardRegion,
+    TlsFiles,
+)
 from p2pshard._node import open_node
 from p2pshard._tracing import ENTITY_ID, tracing_for
 from p2pshard.sharding._outbox import Outbox
@@ -36,6 +47,9 @@ from p2pshard.sharding._protocol import EntityDeliveries, unchecked_delivery
 from tests.p2pshard.test_cli_status import prepare
 
 LIMIT = 30.0
+TLS = TlsFiles(
+    ca_file=Path("unused-ca.pem"), cert_file=Path("unused.pem"), key_file=Path("unused.key")
+)
 EXTRACTOR = HashExtractor(10)
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -230,6 +244,47 @@ async def test_messages_gathered_into_batches_carry_each_its_own_context(
     untraced = [c for msg, c in spans_in_receive.items() if msg[0] == "plain"]
     assert untraced
     assert all(span_id == 0 for span_id in untraced)  # no span at all
+
+
+class Failing:
+    async def receive(self, msg: object, ctx: EntityContext) -> object:
+        raise KeyError(msg)
+
+
+async def test_an_entity_that_raises_marks_its_span_and_the_askers_failed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    provider, exporter = recording()
+    app = provider.get_tracer("tests.tracing")
+    config = NodeConfig(
+        cluster_name="sim",
+        node_name="n1",
+        bind_host="10.0.0.1",
+        bind_port=1,
+        tls=TLS,
+        self_join=True,
+    )
+    async with (
+        SimNetwork(seed=1).transport(Address("10.0.0.1", 1), "n1") as transport,
+        open_node(config, transport=transport, tracer_provider=provider) as node,
+    ):
+        with trio.fail_after(LIMIT):
+            await node.cluster.wait_up()
+            region = await node.sharding.start(
+                "Failing", lambda ctx: Failing(), extractor=EXTRACTOR
+            )
+            with (
+                app.start_as_current_span("request"),
+                pytest.raises(RemoteEntityError, match="KeyError"),
+            ):
+                await region.entity_ref("x").ask("boom", timeout=5)
+    spans = {span.name: span for span in exporter.get_finished_spans()}
+    assert set(spans) == {"request", "ask Failing", "process Failing"}
+    process, ask = spans["process Failing"], spans["ask Failing"]
+    assert parent_id(process) == ask.context.span_id
+    assert process.status.status_code is StatusCode.ERROR
+    assert [event.name for event in process.events] == ["exception"]
+    assert ask.status.status_code is StatusCode.ERROR  # the error came back to the asker
 
 
 def test_tracing_is_off_without_an_sdk_and_with_the_no_op_provider() -> None:
