@@ -358,6 +358,7 @@ async def open_node(
     lease_backend: LeaseBackend | None = None,
     journal: Journal | None = None,
     lease_clock: LeaseClock = TRIO_CLOCK,
+    tracer_provider: object | None = None,
 ) -> AsyncIterator[Node]:
     """Start a node and join the cluster (seed nodes, or self_join); leaving the block leaves.
 
@@ -377,6 +378,9 @@ async def open_node(
         lease_clock: the clock the node's leases measure their deadlines on (trio's by
             default; the simulated cluster's clock-skew fault gives a node a slower or faster
             one).
+        tracer_provider: the OpenTelemetry tracer provider that traces entity messages (see
+            "Tracing" in docs/operations.md); None: the one set with OpenTelemetry's
+            ``trace.set_tracer_provider`` when an entity type starts, if any.
 
     Example:
         >>> async def main() -> None:
@@ -414,6 +418,7 @@ async def open_node(
                 node_journal,
                 wall_offset=0.0,
                 lease_clock=lease_clock,
+                tracer_provider=tracer_provider,
             ) as node:
                 yield node
             return
@@ -441,6 +446,7 @@ async def open_node(
                 node_journal,
                 wall_offset=time.time() - trio.current_time(),
                 lease_clock=lease_clock,
+                tracer_provider=tracer_provider,
             ) as node:
                 yield node
 
@@ -550,6 +556,7 @@ async def _run(
     *,
     wall_offset: float,
     lease_clock: LeaseClock,
+    tracer_provider: object | None = None,
 ) -> AsyncIterator[Node]:
     leases: Leases | None = None
     node: Node | None = None
@@ -611,6 +618,7 @@ async def _run(
                             node._rng,
                             leases,
                             removal_margin=config.split_brain_resolver.stable_after,
+                            tracer_provider=tracer_provider,
                         )
                         node._status = StatusService(transport, cluster, node._sharding, nursery)
                         node._member_commands = MemberCommandService(transport, cluster, nursery)

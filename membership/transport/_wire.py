@@ -30,7 +30,11 @@ it, keep the link), which is also Akka's split between framing errors and serial
 New fields of a registered class must be added last and with defaults: fields travel by
 position, and a message from an older peer with fewer fields gets the defaults; one from a newer
 peer with more fields is read without the ones this node does not know. (The golden wire
-fixtures under ``tests/wire_fixtures`` check that no change breaks either direction.)
+fixtures under ``tests/wire_fixtures`` check that no change breaks either direction.) A trailing
+field whose attrs metadata sets :data:`OMIT_WHEN_NONE` is left out of the body while it holds
+None, its default: such a field costs no byte when unused, and the body is the one the class
+made before the field was added (the receiver reads a missing field as its default, as from an
+older peer). Sharding's envelopes carry their optional trace context so.
 """
 
 from __future__ import annotations
@@ -87,6 +91,11 @@ parser state (about 40 KB) on the C stack and each of these levels parses its ex
 a fresh parser, so without a limit a frame of a couple of kilobytes nesting a few hundred tuples
 overflows the stack and kills the process. An object sent flat (see ``KIND_OBJECT_FLAT``) is no
 extension: it is parsed with its message, and does not count."""
+
+OMIT_WHEN_NONE: Final = "membership.wire.omit_when_none"
+"""attrs field metadata key: ``metadata={OMIT_WHEN_NONE: True}`` leaves the field out of the
+frame while it holds None. Only for fields with default None after every field without it (the
+body must stay a prefix of the fields); registering another class raises."""
 
 T = TypeVar("T", bound=type)
 
@@ -156,18 +165,68 @@ _SCALAR_ANNOTATIONS: Final = frozenset(
 """The same types as annotations under ``from __future__ import annotations`` (strings)."""
 
 
-def _lister(name: str, names: tuple[str, ...]) -> Callable[[Any], list[Any]]:
+def _lister(name: str, names: tuple[str, ...], required: int) -> Callable[[Any], list[Any]]:
+    """A function giving ``[name, *fields]`` of an instance.
+
+    The fields past ``required`` go only up to the last that is not None (see
+    :data:`OMIT_WHEN_NONE`).
+    """
     if all(n.isidentifier() and not keyword.iskeyword(n) for n in names):
-        # Generated, like _builder: twice as fast as [name, *attrgetter(*names)(obj)].
-        items = "".join(f", o.{n}" for n in names)
-        as_list: Callable[[Any], list[Any]] = eval(f"lambda o: [name{items}]", {"name": name})
+        as_list: Callable[[Any], list[Any]]
+        if required == len(names):
+            # Generated, like _builder: twice as fast as [name, *attrgetter(*names)(obj)].
+            items = "".join(f", o.{n}" for n in names)
+            as_list = eval(f"lambda o: [name{items}]", {"name": name})
+            return as_list
+        values = [f"a{i}" for i in range(1, len(names) + 1)]
+        lines = ["def as_list(o):"]
+        lines += (f"    {v} = o.{n}" for v, n in zip(values, names, strict=True))
+        for count in range(len(names), required, -1):
+            lines += [
+                f"    if {values[count - 1]} is not None:",
+                f"        return [{', '.join(['name', *values[:count]])}]",
+            ]
+        lines.append(f"    return [{', '.join(['name', *values[:required]])}]")
+        namespace: dict[str, Any] = {"name": name}
+        exec("\n".join(lines), namespace)
+        as_list = namespace["as_list"]
         return as_list
     getters = tuple(operator.attrgetter(n) for n in names)
-    return lambda obj: [name, *(get(obj) for get in getters)]
+
+    def as_list_by_name(obj: Any) -> list[Any]:
+        return _trimmed([name, *(get(obj) for get in getters)], required)
+
+    return as_list_by_name
+
+
+def _trimmed(body: list[Any], required: int) -> list[Any]:
+    """``body`` (``[name, *fields]``) without its trailing Nones past ``required`` fields."""
+    while len(body) > required + 1 and body[-1] is None:
+        body.pop()
+    return body
+
+
+def _required_fields(cls: type, fields: Sequence[attrs.Attribute[Any]]) -> int:
+    """How many fields always travel: those before the first :data:`OMIT_WHEN_NONE` one.
+
+    Raises:
+        MessageRegistrationError: an omitted field has another default than None, or a field
+            that always travels follows one.
+    """
+    omitted = [bool(f.metadata.get(OMIT_WHEN_NONE)) for f in fields]
+    required = omitted.index(True) if True in omitted else len(fields)
+    for f, omit in zip(fields[required:], omitted[required:], strict=True):
+        if not omit or f.default is not None:
+            raise MessageRegistrationError(
+                f"cannot register {cls.__qualname__}: field {f.name!r} follows a field left out "
+                "of the frame when None, so it must be one too: give it default None and "
+                "metadata={OMIT_WHEN_NONE: True}, or move the fields without it before them"
+            )
+    return required
 
 
 def _body_maker(
-    name: str, fields: Sequence[attrs.Attribute[Any]]
+    name: str, fields: Sequence[attrs.Attribute[Any]], required: int
 ) -> Callable[[Any], tuple[int, list[Any]]]:
     """A function giving ``(kind, body)`` of an instance sent as a message.
 
@@ -176,7 +235,8 @@ def _body_maker(
     ``[wire_name, *fields]`` list and bit ``i`` of ``mask`` set for position ``i`` of the body.
     Only fields whose validator allows no more than plain scalars are not looked at: a
     registered object there (built around its validators) travels as an extension, as any
-    deeper one does.
+    deeper one does. The fields past ``required`` go only up to the last that is not None
+    (see :data:`OMIT_WHEN_NONE`).
     """
     names = tuple(f.name for f in fields)
     maybe = tuple(i for i, f in enumerate(fields, start=1) if _may_hold_object(f))
@@ -202,12 +262,19 @@ def _body_maker(
                 f"        {value} = as_list({value})",
                 f"        mask |= {1 << i}",
             ]
-        body = ", ".join(["name", *values])
-        lines += [
-            "    if mask:",
-            f"        return flat, [{body}, mask]",
-            f"    return plain, [{body}]",
-        ]
+
+        def returns(count: int, indent: str) -> list[str]:
+            body = ", ".join(["name", *values[:count]])
+            return [
+                f"{indent}if mask:",
+                f"{indent}    return flat, [{body}, mask]",
+                f"{indent}return plain, [{body}]",
+            ]
+
+        for count in range(len(names), required, -1):  # the omitted fields, last first
+            lines.append(f"    if {values[count - 1]} is not None:")
+            lines += returns(count, "        ")
+        lines += returns(required, "    ")
         exec("\n".join(lines), namespace)
         as_body: Callable[[Any], tuple[int, list[Any]]] = namespace["as_body"]
         return as_body
@@ -215,9 +282,11 @@ def _body_maker(
     lister = _as_list_by_class.get
 
     def as_body_by_name(obj: Any) -> tuple[int, list[Any]]:
-        body = [name, *(get(obj) for get in getters)]
+        body = _trimmed([name, *(get(obj) for get in getters)], required)
         mask = 0
         for i in maybe:
+            if i >= len(body):
+                break
             as_list = lister(type(body[i]))
             if as_list is not None:
                 body[i] = as_list(body[i])
@@ -313,11 +382,12 @@ def _type_checks(
 
 
 def _builder(
-    cls: type, fields: Sequence[attrs.Attribute[Any]], aliases: tuple[str, ...]
+    cls: type, fields: Sequence[attrs.Attribute[Any]], aliases: tuple[str, ...], required: int
 ) -> Callable[[list[Any]], object]:
     """A function building ``cls`` from a received ``[name, *fields]``.
 
-    The common case, every field present, runs generated code (keyword arguments spelled out
+    The common cases, every field present or (for a class with :data:`OMIT_WHEN_NONE` fields)
+    every field but those, which are None, run generated code (keyword arguments spelled out
     once: three times cheaper than ``cls(**dict(zip()))``; or, when the constructor only stores
     its arguments, maybe after ``instance_of`` checks, the same checks and the stores
     themselves, through a :func:`_storing_twin` when the class has one). Any other count goes
@@ -358,13 +428,26 @@ def _builder(
                 lines.append(f"    set{i}(o, {names[i]})")
     else:
         lines = [f"    o = cls({arguments})"]
-    source = [
-        "def build(v):",
-        "    try:",
-        f"        {', '.join(['_', *names])}, = v",
-        "    except ValueError:  # not every field: an older (or newer) peer's",
-        "        return partial(v)",
-    ]
+    if required == len(names):
+        source = [
+            "def build(v):",
+            "    try:",
+            f"        {', '.join(['_', *names])}, = v",
+            "    except ValueError:  # not every field: an older (or newer) peer's",
+            "        return partial(v)",
+        ]
+    else:  # the omitted fields left out first: the common case
+        source = [
+            "def build(v):",
+            "    try:",
+            f"        {', '.join(['_', *names[:required]])}, = v",
+            *(f"        {n} = None" for n in names[required:]),
+            "    except ValueError:",
+            "        try:",
+            f"            {', '.join(['_', *names])}, = v",
+            "        except ValueError:  # some omitted fields, or an older (or newer) peer's",
+            "            return partial(v)",
+        ]
     exec("\n".join([*source, *lines, "    return o"]), namespace)
     build: Callable[[list[Any]], object] = namespace["build"]
     return build
@@ -437,13 +520,14 @@ def _register(cls: T, name: str | None, since: int = 1) -> T:
                 "could not be rebuilt on the receiving node"
             )
         aliases = tuple(f.alias for f in fields)
+        required = _required_fields(cls, fields)
         spec = _ClassSpec(
             cls,
             wire_name,
             aliases,
-            _lister(wire_name, tuple(f.name for f in fields)),
-            _body_maker(wire_name, fields),
-            _builder(cls, fields, aliases),
+            _lister(wire_name, tuple(f.name for f in fields), required),
+            _body_maker(wire_name, fields, required),
+            _builder(cls, fields, aliases, required),
         )
     else:
         raise MessageRegistrationError(

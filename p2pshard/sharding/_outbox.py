@@ -21,24 +21,36 @@ ENTRY_OVERHEAD = 32
 class Outbox:
     """Messages for one node gathered while its link is busy, not yet given to the transport."""
 
-    __slots__ = ("entries", "lock", "replies", "size")
+    __slots__ = ("entries", "lock", "replies", "size", "traces")
 
     def __init__(self) -> None:
         self.entries: list[Any] = []
         """Flat, ``ENTRY_FIELDS`` values per message, as in ``EntityDeliveries.entries``."""
         self.replies: list[Reply | None] = []
         """One per message: the asks to fail if their batch is lost."""
+        self.traces: list[object] | None = None
+        """None while no message here has a trace context; then one per message (maybe None),
+        as in ``EntityDeliveries.traces``."""
         self.size = 0
         """An upper estimate of the entries' encoded size, in bytes."""
         self.lock = trio.Lock()
         """Held while a batch is on its way: batches to one node leave in the order made."""
 
-    def take(self, budget: int) -> tuple[list[Any], list[Reply | None]]:
-        """Remove and return the oldest messages that fit in ``budget`` bytes (one at least)."""
-        entries, replies = self.entries, self.replies
+    def add_trace(self, trace: dict[str, str] | None) -> None:
+        """The trace context of the message just gathered (called once one has a context)."""
+        if self.traces is None:
+            self.traces = [None] * (len(self.replies) - 1)
+        self.traces.append(trace)
+
+    def take(self, budget: int) -> tuple[list[Any], list[Reply | None], list[object] | None]:
+        """Remove and return the oldest messages that fit in ``budget`` bytes (one at least).
+
+        Their entries, their replies and their trace contexts (None when none has one).
+        """
+        entries, replies, traces = self.entries, self.replies, self.traces
         if self.size <= budget:
-            self.entries, self.replies, self.size = [], [], 0
-            return entries, replies
+            self.entries, self.replies, self.traces, self.size = [], [], None, 0
+            return entries, replies, traces
         count = size = 0
         for i in range(0, len(entries), ENTRY_FIELDS):
             one = entry_size(entries[i], entries[i + 1], entries[i + 2])
@@ -49,10 +61,20 @@ class Outbox:
         cut = count * ENTRY_FIELDS
         self.entries, self.replies = entries[cut:], replies[count:]
         self.size -= size
-        return entries[:cut], replies[:count]
+        if traces is None:
+            return entries[:cut], replies[:count], None
+        self.traces = traces[count:]
+        return entries[:cut], replies[:count], traces[:count]
 
-    def give_back(self, entries: list[Any], replies: list[Reply | None]) -> None:
+    def give_back(
+        self, entries: list[Any], replies: list[Reply | None], traces: list[object] | None
+    ) -> None:
         """Put back what :meth:`take` gave, ahead of what was gathered since."""
+        if traces is not None or self.traces is not None:
+            none: list[object] = [None]
+            ahead = traces if traces is not None else none * len(replies)
+            behind = self.traces if self.traces is not None else none * len(self.replies)
+            self.traces = ahead + behind
         self.entries[:0] = entries
         self.replies[:0] = replies
         self.size += sum(

@@ -21,6 +21,10 @@ from typing import Any, TypeAlias
 import attrs
 
 from membership import UniqueAddress, message
+from membership.internal import wire
+
+_OMITTED_WHEN_NONE = {wire.OMIT_WHEN_NONE: True}
+"""Left out of the frame while None: an envelope without a trace costs no byte for it."""
 
 
 def _of(kind: type | tuple[type, ...]) -> Any:
@@ -179,7 +183,9 @@ class EntityDelivery:
     """A message for entity ``entity_id`` of ``shard``, between regions.
 
     ``request_id`` is non-zero for an ask, whose answer goes to ``origin`` (the asking node),
-    however many regions the message passes through.
+    however many regions the message passes through. ``trace`` is the sender's trace context
+    (the W3C ``traceparent`` and ``tracestate`` as OpenTelemetry's propagator writes them) when
+    the message was sent inside a recording span; otherwise None, and not in the frame at all.
     """
 
     type_name: str = _name()
@@ -189,6 +195,9 @@ class EntityDelivery:
     request_id: int = attrs.field(default=0, validator=_of(int))
     origin: UniqueAddress | None = attrs.field(
         default=None, validator=attrs.validators.optional(_of(UniqueAddress))
+    )
+    trace: dict[str, str] | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_of(dict)), metadata=_OMITTED_WHEN_NONE
     )
 
 
@@ -201,6 +210,7 @@ _new = object.__new__
     _set_message,
     _set_request_id,
     _set_origin,
+    _set_trace,
 ) = (getattr(EntityDelivery, f.name).__set__ for f in attrs.fields(EntityDelivery))
 
 
@@ -211,6 +221,7 @@ def unchecked_delivery(
     message: object,
     request_id: int,
     origin: UniqueAddress | None,
+    trace: dict[str, str] | None = None,
 ) -> EntityDelivery:
     """An :class:`EntityDelivery` built without running its validators.
 
@@ -224,6 +235,7 @@ def unchecked_delivery(
     _set_message(delivery, message)
     _set_request_id(delivery, request_id)
     _set_origin(delivery, origin)
+    _set_trace(delivery, trace)
     return delivery
 
 
@@ -242,10 +254,15 @@ class EntityDeliveries:
     values per message: shard id, entity id, the message as a frame payload of its own
     (``_wire.encode``), request id (0 for a tell), and the asking node, or None when it is the
     sender. The receiver checks each entry on its own: a bad one is dropped, not the others.
+    ``traces`` is None (and not in the frame) when no message of the batch carries a trace
+    context; otherwise one value per message, its ``EntityDelivery.trace`` or None.
     """
 
     type_name: str = _name()
     entries: list[object] = attrs.field(validator=_of(list))
+    traces: list[object] | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_of(list)), metadata=_OMITTED_WHEN_NONE
+    )
 
 
 @message(name="p2pshard.sharding.EntityReply")

@@ -44,6 +44,7 @@ from membership.internal import CoreTimer
 from membership.internal import wire as _wire
 
 from .._errors import AskTimeout, RegionStopped, ShardingError
+from .._tracing import Traced, Tracing, carrier_of
 from ..leases._lease import ShardLease, ShardLeaseFactory
 from ._allocation import EntityId, ShardId
 from ._asks import RemoteReply
@@ -164,8 +165,10 @@ class ShardRegion:
         role: str | None,
         nursery: trio.Nursery,
         lease_factory: ShardLeaseFactory | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._services = services
+        self._tracing = tracing
         self._asks = services.asks
         self._check_message = services.check_message
         self._lifecycle = services.lifecycle
@@ -221,8 +224,13 @@ class ShardRegion:
         self._recent_home: UniqueAddress | None = None
         self._recent_outgoing: Outbox | None = None
         """The last node gathered for and what :attr:`_outgoing` holds for it."""
-        self._sender = EntitySender(type_name, self._tell, self._ask)
-        """What this region's entity refs send with (one, so that equal refs share it)."""
+        self._sender = (
+            EntitySender(type_name, self._tell, self._ask)
+            if tracing is None
+            else EntitySender(type_name, self._tell_traced, self._ask_traced)
+        )
+        """What this region's entity refs send with (one, so that equal refs share it). With
+        tracing off it sends with the plain methods: not one test per message for tracing."""
         self._host = ShardHost(
             type_name=type_name,
             settings=settings,
@@ -236,6 +244,7 @@ class ShardRegion:
             entity_started=self._entity_started,
             entity_stopped=self._entity_stopped,
             restart_due=self._wake_timer,
+            tracing=tracing,
         )
         """What this region's shards use of it."""
 
@@ -266,12 +275,12 @@ class ShardRegion:
             ValueError: the extractor finds no entity id in ``message``.
         """
         entity_id = self._entity_id_of(message)
-        await self._tell(entity_id, self._extractor.entity_message(message))
+        await self._sender.tell(entity_id, self._extractor.entity_message(message))
 
     async def ask(self, message: object, *, timeout: float) -> object:  # noqa: ASYNC109 - the API
         """Ask the entity the extractor names; see :meth:`EntityRef.ask`."""
         entity_id = self._entity_id_of(message)
-        return await self._ask(entity_id, self._extractor.entity_message(message), timeout)
+        return await self._sender.ask(entity_id, self._extractor.entity_message(message), timeout)
 
     def state(self) -> ShardRegionState:
         """The shards hosted here now, with their active entity ids."""
@@ -344,7 +353,35 @@ class ShardRegion:
         self._check_usable(message)
         return self._send(entity_id, message, None)
 
-    async def _ask(self, entity_id: EntityId, message: object, timeout: float) -> object:  # noqa: ASYNC109
+    async def _tell_traced(self, entity_id: EntityId, message: object) -> None:
+        """:meth:`_tell` with tracing on: inside a recording span, the message is traced."""
+        self._check_usable(message)
+        tracing = self._tracing
+        assert tracing is not None
+        if not tracing.recording():
+            await self._send(entity_id, message, None)
+            return
+        span = tracing.start_send("tell", self._extractor.shard_id(entity_id), entity_id)
+        with tracing.sending(span) as parent:
+            await self._send(entity_id, message, None, parent)
+
+    async def _ask_traced(self, entity_id: EntityId, message: object, timeout: float) -> object:  # noqa: ASYNC109
+        """:meth:`_ask` with tracing on: inside a recording span, the message is traced."""
+        tracing = self._tracing
+        assert tracing is not None
+        if not tracing.recording():
+            return await self._ask(entity_id, message, timeout)
+        span = tracing.start_send("ask", self._extractor.shard_id(entity_id), entity_id)
+        with tracing.sending(span) as parent:
+            return await self._ask(entity_id, message, timeout, parent)
+
+    async def _ask(
+        self,
+        entity_id: EntityId,
+        message: object,
+        timeout: float,  # noqa: ASYNC109
+        trace: object = None,
+    ) -> object:
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
             raise ValueError(
                 f"an ask timeout must be a non-negative number of seconds, not {timeout!r}"
@@ -352,7 +389,7 @@ class ShardRegion:
         self._check_usable(message)
         slot = self._asks.new(entity_id)
         try:
-            await self._send(entity_id, message, slot)
+            await self._send(entity_id, message, slot, trace)
             with trio.move_on_after(timeout):
                 await slot.done.wait()
             if not slot.done.is_set():
@@ -365,7 +402,10 @@ class ShardRegion:
         finally:
             self._asks.forget(slot)
 
-    async def _send(self, entity_id: EntityId, message: object, reply: Reply | None) -> None:
+    async def _send(
+        self, entity_id: EntityId, message: object, reply: Reply | None, trace: object = None
+    ) -> None:
+        """Send to the entity; ``trace`` is the sender's trace context, when traced."""
         shard_id = self._shard_cache.get(entity_id)
         if shard_id is None:
             shard_id = self._extractor.shard_id(entity_id)
@@ -387,6 +427,8 @@ class ShardRegion:
             size = self._check_message(message)
             if size or len(entity_id) > _SHORT_ID:  # else small, and so its envelope
                 self._check_envelope(shard_id, entity_id, message, reply, size)
+            if trace is not None:
+                message = Traced(message, trace)
             if not self._place_here(shard_id, entity_id, message, reply):
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return
@@ -398,6 +440,7 @@ class ShardRegion:
                 self._unyielded = 0
                 await trio.lowlevel.cancel_shielded_checkpoint()
             return
+        carrier = None if trace is None else carrier_of(trace)
         outgoing = self._gathered_for(home)
         if outgoing is not None or (reply is None and self._transport.backlog(home)):
             # A tell while the link is busy (or a message behind gathered ones): gathered with
@@ -407,15 +450,17 @@ class ShardRegion:
             payload = _wire.encode(message)  # fails here, as a send would: nothing is gathered
             size = entry_size(shard_id, entity_id, payload)
             if size <= self._batch_bytes:
-                outgoing = self._gather(home, outgoing, shard_id, entity_id, payload, size, reply)
+                outgoing = self._gather(
+                    home, outgoing, shard_id, entity_id, payload, size, reply, carrier
+                )
                 if len(outgoing.replies) >= BATCH_MESSAGES or outgoing.size >= self._batch_bytes:
                     await self._send_gathered(home)
                 return
             await self._send_gathered_all(home)  # too large to gather: alone, behind them
         delivery = (
-            unchecked_delivery(self.type_name, shard_id, entity_id, message, 0, None)
+            unchecked_delivery(self.type_name, shard_id, entity_id, message, 0, None, carrier)
             if reply is None  # a tell: _delivery spelled out (test_region_copies.py checks it)
-            else self._delivery(shard_id, entity_id, message, reply)
+            else self._delivery(shard_id, entity_id, message, reply, carrier)
         )
         try:
             self._transport.send_nowait(home, delivery)
@@ -489,8 +534,11 @@ class ShardRegion:
         payload: bytes,
         size: int,
         reply: Reply | None,
+        trace: dict[str, str] | None = None,
     ) -> Outbox:
         """Add a message (encoded, ``size`` from :func:`_entry_size`) to those for ``home``.
+
+        ``trace`` is the message's trace context as the envelope carries it, if it has one.
 
         ``outgoing`` is what :attr:`_outgoing` holds for ``home``, if anything. The batcher task
         sends the messages when the task gathering them yields; a task that gathers a whole
@@ -509,6 +557,8 @@ class ShardRegion:
             outgoing.entries += (shard_id, entity_id, payload, reply.request_id, origin)
         outgoing.replies.append(reply)
         outgoing.size += size
+        if trace is not None or outgoing.traces is not None:
+            outgoing.add_trace(trace)
         return outgoing
 
     async def _batcher(self) -> None:
@@ -531,13 +581,13 @@ class ShardRegion:
             return
         async with outgoing.lock:
             while outgoing.replies:
-                entries, replies = outgoing.take(self._batch_bytes)
+                entries, replies, traces = outgoing.take(self._batch_bytes)
                 try:
-                    await self._send_batch(home, entries, replies)
+                    await self._send_batch(home, entries, replies, traces)
                 except BaseException:
                     # Cancelled while waiting for room: the messages (maybe other tasks') are
                     # not lost with this task; the batcher sends them.
-                    outgoing.give_back(entries, replies)
+                    outgoing.give_back(entries, replies, traces)
                     self._gathered.set()
                     raise
             if not outgoing.lock.statistics().tasks_waiting:
@@ -548,9 +598,13 @@ class ShardRegion:
         self._unblocked = trio.Event()
 
     async def _send_batch(
-        self, home: UniqueAddress, entries: list[Any], replies: list[Reply | None]
+        self,
+        home: UniqueAddress,
+        entries: list[Any],
+        replies: list[Reply | None],
+        traces: list[object] | None = None,
     ) -> None:
-        batch = EntityDeliveries(type_name=self.type_name, entries=entries)
+        batch = EntityDeliveries(type_name=self.type_name, entries=entries, traces=traces)
         try:
             try:
                 self._transport.send_nowait(home, batch)
@@ -586,13 +640,21 @@ class ShardRegion:
         return False
 
     def _delivery(
-        self, shard_id: ShardId, entity_id: EntityId, message: object, reply: Reply | None
+        self,
+        shard_id: ShardId,
+        entity_id: EntityId,
+        message: object,
+        reply: Reply | None,
+        trace: dict[str, str] | None = None,
     ) -> EntityDelivery:
+        if isinstance(message, Traced):  # it waited here (a buffer, a hand-off) with its context
+            trace = message.carrier()
+            message = message.message
         if reply is None:
-            return unchecked_delivery(self.type_name, shard_id, entity_id, message, 0, None)
+            return unchecked_delivery(self.type_name, shard_id, entity_id, message, 0, None, trace)
         origin = reply.origin if isinstance(reply, RemoteReply) else self._self_node
         return unchecked_delivery(
-            self.type_name, shard_id, entity_id, message, reply.request_id, origin
+            self.type_name, shard_id, entity_id, message, reply.request_id, origin, trace
         )
 
     def _unblock(self, shard_id: ShardId) -> None:
@@ -632,6 +694,10 @@ class ShardRegion:
             return
         outgoing = self._gathered_for(home)
         if outgoing is not None:  # behind the messages gathered for it
+            trace = None
+            if isinstance(message, Traced):
+                trace = message.carrier()
+                message = message.message
             try:
                 payload = _wire.encode(message)
             except SerializationError as exc:
@@ -642,7 +708,7 @@ class ShardRegion:
                 )
                 return
             size = entry_size(shard_id, entity_id, payload)
-            self._gather(home, outgoing, shard_id, entity_id, payload, size, reply)
+            self._gather(home, outgoing, shard_id, entity_id, payload, size, reply, trace)
             return
         try:
             self._transport.send_nowait(home, self._delivery(shard_id, entity_id, message, reply))
@@ -666,6 +732,7 @@ class ShardRegion:
             delivery.message,
             delivery.request_id,
             delivery.origin,
+            delivery.trace,
         )
 
     def _on_deliveries(self, sender: UniqueAddress, batch: EntityDeliveries) -> None:
@@ -679,11 +746,23 @@ class ShardRegion:
                 ENTRY_FIELDS,
             )
             return
+        traces: Any = batch.traces
+        if traces is None or len(traces) * ENTRY_FIELDS != len(entries):
+            if traces is not None:
+                logger.warning(
+                    "region %s: a batch from %s has %d trace contexts for %d messages: "
+                    "its messages go on untraced",
+                    self.type_name,
+                    sender,
+                    len(traces),
+                    len(entries) // ENTRY_FIELDS,
+                )
+            traces = itertools.repeat(None)
         decode = _wire.decode_parts
         received: Any = self._received  # takes the str ids as ShardId and EntityId
         values = iter(entries)
-        for shard_id, entity_id, payload, request_id, origin in zip(
-            values, values, values, values, values, strict=True
+        for shard_id, entity_id, payload, request_id, origin, trace in zip(
+            values, values, values, values, values, traces, strict=False
         ):
             if (
                 type(shard_id) is not str
@@ -715,7 +794,15 @@ class ShardRegion:
                         "p2pshard.ShardingError", f"the message did not decode: {exc}"
                     )
                 continue
-            received(sender, shard_id, entity_id, message, request_id, origin)
+            received(
+                sender,
+                shard_id,
+                entity_id,
+                message,
+                request_id,
+                origin,
+                trace if type(trace) is dict else None,
+            )
 
     def _received(
         self,
@@ -725,8 +812,11 @@ class ShardRegion:
         message: object,
         request_id: int,
         origin: UniqueAddress | None,
+        trace: dict[str, str] | None = None,
     ) -> None:
         self._received_remote += 1
+        if trace is not None:  # the sender's trace context goes with the message, wherever
+            message = Traced(message, trace)
         reply: Reply | None = None
         if request_id:
             reply = RemoteReply(self._asks, origin or sender, request_id)

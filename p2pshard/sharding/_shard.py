@@ -35,6 +35,7 @@ import trio
 
 from membership.internal import acquire_until_granted
 
+from .._tracing import Traced, Tracing
 from ..leases._lease import ShardLease
 from ._allocation import EntityId, ShardId
 from ._entity import (
@@ -83,8 +84,9 @@ than the entity), so every message to an idle entity needs one: taking a spare c
 making a new one."""
 
 _deque = collections.deque
-_CONTROL = frozenset({Stop, Wake})
-"""Mailbox entries that are not messages for the entity."""
+_CONTROL = frozenset({Stop, Wake, Traced})
+"""Mailbox entries that are not plain messages for the entity: the workers' common case leaves
+them to ``Shard._run``."""
 
 
 class EntityWorkers:
@@ -227,6 +229,8 @@ class ShardHost:
     """A context is gone."""
     restart_due: Callable[[], None]
     """An entity waits to restart: the region's timer must see :meth:`Shard.tick`'s new due time."""
+    tracing: Tracing | None = None
+    """The entity type's tracing; None when it is off (a traced message then runs untraced)."""
 
 
 class Shard:
@@ -479,7 +483,10 @@ class Shard:
                 try:
                     if instance is None:
                         instance = self._create(context)
-                    result = await instance.receive(message, context)
+                    if type(message) is Traced:
+                        result = await self._receive_traced(instance, message, context, reply)
+                    else:
+                        result = await instance.receive(message, context)
                 except Exception as exc:
                     self._crashed(context, exc, reply)
                     if context._state is _RESTARTING:
@@ -491,6 +498,18 @@ class Shard:
             context._scope = None
             context._scheduled = False
         self._turn_ended(context, mailbox)
+
+    async def _receive_traced(
+        self, instance: Entity, traced: Traced, context: EntityContext, reply: Reply | None
+    ) -> object:
+        """Run ``receive`` in a span that is a child of the sender's (when tracing is on)."""
+        tracing = self.host.tracing
+        if tracing is None:
+            return await instance.receive(traced.message, context)
+        with tracing.processing(
+            traced.parent, self.shard_id, context.entity_id, ask=reply is not None
+        ):
+            return await instance.receive(traced.message, context)
 
     def _turn_ended(self, context: EntityContext, mailbox: collections.deque[Mail] | None) -> None:
         """After an entity's turn: note when, then queue it again if more came, or let it idle."""

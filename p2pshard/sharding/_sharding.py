@@ -42,6 +42,7 @@ from membership import (
     UniqueAddress,
 )
 
+from .._tracing import tracing_for
 from ..leases._lease import Leases, ShardLease, ShardLeaseFactory
 from ._allocation import (
     LeastShardAllocationStrategy,
@@ -124,8 +125,11 @@ class Sharding:
         rng: random.Random,
         leases: Leases | None = None,
         removal_margin: float = 0.0,
+        tracer_provider: object | None = None,
     ) -> None:
         self._transport = transport
+        self._tracer_provider = tracer_provider
+        """None: OpenTelemetry's global one, as it is when each entity type starts."""
         # The default down-removal margin of entity types without shard leases.
         self._removal_margin = removal_margin
         self._leases = leases
@@ -317,6 +321,7 @@ class Sharding:
             role,
             self._nursery,
             shard_lease,
+            tracing_for(self._tracer_provider, type_name),
         )
         self._regions[type_name] = region
         await self._nursery.start(region._run)

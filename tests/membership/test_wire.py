@@ -33,6 +33,7 @@ from membership.transport._wire import (
     KIND_OBJECT_FLAT,
     KIND_PLAIN,
     MAX_NESTING,
+    OMIT_WHEN_NONE,
     WIRE_VERSION,
     FrameEncoder,
     _by_name,
@@ -1003,3 +1004,107 @@ def test_frame_encoder_follows_a_class_registered_again() -> None:
     with pytest.raises(SerializationError, match="is not serializable"):
         encoder.frame(Moving(1), 0)
     assert decode(encoder.frame(Moving2(2), 0)[4:]).message == Moving2(2)
+
+
+# --- fields left out of the frame while None (OMIT_WHEN_NONE) ---------------------------------
+
+_OMIT = {OMIT_WHEN_NONE: True}
+
+
+@message(name="tests.wire.Before")
+@attrs.frozen
+class PlainEnvelope:
+    """What :class:`TracedEnvelope` was before its optional fields were added."""
+
+    to: str
+    payload: object
+
+
+@message(name="tests.wire.Traced")
+@attrs.frozen
+class TracedEnvelope:
+    to: str
+    payload: object
+    context: dict[str, str] | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(attrs.validators.instance_of(dict)),
+        metadata=_OMIT,
+    )
+    extra: int | None = attrs.field(default=None, metadata=_OMIT)
+
+
+@message(name="tests.wire.Traced-by-name")
+@attrs.frozen
+class TracedByName:
+    to: str = attrs.field(alias="to_")
+    context: object = attrs.field(default=None, metadata=_OMIT)
+
+
+def _body(value: object) -> list[Any]:
+    body: list[Any] = msgpack.unpackb(encode(value)[HEADER_SIZE:])
+    return body
+
+
+@pytest.mark.parametrize("payload", [7, Point(1, 2), (Point(1, 2),)])
+def test_fields_left_out_while_none_add_no_byte(payload: object) -> None:
+    plain = encode(PlainEnvelope("a", payload))
+    traced = encode(TracedEnvelope("a", payload))
+    # The same bytes but for the wire name (of the same length): not one byte for the fields.
+    assert traced.replace(b"tests.wire.Traced", b"tests.wire.Before") == plain
+    assert decode(traced).message == TracedEnvelope("a", payload)
+    holder = Holder(TracedEnvelope("a", payload))  # nested: the same body, as an extension
+    assert round_trip(holder) == holder
+
+
+def test_fields_left_out_while_none_travel_up_to_the_last_that_is_set() -> None:
+    context = {"traceparent": "00-x"}
+    assert _body(TracedEnvelope("a", 1, context)) == ["tests.wire.Traced", "a", 1, context]
+    assert _body(TracedEnvelope("a", 1, None, 5)) == ["tests.wire.Traced", "a", 1, None, 5]
+    flat = _body(TracedEnvelope("a", Point(1, 2), context))
+    assert flat == ["tests.wire.Traced", "a", ["tests.wire.Point", 1, 2], context, 0b100]
+    for value in (
+        TracedEnvelope("a", 1, context),
+        TracedEnvelope("a", Point(1, 2), None, 5),
+        TracedEnvelope("a", Point(1, 2), context, 5),
+        Holder(TracedEnvelope("a", Point(1, 2), context)),
+        TracedByName("b"),
+        TracedByName("b", Point(3, 4)),
+    ):
+        assert round_trip(value) == value
+    assert _body(TracedByName("b")) == ["tests.wire.Traced-by-name", "b"]
+
+
+def test_an_older_peer_reads_the_new_fields_as_absent_and_a_newer_one_is_read_without_them() -> (
+    None
+):
+    # An older peer's class has no context field: the newer body is read without it.
+    newer = encode(TracedEnvelope("a", 1, {"traceparent": "00-x"}))
+    older_view = msgpack.unpackb(newer[HEADER_SIZE:])[:3]
+    assert older_view == ["tests.wire.Traced", "a", 1]
+    # What an older peer sends (no field past the payload) decodes with the defaults.
+    old_body = HEADER.pack(WIRE_VERSION, KIND_OBJECT, 0) + msgpack.packb(
+        ["tests.wire.Traced", "a", 1]
+    )
+    assert decode(old_body).message == TracedEnvelope("a", 1)
+    bad = HEADER.pack(WIRE_VERSION, KIND_OBJECT, 0) + msgpack.packb(
+        ["tests.wire.Traced", "a", 1, 5]
+    )
+    with pytest.raises(MessageDecodeError, match="context"):
+        decode(bad)  # a value the validator refuses is refused, as without the field
+
+
+def test_a_field_left_out_while_none_must_default_to_none_and_come_last() -> None:
+    with pytest.raises(MessageRegistrationError, match="'y' follows a field left out"):
+
+        @message(name="tests.wire.BadOrder")
+        @attrs.frozen
+        class BadOrder:
+            x: int | None = attrs.field(default=None, metadata=_OMIT)
+            y: int = 0
+
+    with pytest.raises(MessageRegistrationError, match="'x' follows a field left out"):
+
+        @message(name="tests.wire.BadDefault")
+        @attrs.frozen
+        class BadDefault:
+            x: int = attrs.field(default=0, metadata=_OMIT)

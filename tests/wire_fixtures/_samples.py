@@ -52,6 +52,8 @@ def members(name: str) -> list[enum.Enum]:
 
 TO_UID = 0x5EED_0000_0000_0002
 """The recipient incarnation in every frame's header (``to_uid``); 0 would mean "any"."""
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+"""A W3C trace context header, as in the trace context specification's examples."""
 
 
 def samples() -> list[object]:
@@ -236,12 +238,29 @@ def samples() -> list[object]:
             message=7,
         ),
         make(
+            "p2pshard.sharding.EntityDelivery",
+            type_name=rtype,
+            shard="17",
+            entity_id="counter-1",
+            message=increment,
+            trace={"traceparent": TRACEPARENT, "tracestate": "p2pshard=1"},
+        ),
+        make(
             "p2pshard.sharding.EntityDeliveries",
             type_name=rtype,
             entries=[
                 *("17", "counter-1", wire.encode(increment), 13, node_a),
                 *("18", "counter-2", wire.encode(user), 0, None),
             ],
+        ),
+        make(
+            "p2pshard.sharding.EntityDeliveries",
+            type_name=rtype,
+            entries=[
+                *("17", "counter-1", wire.encode(increment), 0, None),
+                *("18", "counter-2", wire.encode(user), 15, node_a),
+            ],
+            traces=[None, {"traceparent": TRACEPARENT}],
         ),
         make("p2pshard.sharding.EntityReply", request_id=12, value=user),
         make(
