@@ -58,6 +58,7 @@ from .persistence import SqliteJournal as SqliteJournal
 from .persistence import open_journal as open_journal
 from .sharding import ClusterShardingStats as ClusterShardingStats
 from .sharding import ClusterView as ClusterView
+from .sharding import CoordinatorStatistics as CoordinatorStatistics
 from .sharding import EntityContext as EntityContext
 from .sharding import EntityId as EntityId
 from .sharding import EntityRef as EntityRef

@@ -25,6 +25,7 @@ call :func:`metrics_text` from a task of the node, as the management endpoint do
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
@@ -36,14 +37,26 @@ from prometheus_client import (
     CollectorRegistry,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from crdt import Replicator
-from membership import Cluster, ConfigurationError, MemberStatus, TransportStatistics
+from membership import (
+    Cluster,
+    ConfigurationError,
+    HistogramSnapshot,
+    MemberStatus,
+    TransportStatistics,
+)
 
 from ._config import NodeConfig
 from .leases._lease import Leases
+from .sharding._region import RegionStatistics
 from .sharding._sharding import Sharding
 
 
@@ -115,6 +128,27 @@ def _counters(name: str, documentation: str, labels: Sequence[str], rows: _Rows)
     family = CounterMetricFamily(name, documentation, labels=labels)
     for values, value in rows:
         family.add_metric(values, value)
+    return family
+
+
+def _le(bound: float) -> str:
+    """A bucket bound as Prometheus writes ``le``: ``0.005``, ``1.0``, ``+Inf``."""
+    return "+Inf" if bound == math.inf else repr(float(bound))
+
+
+def _histograms(
+    name: str,
+    documentation: str,
+    labels: Sequence[str],
+    rows: Iterable[tuple[Sequence[str], HistogramSnapshot | None]],
+) -> Metric:
+    """A histogram family from the components' own fixed-bucket counts (cumulative ``le``)."""
+    family = HistogramMetricFamily(name, documentation, labels=labels)
+    for values, snapshot in rows:
+        if snapshot is None:
+            continue
+        buckets = [(_le(bound), n) for bound, n in snapshot.cumulative()]
+        family.add_metric(values, buckets, snapshot.sum)
     return family
 
 
@@ -361,13 +395,6 @@ class NodeCollector(Collector):
                 False,
             ),
             (
-                "p2pshard_sharding_region_dropped_messages_total",
-                "Messages the region dropped: buffer full, region stopped or refused, send "
-                "queue full, not sent.",
-                "dropped",
-                True,
-            ),
-            (
                 "p2pshard_sharding_shard_home_requests_total",
                 "GetShardHome requests the region sent to the coordinator.",
                 "shard_home_requests",
@@ -419,6 +446,96 @@ class NodeCollector(Collector):
             "1 if the entity type runs here as a proxy (routes only, hosts no shards).",
             ("entity_type",),
             zip(names, (float(r.proxy) for r in regions), strict=True),
+        )
+        yield _counters(
+            "p2pshard_sharding_region_dropped_messages_total",
+            "Messages the region dropped, by reason: its buffer was full (buffer_full), it had "
+            "stopped (stopped) or was refused by the coordinator (refused), a send queue stayed "
+            "full (send_queue_full), the transport refused the message (not_sent).",
+            ("entity_type", "reason"),
+            (((r.type_name, reason), n) for r in regions for reason, n in sorted(r.drops.items())),
+        )
+        yield from self._asks(regions)
+        yield _counters(
+            "p2pshard_sharding_entity_activations_total",
+            "Entity incarnations started on this node (on a first message, a remembered "
+            "entity's restart, or after a passivation with messages waiting).",
+            ("entity_type",),
+            zip(names, (r.activations for r in regions), strict=True),
+        )
+        yield _counters(
+            "p2pshard_sharding_entity_passivations_total",
+            "Entity incarnations stopped on this node: passivated (by itself, when idle, over "
+            "the active-entity limit) or stopped for a hand-off or a lost lease.",
+            ("entity_type",),
+            zip(names, (r.passivations for r in regions), strict=True),
+        )
+        yield _histograms(
+            "p2pshard_sharding_shard_home_lookup_duration_seconds",
+            "Seconds from a region's first GetShardHome for a shard to the coordinator's answer "
+            "(ShardHome, or HostShard when the shard comes here).",
+            ("entity_type",),
+            zip(names, (r.shard_home_lookups for r in regions), strict=True),
+        )
+        yield from self._coordinators(sharding)
+
+    def _asks(self, regions: Sequence[RegionStatistics]) -> Iterator[Metric]:
+        names = [(r.type_name,) for r in regions]
+        yield _counters(
+            "p2pshard_sharding_asks_total",
+            "Asks made from this node to entities of the type.",
+            ("entity_type",),
+            zip(names, (r.asks for r in regions), strict=True),
+        )
+        yield _histograms(
+            "p2pshard_sharding_ask_duration_seconds",
+            "Seconds from an ask made on this node to its answer (a value or an error; asks "
+            "that timed out are not in it).",
+            ("entity_type",),
+            zip(names, (r.ask_seconds for r in regions), strict=True),
+        )
+        yield _counters(
+            "p2pshard_sharding_ask_failures_total",
+            "Asks made from this node that did not end with a value, by reason: timeout, "
+            "entity_error (the entity raised), buffer_full, region_stopped, not_delivered.",
+            ("entity_type", "reason"),
+            (((r.type_name, reason), n) for r in regions for reason, n in r.ask_failures.items()),
+        )
+
+    def _coordinators(self, sharding: Sharding) -> Iterator[Metric]:
+        stats = [
+            s
+            for s in (sharding.coordinator_statistics(n) for n in sorted(sharding.type_names))
+            if s is not None
+        ]
+        names = [(s.type_name,) for s in stats]
+        yield _gauges(
+            "p2pshard_sharding_coordinator_running",
+            "1 while the entity type's coordinator runs on this node (the oldest member of "
+            "its role), else 0.",
+            ("entity_type",),
+            zip(names, (float(s.running) for s in stats), strict=True),
+        )
+        yield _counters(
+            "p2pshard_sharding_rebalance_rounds_total",
+            "Rebalance rounds of the coordinator on this node: the allocation strategy was "
+            "asked which shards to move.",
+            ("entity_type",),
+            zip(names, (s.rebalance_rounds for s in stats), strict=True),
+        )
+        yield _counters(
+            "p2pshard_sharding_handoffs_total",
+            "Hand-offs the coordinator on this node ended, by outcome: completed, timed_out "
+            "(the shard stays), region_gone (the owner was terminated meanwhile).",
+            ("entity_type", "outcome"),
+            (((s.type_name, outcome), n) for s in stats for outcome, n in s.handoffs.items()),
+        )
+        yield _histograms(
+            "p2pshard_sharding_handoff_duration_seconds",
+            "Seconds from the coordinator's BeginHandOff to the shard's deallocation, of the "
+            "completed hand-offs.",
+            ("entity_type",),
+            zip(names, (s.handoff_seconds for s in stats), strict=True),
         )
 
     # -- replicated state and leases --------------------------------------------------------

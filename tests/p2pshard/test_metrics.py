@@ -7,17 +7,45 @@ import re
 from pathlib import Path
 
 import attrs
+import pytest
 import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
-from p2pshard import EntityId, HashExtractor, MemoryLeaseBackend, Node, testing
+from p2pshard import (
+    AskTimeout,
+    EntityId,
+    HashExtractor,
+    MemoryLeaseBackend,
+    Node,
+    RemoteEntityError,
+    testing,
+)
 from p2pshard._metrics import MEMBER_STATUSES, METRICS_CONTENT_TYPE, metrics_text
-from tests._support.sharding_sim import CounterAdd, CounterRead, CounterSim, standard_setup
+from tests._support.sharding_sim import (
+    CounterAdd,
+    CounterRead,
+    CounterSim,
+    Fail,
+    PassivateMe,
+    Sleep,
+    standard_setup,
+)
 
 Labels = tuple[tuple[str, str], ...]
 
-ALLOWED_LABELS = {"status", "peer", "entity_type", "cause", "kind", "replicator"}
+ALLOWED_LABELS = {
+    "status",
+    "peer",
+    "entity_type",
+    "cause",
+    "kind",
+    "replicator",
+    "reason",
+    "outcome",
+    "operation",
+    "consistency",
+}
 """Every label a p2pshard series may carry (``p2pshard_node_info``'s aside): all bounded."""
 
 INFO_LABELS = {"cluster", "node", "app_version"}
@@ -45,6 +73,16 @@ class Scrape:
         key = tuple(sorted(labels.items()))
         assert key in series, f"{name}{labels} not scraped; its series: {sorted(series)}"
         return series[key]
+
+    def total(self, name: str, **labels: str) -> float:
+        """The sum of the series of ``name`` that carry ``labels`` (and any others)."""
+        want = set(labels.items())
+        return sum(v for k, v in self.samples.get(name, {}).items() if want <= set(k))
+
+    def by_labels(self, name: str, label: str, **labels: str) -> dict[str, float]:
+        """The series of ``name`` that carry ``labels``, keyed by the value of ``label``."""
+        want = set(labels.items())
+        return {dict(k)[label]: v for k, v in self.samples.get(name, {}).items() if want <= set(k)}
 
     def by(self, name: str, label: str) -> dict[str, float]:
         """Every series of ``name``, keyed by the value of its one label ``label``."""
@@ -92,7 +130,24 @@ async def test_scrapes_show_members_entities_and_messages_moving_with_the_worklo
         hosted = [
             f.value("p2pshard_sharding_shards", entity_type="Counter") for f in first.values()
         ]
-        assert sum(hosted) == len({EXTRACTOR.shard_id(EntityId(e)) for e in entities})
+        shards = {EXTRACTOR.shard_id(EntityId(e)) for e in entities}
+        assert sum(hosted) == len(shards)
+        # One incarnation per entity, none stopped; n1 made one ask per entity and looked up
+        # the home of each of their shards once.
+        activations = [
+            f.value("p2pshard_sharding_entity_activations_total", entity_type="Counter")
+            for f in first.values()
+        ]
+        assert activations == active
+        for f in first.values():
+            assert (
+                f.value("p2pshard_sharding_entity_passivations_total", entity_type="Counter") == 0
+            )
+        assert first[1].value("p2pshard_sharding_asks_total", entity_type="Counter") == len(
+            entities
+        )
+        lookups = "p2pshard_sharding_shard_home_lookup_duration_seconds_count"
+        assert first[1].value(lookups, entity_type="Counter") == len(shards)
         assert first[2].value("p2pshard_leases_held") == 1
         # The coordinator's state is replicated: keys on every node. A scrape reads the
         # replicator's counters without encoding every key (key_sizes=False).
@@ -118,6 +173,15 @@ async def test_scrapes_show_members_entities_and_messages_moving_with_the_worklo
             return second[i].value(name, **labels) - first[i].value(name, **labels)
 
         counter = {"entity_type": "Counter"}
+        # The asks: every one counted, every one answered, and none failed.
+        assert moved("p2pshard_sharding_asks_total", 1, **counter) == len(entities)
+        asked = "p2pshard_sharding_ask_duration_seconds"
+        assert moved(f"{asked}_count", 1, **counter) == len(entities)
+        assert moved(f"{asked}_bucket", 1, le="+Inf", **counter) == len(entities)
+        assert moved(f"{asked}_sum", 1, **counter) > 0  # remote asks take simulated time
+        assert second[1].total("p2pshard_sharding_ask_failures_total", **counter) == 0
+        for i in (2, 3):
+            assert second[i].value("p2pshard_sharding_asks_total", **counter) == 0
         sent_here = moved("p2pshard_sharding_messages_delivered_locally_total", 1, **counter)
         sent_away = moved("p2pshard_sharding_messages_sent_remote_total", 1, **counter)
         assert sent_here + sent_away == len(entities) * (tells + 1)
@@ -142,7 +206,15 @@ async def test_scrapes_show_members_entities_and_messages_moving_with_the_worklo
         again = [s.value("p2pshard_sharding_entities", **counter) for s in second.values()]
         assert again == active
         for i in (1, 2, 3):
-            assert moved("p2pshard_sharding_region_dropped_messages_total", i, **counter) == 0
+            drops = second[i].samples["p2pshard_sharding_region_dropped_messages_total"]
+            assert {dict(k)["reason"] for k in drops} == {
+                "buffer_full",
+                "not_sent",
+                "refused",
+                "send_queue_full",
+                "stopped",
+            }
+            assert set(drops.values()) == {0}
             assert second[i].value("p2pshard_sharding_region_buffered_messages", **counter) == 0
             assert moved("p2pshard_transport_received_bytes_total", i) > 0
 
@@ -154,6 +226,82 @@ async def test_scrapes_show_members_entities_and_messages_moving_with_the_worklo
             if name.startswith("p2pshard_")
         }
         assert exported == documented_metrics()
+
+
+async def test_passivations_failed_asks_hand_offs_and_rebalance_rounds_are_counted(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    entities = [f"room-{k}" for k in range(12)]
+    counter = {"entity_type": "Counter"}
+    async with testing.simulated_cluster_of(
+        CounterSim, 26, standard_setup(number_of_shards=10)
+    ) as sim:
+        await sim.start_up([1, 2, 3])
+        region = sim.regions[1]
+        for entity in entities:
+            await region.entity_ref(entity).ask(CounterRead(), timeout=30)
+
+        # K entities passivate themselves: K passivations in all, the same entities active.
+        passivated = entities[:4]
+        for entity in passivated:
+            assert await region.entity_ref(entity).ask(PassivateMe(), timeout=30) == "passivating"
+        with trio.fail_after(30):
+            while (  # noqa: ASYNC110 - polls on the mock clock
+                sum(sim.regions[i].statistics().entities for i in (1, 2, 3))
+                > len(entities) - len(passivated)
+            ):
+                await trio.sleep(0.1)
+        scrapes = {i: Scrape(sim.nodes[i]) for i in (1, 2, 3)}
+        total = {
+            name: sum(
+                f.value(f"p2pshard_sharding_entity_{name}_total", **counter)
+                for f in scrapes.values()
+            )
+            for name in ("activations", "passivations")
+        }
+        assert total == {"activations": len(entities), "passivations": len(passivated)}
+
+        # Asks that fail: the entity raises; the entity does not answer in time.
+        with pytest.raises(RemoteEntityError):
+            await region.entity_ref(entities[5]).ask(Fail(text="no"), timeout=30)
+        with pytest.raises(AskTimeout):
+            await region.entity_ref(entities[6]).ask(Sleep(seconds=5.0), timeout=1.0)
+        scrape = Scrape(sim.nodes[1])
+        failures = scrape.by_labels("p2pshard_sharding_ask_failures_total", "reason", **counter)
+        assert failures == {
+            "timeout": 1,
+            "entity_error": 1,
+            "buffer_full": 0,
+            "region_stopped": 0,
+            "not_delivered": 0,
+        }
+        asks = len(entities) + len(passivated) + 2
+        assert scrape.value("p2pshard_sharding_asks_total", **counter) == asks
+        # Answered: all but the one that timed out (the entity's error is an answer).
+        answered = scrape.value("p2pshard_sharding_ask_duration_seconds_count", **counter)
+        assert answered == asks - 1
+
+        # The coordinator runs on n1, the oldest; a rebalance round comes every interval.
+        await trio.sleep(region.settings.rebalance_interval + 1)
+        before = Scrape(sim.nodes[1])
+        assert before.value("p2pshard_sharding_coordinator_running", **counter) == 1
+        assert before.value("p2pshard_sharding_rebalance_rounds_total", **counter) >= 1
+        for i in (2, 3):
+            assert scrapes[i].value("p2pshard_sharding_coordinator_running", **counter) == 0
+            assert scrapes[i].value("p2pshard_sharding_rebalance_rounds_total", **counter) == 0
+        # n3 leaves: the coordinator hands each of its shards off.
+        leaving = sim.regions[3].statistics().shards
+        assert leaving > 0
+        await sim.graceful_leave(3)
+        after = Scrape(sim.nodes[1])
+        handoffs = after.by_labels("p2pshard_sharding_handoffs_total", "outcome", **counter)
+        started = before.by_labels("p2pshard_sharding_handoffs_total", "outcome", **counter)
+        assert handoffs["completed"] - started["completed"] >= leaving
+        assert handoffs["timed_out"] == 0
+        took = "p2pshard_sharding_handoff_duration_seconds"
+        assert after.value(f"{took}_count", **counter) == handoffs["completed"]
+        assert after.value(f"{took}_sum", **counter) > 0
+        check_bounded(after, entities)
 
 
 def documented_metrics() -> set[str]:
@@ -170,8 +318,15 @@ def check_bounded(scrape: Scrape, entity_ids: list[str]) -> None:
         for labels in series:
             names = {k for k, _ in labels}
             allowed = INFO_LABELS if name == "p2pshard_node_info" else ALLOWED_LABELS
+            if name.endswith("_bucket"):
+                allowed = allowed | {"le"}
             assert names <= allowed, f"{name} has unbounded labels {names - allowed}"
             assert not {v for _, v in labels} & set(entity_ids), f"{name}{labels}"
+        if name.endswith(("_bucket", "_count", "_sum")) and name.rsplit("_", 1)[0] in scrape.types:
+            family = name.rsplit("_", 1)[0]
+            assert scrape.types[family] == "histogram", f"{name} is a {scrape.types[family]}"
+            assert family.endswith("_seconds"), f"{family}: a histogram of seconds, named so"
+            continue
         family = name.removesuffix("_total")
         expected = "counter" if name.endswith("_total") else "gauge"
         assert scrape.types[family] == expected, f"{name} is a {scrape.types[family]}"
