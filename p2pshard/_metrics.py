@@ -621,6 +621,32 @@ class NodeCollector(Collector):
                 ("replicator",),
                 zip(names, (getattr(s, field) for s in stats), strict=True),
             )
+        labels = ("replicator", "operation", "consistency")
+        operations = [
+            ((name, o.operation, o.consistency), o)
+            for (name, _), s in zip(replicators, stats, strict=True)
+            for o in s.operations
+        ]
+        yield _counters(
+            "p2pshard_replicator_operations_total",
+            "Reads (get), writes (update) and deletes called on this node, by consistency "
+            "level: local, from, to, majority, majority_plus, all.",
+            labels,
+            ((values, o.started) for values, o in operations),
+        )
+        yield _counters(
+            "p2pshard_replicator_operation_failures_total",
+            "Reads, writes and deletes called on this node that failed (too few replicas "
+            "answered in time, the store failed, the replicator stopped).",
+            labels,
+            ((values, o.failed) for values, o in operations),
+        )
+        yield _histograms(
+            "p2pshard_replicator_operation_duration_seconds",
+            "Seconds from a read, write or delete called on this node to its success.",
+            labels,
+            ((values, o.seconds) for values, o in operations),
+        )
 
     def _leases(self) -> Iterator[Metric]:
         try:

@@ -7,11 +7,13 @@ import re
 from pathlib import Path
 
 import attrs
+import pycrdt
 import pytest
 import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
+from crdt import WriteMajority
 from p2pshard import (
     AskTimeout,
     EntityId,
@@ -106,6 +108,11 @@ async def test_scrapes_show_members_entities_and_messages_moving_with_the_worklo
             assert await region.entity_ref(entity).ask(CounterRead(), timeout=30) is not None
         lease = sim.nodes[2].leases.lease("metrics-test")
         assert await lease.acquire() is not None
+        await sim.nodes[3].replicator.update(
+            "metrics-test",
+            lambda doc: doc.get("m", type=pycrdt.Map).update({"a": "b"}),
+            WriteMajority(timeout=5),
+        )
 
         first = {i: Scrape(sim.nodes[i]) for i in (1, 2, 3)}
         for i, scrape in first.items():
@@ -158,6 +165,14 @@ async def test_scrapes_show_members_entities_and_messages_moving_with_the_worklo
         assert attrs.evolve(cheap, bytes_per_key=full.bytes_per_key) == full
         assert first[1].value("p2pshard_replicator_keys", replicator="ddata") == full.keys >= 1
         assert first[1].value("p2pshard_leases_held") == 0
+        # The majority write made on n3, counted there under its consistency level and timed.
+        write = {"replicator": "ddata", "operation": "write", "consistency": "majority"}
+        assert first[3].value("p2pshard_replicator_operations_total", **write) == 1
+        assert first[3].value("p2pshard_replicator_operation_failures_total", **write) == 0
+        took = "p2pshard_replicator_operation_duration_seconds"
+        assert first[3].value(f"{took}_count", **write) == 1
+        assert first[3].value(f"{took}_sum", **write) > 0
+        assert first[2].total("p2pshard_replicator_operations_total", **write) == 0
 
         # The workload between the scrapes: 5 tells to each entity from n1, then one ask each
         # (its answer says every tell before it arrived).
