@@ -46,6 +46,7 @@ from .leases import LeaseClock as LeaseClock
 from .leases import LeaseGrant as LeaseGrant
 from .leases import Leases as Leases
 from .leases import LeaseSettings as LeaseSettings
+from .leases import LeaseStatistics as LeaseStatistics
 from .leases import MemoryLeaseBackend as MemoryLeaseBackend
 from .leases import SqliteLeaseBackend as SqliteLeaseBackend
 from .persistence import EventSourcedEntity as EventSourcedEntity

@@ -658,6 +658,32 @@ class NodeCollector(Collector):
             "Leases this node holds now (shard leases, singletons', the downing lease).",
             len(leases.held()),
         )
+        stats = leases.statistics()
+        yield _counters(
+            "p2pshard_leases_acquisitions_total",
+            "Lease acquisitions this node tried, by outcome: granted, refused (another owner "
+            "holds it), unavailable (the backend did not answer or failed).",
+            ("outcome",),
+            (((outcome,), n) for outcome, n in stats.acquisitions.items()),
+        )
+        yield _counters(
+            "p2pshard_leases_renewals_total",
+            "Lease renewals by outcome: renewed, refused (the lease is lost), failed (no "
+            "answer in time or an error; tried again until the deadline).",
+            ("outcome",),
+            (((outcome,), n) for outcome, n in stats.renewals.items()),
+        )
+        yield _histograms(
+            "p2pshard_leases_renewal_duration_seconds",
+            "Seconds from sending a lease renewal to the backend's yes.",
+            (),
+            (((), stats.renewal_seconds),),
+        )
+        yield _counter(
+            "p2pshard_leases_lost_total",
+            "Leases lost while held: a renewal refused, or the deadline passed without one.",
+            stats.lost,
+        )
 
 
 def metrics_registry(node: Node, *, process: bool = True) -> CollectorRegistry:

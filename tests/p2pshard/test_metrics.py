@@ -319,6 +319,45 @@ async def test_passivations_failed_asks_hand_offs_and_rebalance_rounds_are_count
         check_bounded(after, entities)
 
 
+async def test_lease_acquisitions_renewals_and_a_loss_are_counted(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    backend = MemoryLeaseBackend()
+    async with testing.simulated_cluster_of(
+        testing.SimCluster, 27, None, lease_backend=backend
+    ) as sim:
+        await sim.start_up([1, 2])
+        node = sim.nodes[1]
+        settings = node.leases.settings
+        assert await node.leases.lease("job").acquire() is not None
+        assert await sim.nodes[2].leases.lease("job").acquire() is None  # n1 holds it
+        await trio.sleep(settings.renew_interval * 3 + 0.5)
+        scrape = Scrape(node)
+        assert scrape.by("p2pshard_leases_acquisitions_total", "outcome") == {
+            "granted": 1,
+            "refused": 0,
+            "unavailable": 0,
+        }
+        assert Scrape(sim.nodes[2]).by("p2pshard_leases_acquisitions_total", "outcome") == {
+            "granted": 0,
+            "refused": 1,
+            "unavailable": 0,
+        }
+        renewals = scrape.by("p2pshard_leases_renewals_total", "outcome")
+        assert renewals["renewed"] >= 3
+        took = "p2pshard_leases_renewal_duration_seconds"
+        assert scrape.value(f"{took}_count") == renewals["renewed"]
+        assert scrape.value("p2pshard_leases_lost_total") == 0
+
+        # The backend stops answering n1 past the grant's deadline: the lease is lost, once.
+        backend.cut_off(str(node.address))
+        await trio.sleep(settings.ttl + settings.renew_interval)
+        scrape = Scrape(node)
+        assert scrape.value("p2pshard_leases_lost_total") == 1
+        assert scrape.by("p2pshard_leases_renewals_total", "outcome")["failed"] >= 1
+        assert scrape.value("p2pshard_leases_held") == 0
+
+
 def documented_metrics() -> set[str]:
     """The metric names the tables of the Metrics section of docs/operations.md list."""
     section = OPERATIONS.read_text().split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
