@@ -52,10 +52,12 @@ from .leases import SqliteLeaseBackend as SqliteLeaseBackend
 from .persistence import EventSourcedEntity as EventSourcedEntity
 from .persistence import Journal as Journal
 from .persistence import JournalSettings as JournalSettings
+from .persistence import JournalStatistics as JournalStatistics
 from .persistence import MemoryJournal as MemoryJournal
 from .persistence import MemoryJournalStatistics as MemoryJournalStatistics
 from .persistence import Recovery as Recovery
 from .persistence import SqliteJournal as SqliteJournal
+from .persistence import journal_statistics as journal_statistics
 from .persistence import open_journal as open_journal
 from .sharding import ClusterShardingStats as ClusterShardingStats
 from .sharding import ClusterView as ClusterView

@@ -5,9 +5,14 @@ frames, bytes, refused handshakes and closed links (``Node.transport_statistics`
 its members and refusals (``Cluster.statistics``) and a phi accrual failure detector per
 watched peer, each region its shards, entities, buffered and dropped messages
 (``ShardRegion.statistics``), each replicator its gossip and store counters. Those are plain
-integers, bumped on the hot path as they always were. :class:`NodeCollector` is a custom
-``prometheus_client`` collector: only when Prometheus scrapes does it read them and build the
-metric families, so metrics cost nothing between scrapes and nothing is added per message.
+integers, bumped on the hot path as they always were. What needed counting for the metrics
+is counted the same way: asks, activations, drops by reason, hand-offs, replicator calls,
+lease renewals and journal appends are integers, and their latencies
+:class:`~membership.LatencyHistogram` objects (fixed buckets of integers), kept by the
+components. :class:`NodeCollector` is a custom ``prometheus_client`` collector: only when
+Prometheus scrapes does it read them and build the metric families, so metrics cost nothing
+between scrapes. A tell does no work for them; an ask reads the clock at its start and its
+answer.
 
 Naming follows Prometheus' conventions: every name starts with ``p2pshard_``, a counter ends in
 ``_total``, a unit is spelled out in the name (``_bytes``). Labels are bounded: an entity type,
@@ -56,6 +61,8 @@ from membership import (
 
 from ._config import NodeConfig
 from .leases._lease import Leases
+from .persistence._journal import Journal
+from .persistence._journal_stats import journal_statistics
 from .sharding._region import RegionStatistics
 from .sharding._sharding import Sharding
 
@@ -90,6 +97,11 @@ class Node(Protocol):
     @property
     def leases(self) -> Leases:
         """Its leases (raises ConfigurationError without a lease backend)."""
+        ...
+
+    @property
+    def journal(self) -> Journal:
+        """Its journal (raises ConfigurationError without one)."""
         ...
 
     def transport_statistics(self) -> TransportStatistics:
@@ -176,6 +188,7 @@ class NodeCollector(Collector):
         yield from self._sharding()
         yield from self._replicators()
         yield from self._leases()
+        yield from self._journal()
 
     # -- the node and its membership --------------------------------------------------------
 
@@ -683,6 +696,37 @@ class NodeCollector(Collector):
             "p2pshard_leases_lost_total",
             "Leases lost while held: a renewal refused, or the deadline passed without one.",
             stats.lost,
+        )
+
+    def _journal(self) -> Iterator[Metric]:
+        try:
+            journal = self._node.journal
+        except ConfigurationError:
+            return  # no journal: no journal metrics
+        stats = journal_statistics(journal)
+        yield _counter(
+            "p2pshard_journal_appends_total",
+            "Appends of event-sourced entities to the node's journal (one per persist).",
+            stats.appends,
+        )
+        yield _counter(
+            "p2pshard_journal_appended_events_total",
+            "Events in the appends that succeeded.",
+            stats.events,
+        )
+        yield _counters(
+            "p2pshard_journal_append_failures_total",
+            "Appends the journal refused or failed, by reason: fenced (a newer lease holder "
+            "raised the stream's fence), conflict (another writer took the sequence number), "
+            "error (the storage failed).",
+            ("reason",),
+            (((reason,), n) for reason, n in stats.append_failures.items()),
+        )
+        yield _histograms(
+            "p2pshard_journal_append_duration_seconds",
+            "Seconds each successful append to the node's journal took.",
+            (),
+            (((), stats.append_seconds),),
         )
 
 
