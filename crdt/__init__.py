@@ -26,6 +26,7 @@ from ._errors import StoreFailure as StoreFailure
 from ._errors import UpdateTimeout as UpdateTimeout
 from ._replicator import Changed as Changed
 from ._replicator import Deleted as Deleted
+from ._replicator import OperationStatistics as OperationStatistics
 from ._replicator import PendingUpdate as PendingUpdate
 from ._replicator import Replicator as Replicator
 from ._replicator import ReplicatorStatistics as ReplicatorStatistics

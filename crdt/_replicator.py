@@ -28,6 +28,8 @@ from membership import (
     Cluster,
     ClusterError,
     Envelope,
+    HistogramSnapshot,
+    LatencyHistogram,
     SendQueueFull,
     SerializationError,
     Transport,
@@ -37,10 +39,18 @@ from membership import (
 from membership.internal import CoreTimer
 
 from ._consistency import (
+    ReadAll,
     ReadConsistency,
+    ReadFrom,
     ReadLocal,
+    ReadMajority,
+    ReadMajorityPlus,
+    WriteAll,
     WriteConsistency,
     WriteLocal,
+    WriteMajority,
+    WriteMajorityPlus,
+    WriteTo,
     check_read,
     check_write,
 )
@@ -64,6 +74,58 @@ logger = logging.getLogger("crdt.replicator")
 T = TypeVar("T")
 RunBlocking = Callable[[Callable[[], Any]], Awaitable[Any]]
 """Runs blocking store calls: a worker thread by default, inline in a simulation."""
+
+CONSISTENCY_NAMES: dict[type, str] = {
+    ReadLocal: "local",
+    ReadFrom: "from",
+    ReadMajority: "majority",
+    ReadMajorityPlus: "majority_plus",
+    ReadAll: "all",
+    WriteLocal: "local",
+    WriteTo: "to",
+    WriteMajority: "majority",
+    WriteMajorityPlus: "majority_plus",
+    WriteAll: "all",
+}
+"""Each consistency level's name in :class:`OperationStatistics` (a metric label's value)."""
+
+
+@attrs.frozen
+class OperationStatistics:
+    """Reads, writes or deletes of one consistency level (see ``ReplicatorStatistics``).
+
+    Attributes:
+        operation: ``read`` (``get``), ``write`` (``update``) or ``delete``.
+        consistency: ``local``, ``from`` (``ReadFrom``), ``to`` (``WriteTo``), ``majority``,
+            ``majority_plus`` or ``all``.
+        started: calls begun.
+        failed: calls that ended with an error (a timeout, too few replicas, the store...).
+        seconds: seconds from the call to its success, for each call that succeeded.
+    """
+
+    operation: str
+    consistency: str
+    started: int
+    failed: int
+    seconds: HistogramSnapshot
+
+
+class _OperationCounts:
+    """What :class:`OperationStatistics` snapshots: bumped as calls begin and end."""
+
+    __slots__ = ("consistency", "failed", "operation", "seconds", "started")
+
+    def __init__(self, operation: str, consistency: str) -> None:
+        self.operation = operation
+        self.consistency = consistency
+        self.started = 0
+        self.failed = 0
+        self.seconds = LatencyHistogram()
+
+    def snapshot(self) -> OperationStatistics:
+        return OperationStatistics(
+            self.operation, self.consistency, self.started, self.failed, self.seconds.snapshot()
+        )
 
 
 @attrs.frozen
@@ -101,6 +163,8 @@ class ReplicatorStatistics:
         store_batches: transactions committed to the durable store.
         store_failures: transactions of the durable store that failed.
         client_id: this incarnation's pycrdt client id.
+        operations: the reads, writes and deletes called here, per operation and consistency
+            level used so far.
     """
 
     keys: int
@@ -117,6 +181,7 @@ class ReplicatorStatistics:
     store_batches: int
     store_failures: int
     client_id: int
+    operations: tuple[OperationStatistics, ...] = ()
 
 
 @attrs.define(eq=False)
@@ -125,6 +190,8 @@ class _Waiter:
     value: object = None
     error: ReplicationError | None = None
     on_success: Callable[[], None] | None = None
+    counts: _OperationCounts | None = None
+    started: float = 0.0
 
 
 class PendingUpdate(Generic[T]):
@@ -245,6 +312,7 @@ class Replicator:
         self._closed = False
         self._store_batches = 0
         self._store_failures = 0
+        self._operations: dict[tuple[str, type], _OperationCounts] = {}
 
     @property
     def settings(self) -> ReplicatorSettings:
@@ -273,8 +341,10 @@ class Replicator:
         """
         consistency = check_read(ReadLocal() if consistency is None else consistency)
         self._check_running()
-        op, effects = self._core.get(key, consistency, trio.current_time())
-        return await self._wait(op, effects)  # type: ignore[return-value]
+        now = trio.current_time()
+        op, effects = self._core.get(key, consistency, now)
+        waiter = self._start(op, effects, self._count("read", consistency), now)
+        return await self._finish(op, waiter)  # type: ignore[return-value]
 
     async def update(
         self,
@@ -325,13 +395,15 @@ class Replicator:
         consistency = check_write(WriteLocal() if consistency is None else consistency)
         check_key(key)
         self._check_running()
+        now = trio.current_time()
         try:
-            op, effects = self._core.update(key, modify, consistency, trio.current_time())
+            op, effects = self._core.update(key, modify, consistency, now)
         except BaseException:
             # What modify changed before raising still replicates.
             self._carry_out(self._core.take_effects())
             raise
-        return PendingUpdate(self, op, self._start(op, effects))
+        counts = self._count("write", consistency)
+        return PendingUpdate(self, op, self._start(op, effects, counts, now))
 
     async def delete(self, key: str, consistency: WriteConsistency | None = None) -> None:
         """Delete ``key`` on every replica, for good: it cannot be reused.
@@ -343,8 +415,9 @@ class Replicator:
         """
         consistency = check_write(WriteLocal() if consistency is None else consistency)
         self._check_running()
-        op, effects = self._core.delete(key, consistency, trio.current_time())
-        await self._wait(op, effects)
+        now = trio.current_time()
+        op, effects = self._core.delete(key, consistency, now)
+        await self._finish(op, self._start(op, effects, self._count("delete", consistency), now))
 
     @asynccontextmanager
     async def subscribe(self, key: str) -> AsyncIterator[Subscription]:
@@ -407,6 +480,12 @@ class Replicator:
             store_batches=self._store_batches,
             store_failures=self._store_failures,
             client_id=self._core.client_id,
+            operations=tuple(
+                counts.snapshot()
+                for _, counts in sorted(
+                    self._operations.items(), key=lambda i: (i[1].operation, i[1].consistency)
+                )
+            ),
         )
 
     # -- the node's dispatcher calls this ---------------------------------------------------
@@ -493,12 +572,24 @@ class Replicator:
         if self._closed:
             raise ReplicationError("the replicator has stopped (its node left or stopped)")
 
-    async def _wait(self, op: int, effects: list[Effect]) -> object:
-        return await self._finish(op, self._start(op, effects))
+    def _count(self, operation: str, consistency: object) -> _OperationCounts:
+        """The counts of ``operation`` at ``consistency``, one call more."""
+        key = (operation, type(consistency))
+        counts = self._operations.get(key)
+        if counts is None:
+            name = CONSISTENCY_NAMES[type(consistency)]
+            counts = self._operations[key] = _OperationCounts(operation, name)
+        counts.started += 1
+        return counts
 
-    def _start(self, op: int, effects: list[Effect]) -> _Waiter:
-        """Register a waiter for ``op``, then carry out the ``effects`` that began it."""
-        waiter = _Waiter()
+    def _start(
+        self, op: int, effects: list[Effect], counts: _OperationCounts, now: float
+    ) -> _Waiter:
+        """Register a waiter for ``op``, then carry out the ``effects`` that began it.
+
+        ``counts`` takes the call's outcome, and its time from ``now`` if it succeeds.
+        """
+        waiter = _Waiter(counts=counts, started=now)
         self._waiters[op] = waiter
         self._carry_out(effects)
         self._timer.poke()  # something (its deadline, a delta) may be due before the timer
@@ -518,6 +609,8 @@ class Replicator:
         """Fail every call still waiting: nothing will complete them now."""
         self._closed = True
         for waiter in self._waiters.values():
+            if waiter.counts is not None:
+                waiter.counts.failed += 1
             waiter.error = ReplicationError("the replicator stopped before the operation ended")
             waiter.done.set()
         self._waiters.clear()
@@ -536,6 +629,12 @@ class Replicator:
                 case Complete(op=op, value=value, error=error):
                     waiter = self._waiters.pop(op, None)
                     if waiter is not None:
+                        counts = waiter.counts
+                        if counts is not None:
+                            if error is None:
+                                counts.seconds.observe(trio.current_time() - waiter.started)
+                            else:
+                                counts.failed += 1
                         waiter.value, waiter.error = value, error
                         waiter.done.set()
                         if error is None and waiter.on_success is not None:

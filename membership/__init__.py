@@ -24,6 +24,9 @@ from ._events import MemberWeaklyUp as MemberWeaklyUp
 from ._events import ReachableMember as ReachableMember
 from ._events import UnreachableMember as UnreachableMember
 from ._failure_detector import FailureDetectorSettings as FailureDetectorSettings
+from ._histogram import LATENCY_BOUNDS as LATENCY_BOUNDS
+from ._histogram import HistogramSnapshot as HistogramSnapshot
+from ._histogram import LatencyHistogram as LatencyHistogram
 from ._lease import FencedGrant as FencedGrant
 from ._lease import HeldLease as HeldLease
 from ._member import Member as Member

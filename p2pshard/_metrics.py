@@ -5,9 +5,14 @@ frames, bytes, refused handshakes and closed links (``Node.transport_statistics`
 its members and refusals (``Cluster.statistics``) and a phi accrual failure detector per
 watched peer, each region its shards, entities, buffered and dropped messages
 (``ShardRegion.statistics``), each replicator its gossip and store counters. Those are plain
-integers, bumped on the hot path as they always were. :class:`NodeCollector` is a custom
-``prometheus_client`` collector: only when Prometheus scrapes does it read them and build the
-metric families, so metrics cost nothing between scrapes and nothing is added per message.
+integers, bumped on the hot path as they always were. What needed counting for the metrics
+is counted the same way: asks, activations, drops by reason, hand-offs, replicator calls,
+lease renewals and journal appends are integers, and their latencies
+:class:`~membership.LatencyHistogram` objects (fixed buckets of integers), kept by the
+components. :class:`NodeCollector` is a custom ``prometheus_client`` collector: only when
+Prometheus scrapes does it read them and build the metric families, so metrics cost nothing
+between scrapes. A tell does no work for them; an ask reads the clock at its start and its
+answer.
 
 Naming follows Prometheus' conventions: every name starts with ``p2pshard_``, a counter ends in
 ``_total``, a unit is spelled out in the name (``_bytes``). Labels are bounded: an entity type,
@@ -25,6 +30,7 @@ call :func:`metrics_text` from a task of the node, as the management endpoint do
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
@@ -36,14 +42,28 @@ from prometheus_client import (
     CollectorRegistry,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from crdt import Replicator
-from membership import Cluster, ConfigurationError, MemberStatus, TransportStatistics
+from membership import (
+    Cluster,
+    ConfigurationError,
+    HistogramSnapshot,
+    MemberStatus,
+    TransportStatistics,
+)
 
 from ._config import NodeConfig
 from .leases._lease import Leases
+from .persistence._journal import Journal
+from .persistence._journal_stats import journal_statistics
+from .sharding._region import RegionStatistics
 from .sharding._sharding import Sharding
 
 
@@ -77,6 +97,11 @@ class Node(Protocol):
     @property
     def leases(self) -> Leases:
         """Its leases (raises ConfigurationError without a lease backend)."""
+        ...
+
+    @property
+    def journal(self) -> Journal:
+        """Its journal (raises ConfigurationError without one)."""
         ...
 
     def transport_statistics(self) -> TransportStatistics:
@@ -118,6 +143,27 @@ def _counters(name: str, documentation: str, labels: Sequence[str], rows: _Rows)
     return family
 
 
+def _le(bound: float) -> str:
+    """A bucket bound as Prometheus writes ``le``: ``0.005``, ``1.0``, ``+Inf``."""
+    return "+Inf" if bound == math.inf else repr(float(bound))
+
+
+def _histograms(
+    name: str,
+    documentation: str,
+    labels: Sequence[str],
+    rows: Iterable[tuple[Sequence[str], HistogramSnapshot | None]],
+) -> Metric:
+    """A histogram family from the components' own fixed-bucket counts (cumulative ``le``)."""
+    family = HistogramMetricFamily(name, documentation, labels=labels)
+    for values, snapshot in rows:
+        if snapshot is None:
+            continue
+        buckets = [(_le(bound), n) for bound, n in snapshot.cumulative()]
+        family.add_metric(values, buckets, snapshot.sum)
+    return family
+
+
 class NodeCollector(Collector):
     """A ``prometheus_client`` collector of one node's metrics, built at each scrape.
 
@@ -142,6 +188,7 @@ class NodeCollector(Collector):
         yield from self._sharding()
         yield from self._replicators()
         yield from self._leases()
+        yield from self._journal()
 
     # -- the node and its membership --------------------------------------------------------
 
@@ -361,13 +408,6 @@ class NodeCollector(Collector):
                 False,
             ),
             (
-                "p2pshard_sharding_region_dropped_messages_total",
-                "Messages the region dropped: buffer full, region stopped or refused, send "
-                "queue full, not sent.",
-                "dropped",
-                True,
-            ),
-            (
                 "p2pshard_sharding_shard_home_requests_total",
                 "GetShardHome requests the region sent to the coordinator.",
                 "shard_home_requests",
@@ -419,6 +459,96 @@ class NodeCollector(Collector):
             "1 if the entity type runs here as a proxy (routes only, hosts no shards).",
             ("entity_type",),
             zip(names, (float(r.proxy) for r in regions), strict=True),
+        )
+        yield _counters(
+            "p2pshard_sharding_region_dropped_messages_total",
+            "Messages the region dropped, by reason: its buffer was full (buffer_full), it had "
+            "stopped (stopped) or was refused by the coordinator (refused), a send queue stayed "
+            "full (send_queue_full), the transport refused the message (not_sent).",
+            ("entity_type", "reason"),
+            (((r.type_name, reason), n) for r in regions for reason, n in sorted(r.drops.items())),
+        )
+        yield from self._asks(regions)
+        yield _counters(
+            "p2pshard_sharding_entity_activations_total",
+            "Entity incarnations started on this node (on a first message, a remembered "
+            "entity's restart, or after a passivation with messages waiting).",
+            ("entity_type",),
+            zip(names, (r.activations for r in regions), strict=True),
+        )
+        yield _counters(
+            "p2pshard_sharding_entity_passivations_total",
+            "Entity incarnations stopped on this node: passivated (by itself, when idle, over "
+            "the active-entity limit) or stopped for a hand-off or a lost lease.",
+            ("entity_type",),
+            zip(names, (r.passivations for r in regions), strict=True),
+        )
+        yield _histograms(
+            "p2pshard_sharding_shard_home_lookup_duration_seconds",
+            "Seconds from a region's first GetShardHome for a shard to the coordinator's answer "
+            "(ShardHome, or HostShard when the shard comes here).",
+            ("entity_type",),
+            zip(names, (r.shard_home_lookups for r in regions), strict=True),
+        )
+        yield from self._coordinators(sharding)
+
+    def _asks(self, regions: Sequence[RegionStatistics]) -> Iterator[Metric]:
+        names = [(r.type_name,) for r in regions]
+        yield _counters(
+            "p2pshard_sharding_asks_total",
+            "Asks made from this node to entities of the type.",
+            ("entity_type",),
+            zip(names, (r.asks for r in regions), strict=True),
+        )
+        yield _histograms(
+            "p2pshard_sharding_ask_duration_seconds",
+            "Seconds from an ask made on this node to its answer (a value or an error; asks "
+            "that timed out are not in it).",
+            ("entity_type",),
+            zip(names, (r.ask_seconds for r in regions), strict=True),
+        )
+        yield _counters(
+            "p2pshard_sharding_ask_failures_total",
+            "Asks made from this node that did not end with a value, by reason: timeout, "
+            "entity_error (the entity raised), buffer_full, region_stopped, not_delivered.",
+            ("entity_type", "reason"),
+            (((r.type_name, reason), n) for r in regions for reason, n in r.ask_failures.items()),
+        )
+
+    def _coordinators(self, sharding: Sharding) -> Iterator[Metric]:
+        stats = [
+            s
+            for s in (sharding.coordinator_statistics(n) for n in sorted(sharding.type_names))
+            if s is not None
+        ]
+        names = [(s.type_name,) for s in stats]
+        yield _gauges(
+            "p2pshard_sharding_coordinator_running",
+            "1 while the entity type's coordinator runs on this node (the oldest member of "
+            "its role), else 0.",
+            ("entity_type",),
+            zip(names, (float(s.running) for s in stats), strict=True),
+        )
+        yield _counters(
+            "p2pshard_sharding_rebalance_rounds_total",
+            "Rebalance rounds of the coordinator on this node: the allocation strategy was "
+            "asked which shards to move.",
+            ("entity_type",),
+            zip(names, (s.rebalance_rounds for s in stats), strict=True),
+        )
+        yield _counters(
+            "p2pshard_sharding_handoffs_total",
+            "Hand-offs the coordinator on this node ended, by outcome: completed, timed_out "
+            "(the shard stays), region_gone (the owner was terminated meanwhile).",
+            ("entity_type", "outcome"),
+            (((s.type_name, outcome), n) for s in stats for outcome, n in s.handoffs.items()),
+        )
+        yield _histograms(
+            "p2pshard_sharding_handoff_duration_seconds",
+            "Seconds from the coordinator's BeginHandOff to the shard's deallocation, of the "
+            "completed hand-offs.",
+            ("entity_type",),
+            zip(names, (s.handoff_seconds for s in stats), strict=True),
         )
 
     # -- replicated state and leases --------------------------------------------------------
@@ -504,6 +634,32 @@ class NodeCollector(Collector):
                 ("replicator",),
                 zip(names, (getattr(s, field) for s in stats), strict=True),
             )
+        labels = ("replicator", "operation", "consistency")
+        operations = [
+            ((name, o.operation, o.consistency), o)
+            for (name, _), s in zip(replicators, stats, strict=True)
+            for o in s.operations
+        ]
+        yield _counters(
+            "p2pshard_replicator_operations_total",
+            "Reads (get), writes (update) and deletes called on this node, by consistency "
+            "level: local, from, to, majority, majority_plus, all.",
+            labels,
+            ((values, o.started) for values, o in operations),
+        )
+        yield _counters(
+            "p2pshard_replicator_operation_failures_total",
+            "Reads, writes and deletes called on this node that failed (too few replicas "
+            "answered in time, the store failed, the replicator stopped).",
+            labels,
+            ((values, o.failed) for values, o in operations),
+        )
+        yield _histograms(
+            "p2pshard_replicator_operation_duration_seconds",
+            "Seconds from a read, write or delete called on this node to its success.",
+            labels,
+            ((values, o.seconds) for values, o in operations),
+        )
 
     def _leases(self) -> Iterator[Metric]:
         try:
@@ -514,6 +670,63 @@ class NodeCollector(Collector):
             "p2pshard_leases_held",
             "Leases this node holds now (shard leases, singletons', the downing lease).",
             len(leases.held()),
+        )
+        stats = leases.statistics()
+        yield _counters(
+            "p2pshard_leases_acquisitions_total",
+            "Lease acquisitions this node tried, by outcome: granted, refused (another owner "
+            "holds it), unavailable (the backend did not answer or failed).",
+            ("outcome",),
+            (((outcome,), n) for outcome, n in stats.acquisitions.items()),
+        )
+        yield _counters(
+            "p2pshard_leases_renewals_total",
+            "Lease renewals by outcome: renewed, refused (the lease is lost), failed (no "
+            "answer in time or an error; tried again until the deadline).",
+            ("outcome",),
+            (((outcome,), n) for outcome, n in stats.renewals.items()),
+        )
+        yield _histograms(
+            "p2pshard_leases_renewal_duration_seconds",
+            "Seconds from sending a lease renewal to the backend's yes.",
+            (),
+            (((), stats.renewal_seconds),),
+        )
+        yield _counter(
+            "p2pshard_leases_lost_total",
+            "Leases lost while held: a renewal refused, or the deadline passed without one.",
+            stats.lost,
+        )
+
+    def _journal(self) -> Iterator[Metric]:
+        try:
+            journal = self._node.journal
+        except ConfigurationError:
+            return  # no journal: no journal metrics
+        stats = journal_statistics(journal)
+        yield _counter(
+            "p2pshard_journal_appends_total",
+            "Appends of event-sourced entities to the node's journal (one per persist).",
+            stats.appends,
+        )
+        yield _counter(
+            "p2pshard_journal_appended_events_total",
+            "Events in the appends that succeeded.",
+            stats.events,
+        )
+        yield _counters(
+            "p2pshard_journal_append_failures_total",
+            "Appends the journal refused or failed, by reason: fenced (a newer lease holder "
+            "raised the stream's fence), conflict (another writer took the sequence number), "
+            "error (the storage failed).",
+            ("reason",),
+            (((reason,), n) for reason, n in stats.append_failures.items()),
+        )
+        yield _histograms(
+            "p2pshard_journal_append_duration_seconds",
+            "Seconds each successful append to the node's journal took.",
+            (),
+            (((), stats.append_seconds),),
         )
 
 

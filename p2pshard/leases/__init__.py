@@ -9,5 +9,6 @@ from ._lease import LeaseClock as LeaseClock
 from ._lease import LeaseGrant as LeaseGrant
 from ._lease import Leases as Leases
 from ._lease import LeaseSettings as LeaseSettings
+from ._lease import LeaseStatistics as LeaseStatistics
 from ._memory import MemoryLeaseBackend as MemoryLeaseBackend
 from ._sqlite import SqliteLeaseBackend as SqliteLeaseBackend

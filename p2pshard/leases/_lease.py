@@ -39,7 +39,7 @@ from typing import Any, Literal, Protocol
 import attrs
 import trio
 
-from membership import ConfigurationError, HeldLease
+from membership import ConfigurationError, HeldLease, HistogramSnapshot, LatencyHistogram
 from membership.internal import in_range
 
 from .._errors import LeaseUnavailable
@@ -225,6 +225,47 @@ TRIO_CLOCK: LeaseClock = _TrioClock()
 """The default :class:`LeaseClock`: ``trio.current_time()``."""
 
 
+@attrs.frozen(kw_only=True)
+class LeaseStatistics:
+    """What a node's leases counted (see ``Leases.statistics``).
+
+    Attributes:
+        acquisitions: ``acquire`` calls by outcome: ``granted``, ``refused`` (another owner
+            holds it), ``unavailable`` (the backend did not answer or failed).
+        renewals: renewals by outcome: ``renewed``, ``refused`` (expired or taken over: the
+            lease is lost), ``failed`` (no answer in time, or an error; tried again).
+        renewal_seconds: seconds each successful renewal took, from sending it to the answer.
+        lost: grants lost while held (a refused renewal, or the deadline passed); a release or
+            a crash is not a loss.
+    """
+
+    acquisitions: dict[str, int]
+    renewals: dict[str, int]
+    renewal_seconds: HistogramSnapshot
+    lost: int
+
+
+class LeaseCounters:
+    """Counters the leases of one node share, bumped as they acquire, renew and lose."""
+
+    __slots__ = ("acquisitions", "lost", "renewal_seconds", "renewals")
+
+    def __init__(self) -> None:
+        self.acquisitions = dict.fromkeys(("granted", "refused", "unavailable"), 0)
+        self.renewals = dict.fromkeys(("renewed", "refused", "failed"), 0)
+        self.renewal_seconds = LatencyHistogram()
+        self.lost = 0
+
+    def statistics(self) -> LeaseStatistics:
+        """A frozen snapshot."""
+        return LeaseStatistics(
+            acquisitions=dict(self.acquisitions),
+            renewals=dict(self.renewals),
+            renewal_seconds=self.renewal_seconds.snapshot(),
+            lost=self.lost,
+        )
+
+
 class _Held:
     """One grant while its keep-alive task runs."""
 
@@ -256,6 +297,7 @@ class Lease:
         *,
         nursery: trio.Nursery,
         clock: LeaseClock = TRIO_CLOCK,
+        counters: LeaseCounters | None = None,
     ) -> None:
         for what, value in (("name", name), ("owner", owner)):
             if not isinstance(value, str) or not value or len(value) > 512:
@@ -271,6 +313,8 @@ class Lease:
         self._nursery = nursery
         self._held: _Held | None = None
         self._lock = trio.Lock()
+        self.counters = LeaseCounters() if counters is None else counters
+        """Where this handle counts its acquisitions, renewals and losses (its node's)."""
 
     @property
     def grant(self) -> LeaseGrant | None:
@@ -304,15 +348,23 @@ class Lease:
             self._forget()
             settings = self.settings
             sent = self.clock.now()
+            counts = self.counters.acquisitions
             with trio.move_on_after(settings.operation_timeout) as scope:
-                token = await self.backend.try_acquire(self.name, self.owner, settings.ttl)
+                try:
+                    token = await self.backend.try_acquire(self.name, self.owner, settings.ttl)
+                except LeaseUnavailable:
+                    counts["unavailable"] += 1
+                    raise
             if scope.cancelled_caught:
+                counts["unavailable"] += 1
                 raise LeaseUnavailable(
                     f"lease {self.name!r}: the backend did not answer an acquire within "
                     f"operation_timeout ({settings.operation_timeout:g} s)"
                 )
             if token is None:
+                counts["refused"] += 1
                 return None
+            counts["granted"] += 1
             grant = LeaseGrant(
                 self.name, self.owner, token, sent + settings.ttl - settings.safety_margin
             )
@@ -364,7 +416,7 @@ class Lease:
             held.lost.set()
 
     async def _keep_alive(self, held: _Held) -> None:
-        settings, clock = self.settings, self.clock
+        settings, clock, counters = self.settings, self.clock, self.counters
         renew_at = clock.now() + settings.renew_interval
         reason = "its deadline passed without a successful renewal"
         with held.scope:
@@ -391,15 +443,20 @@ class Lease:
                     except Exception:  # a backend bug must not take the node down
                         logger.exception("lease %s: renewal failed", self.name)
                 if renewed is None:  # unknown: try again soon, until the deadline
+                    counters.renewals["failed"] += 1
                     renew_at = clock.now() + settings.renew_interval * RETRY_FRACTION
                     continue
                 if not renewed:
+                    counters.renewals["refused"] += 1
                     reason = "the backend refused the renewal (expired or taken over)"
                     break
+                counters.renewals["renewed"] += 1
+                counters.renewal_seconds.observe(clock.now() - sent)
                 deadline = sent + settings.ttl - settings.safety_margin
                 held.grant = attrs.evolve(held.grant, deadline=deadline)
                 renew_at = sent + settings.renew_interval
             logger.warning("lease %s of %s lost: %s", self.name, self.owner, reason)
+            counters.lost += 1
             held.lost.set()
 
 
@@ -447,14 +504,25 @@ class Leases:
         """The clock this node's leases measure their deadlines on."""
         self._nursery = nursery
         self._handles: weakref.WeakSet[Lease] = weakref.WeakSet()
+        self._counters = LeaseCounters()
 
     def lease(self, name: str) -> Lease:
         """A handle on the lease ``name``, owned by this node, kept alive in the node's nursery."""
         handle = Lease(
-            self.backend, name, self.owner, self.settings, nursery=self._nursery, clock=self.clock
+            self.backend,
+            name,
+            self.owner,
+            self.settings,
+            nursery=self._nursery,
+            clock=self.clock,
+            counters=self._counters,
         )
         self._handles.add(handle)
         return handle
+
+    def statistics(self) -> LeaseStatistics:
+        """What this node's leases counted: acquisitions, renewals and their time, losses."""
+        return self._counters.statistics()
 
     def held(self) -> list[Lease]:
         """The handles that hold a grant now (their deadline has not passed), by name."""

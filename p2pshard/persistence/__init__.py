@@ -8,6 +8,8 @@ from ._event_sourced import EventSourcedEntity as EventSourcedEntity
 from ._journal import Journal as Journal
 from ._journal import JournalSettings as JournalSettings
 from ._journal import Recovery as Recovery
+from ._journal_stats import JournalStatistics as JournalStatistics
+from ._journal_stats import journal_statistics as journal_statistics
 from ._memory import MemoryJournal as MemoryJournal
 from ._memory import MemoryJournalStatistics as MemoryJournalStatistics
 from ._open import open_journal as open_journal

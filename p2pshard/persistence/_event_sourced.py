@@ -42,12 +42,15 @@ import logging
 from collections.abc import Iterable
 from typing import Any, ClassVar, Generic, TypeVar
 
+import trio
+
 from membership import MessageDecodeError, SerializationError
 from membership.internal import decode_value, encode_value
 
 from .._errors import JournalConflict, JournalError, JournalFenced
 from ..sharding._entity import EntityContext
 from ._journal import Journal, Recovery
+from ._journal_stats import journal_counters
 
 logger = logging.getLogger("p2pshard.persistence")
 
@@ -106,6 +109,7 @@ class EventSourcedEntity(abc.ABC, Generic[S]):
         self._token: int | None = None
         self._failed: JournalError | None = None
         self._appending = False
+        self._counters = journal_counters(journal)
 
     # -- what subclasses write --------------------------------------------------------------
 
@@ -205,6 +209,9 @@ class EventSourcedEntity(abc.ABC, Generic[S]):
         first = self._seq + 1
         self._appending = True
         answered = False
+        counters = self._counters
+        counters.appends += 1
+        started = trio.current_time()
         try:
             await self._journal.append(pid, first, payloads, token=self._token)
             answered = True
@@ -214,6 +221,14 @@ class EventSourcedEntity(abc.ABC, Generic[S]):
         except JournalError as exc:
             answered = True
             self._failed = exc
+            reason = (
+                "fenced"
+                if isinstance(exc, JournalFenced)
+                else "conflict"
+                if isinstance(exc, JournalConflict)
+                else "error"
+            )
+            counters.append_failures[reason] += 1
             raise
         finally:
             self._appending = False
@@ -223,6 +238,8 @@ class EventSourcedEntity(abc.ABC, Generic[S]):
                     f"the append at {first} was interrupted before the journal answered; its "
                     "outcome is unknown, so this incarnation ends",
                 )
+        counters.append_seconds.observe(trio.current_time() - started)
+        counters.events += len(batch)
         self._state = state
         self._seq = first + len(batch) - 1
 

@@ -9,6 +9,7 @@ from ._allocation import EntityId as EntityId
 from ._allocation import LeastShardAllocationStrategy as LeastShardAllocationStrategy
 from ._allocation import ShardAllocationStrategy as ShardAllocationStrategy
 from ._allocation import ShardId as ShardId
+from ._coordinator_core import CoordinatorStatistics as CoordinatorStatistics
 from ._entity import EntityContext as EntityContext
 from ._entity import EntityRef as EntityRef
 from ._extractor import HashExtractor as HashExtractor

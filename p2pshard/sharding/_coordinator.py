@@ -36,7 +36,13 @@ from membership import (
 from membership.internal import CoreTimer
 
 from ._allocation import ClusterView, ShardAllocationStrategy
-from ._coordinator_core import CoordinatorEffect, SendTo, ShardCoordinatorCore, UpdateState
+from ._coordinator_core import (
+    CoordinatorCounters,
+    CoordinatorEffect,
+    SendTo,
+    ShardCoordinatorCore,
+    UpdateState,
+)
 from ._coordinator_state import CoordinatorState, DomainEvent, apply_event
 from ._protocol import COORDINATOR_COMMANDS
 from ._retry import until_done
@@ -63,6 +69,7 @@ class ShardCoordinator:
         transport: Sends the coordinator's messages to the regions.
         cluster: The membership the coordinator follows.
         replicator: Holds the coordinator's state.
+        counters: Where it counts rebalance rounds and hand-offs (a new one by default).
     """
 
     def __init__(
@@ -76,6 +83,7 @@ class ShardCoordinator:
         transport: Transport,
         cluster: Cluster,
         replicator: Replicator,
+        counters: CoordinatorCounters | None = None,
     ) -> None:
         self.type_name = type_name
         self.core = ShardCoordinatorCore(
@@ -86,6 +94,7 @@ class ShardCoordinator:
             strategy,
             trio.current_time(),
             removal_margin,
+            counters,
         )
         self._settings = settings
         self._transport = transport
@@ -107,6 +116,14 @@ class ShardCoordinator:
 
     async def run(self, ctx: SingletonContext) -> None:
         """Serve as the coordinator until the singleton stops (cancelled then)."""
+        counters = self.core.counters
+        counters.running = True
+        try:
+            await self._serve(ctx)
+        finally:
+            counters.running = False
+
+    async def _serve(self, ctx: SingletonContext) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._follow_cluster)

@@ -54,7 +54,7 @@ from typing import TypeAlias
 
 import attrs
 
-from membership import MemberStatus, UniqueAddress
+from membership import HistogramSnapshot, LatencyHistogram, MemberStatus, UniqueAddress
 from membership.internal import node_order
 
 from ._allocation import ClusterView, ShardAllocationStrategy, ShardId
@@ -97,6 +97,58 @@ NEW_REGION_REBALANCE_DELAY = 1.0
 """Seconds after a new region registered before a rebalance round (if the interval is longer)."""
 
 
+HANDOFF_OUTCOMES: tuple[str, ...] = ("completed", "timed_out", "region_gone")
+"""How a hand-off ends: the shard stopped and was deallocated; ``handoff_timeout`` passed (the
+shard stays); the owner region was terminated meanwhile (its shards were deallocated with it)."""
+
+
+@attrs.define(eq=False)
+class CoordinatorCounters:
+    """What the coordinators of one entity type counted on this node, over every incarnation.
+
+    The coordinator is a singleton that moves: one object per entity type and node outlives its
+    incarnations, so that what a node exports only ever grows.
+    """
+
+    running: bool = False
+    """Whether the coordinator runs on this node now."""
+    rebalance_rounds: int = 0
+    """Rounds in which the allocation strategy was asked which shards to move."""
+    handoffs: dict[str, int] = attrs.Factory(lambda: dict.fromkeys(HANDOFF_OUTCOMES, 0))
+    """Hand-offs ended, by outcome (:data:`HANDOFF_OUTCOMES`)."""
+    handoff_seconds: LatencyHistogram = attrs.Factory(LatencyHistogram)
+    """Seconds from BeginHandOff to the shard's deallocation, of the completed hand-offs."""
+
+    def statistics(self, type_name: str) -> CoordinatorStatistics:
+        """A frozen snapshot."""
+        return CoordinatorStatistics(
+            type_name=type_name,
+            running=self.running,
+            rebalance_rounds=self.rebalance_rounds,
+            handoffs=dict(self.handoffs),
+            handoff_seconds=self.handoff_seconds.snapshot(),
+        )
+
+
+@attrs.frozen(kw_only=True)
+class CoordinatorStatistics:
+    """What an entity type's coordinator counted on this node (``Sharding.coordinator_statistics``).
+
+    Attributes:
+        type_name: the entity type.
+        running: whether its coordinator runs on this node now.
+        rebalance_rounds: rounds in which the allocation strategy was asked which shards to move.
+        handoffs: hand-offs ended, by outcome: ``completed``, ``timed_out``, ``region_gone``.
+        handoff_seconds: seconds from BeginHandOff to the deallocation, of completed hand-offs.
+    """
+
+    type_name: str
+    running: bool
+    rebalance_rounds: int
+    handoffs: dict[str, int]
+    handoff_seconds: HistogramSnapshot
+
+
 class CoordinatorPhase(enum.Enum):
     """Where the coordinator is in its life."""
 
@@ -132,6 +184,7 @@ class _Worker:
     deadline: float
     resend_at: float
     handing_off: bool = False
+    started: float = 0.0
 
 
 @attrs.define(eq=False)
@@ -154,12 +207,15 @@ class ShardCoordinatorCore:
         strategy: ShardAllocationStrategy,
         now: float,
         removal_margin: float = 0.0,
+        counters: CoordinatorCounters | None = None,
     ) -> None:
         """Build a coordinator that waits for :meth:`state_loaded`.
 
         ``removal_margin``: seconds between seeing a region's node downed and moving its shards
-        (see the module docstring).
+        (see the module docstring). ``counters``: where it counts rounds and hand-offs (kept by
+        the caller across incarnations; a new one by default).
         """
+        self.counters = CoordinatorCounters() if counters is None else counters
         self.type_name = type_name
         self.self_node = self_node
         self.number_of_shards = number_of_shards
@@ -423,6 +479,7 @@ class ShardCoordinatorCore:
         candidates = self._candidates()
         if not candidates or not self.cluster.one_app_version(candidates):
             return []  # nothing to move, or a rolling upgrade is under way
+        self.counters.rebalance_rounds += 1
         chosen = self.strategy.rebalance(candidates, frozenset(self._workers), self.cluster)
         effects: list[CoordinatorEffect] = []
         for shard in sorted(chosen):
@@ -445,6 +502,7 @@ class ShardCoordinatorCore:
             everyone,
             now + self.settings.handoff_timeout,
             now + self.settings.retry_interval,
+            started=now,
         )
         self._workers[shard] = worker
         logger.info("coordinator %s: moving shard %s off %s", self.type_name, shard, owner)
@@ -495,6 +553,8 @@ class ShardCoordinatorCore:
             worker.deadline = worker.resend_at = float("inf")
             return self._update(ShardHomeDeallocated(shard))
         del self._workers[shard]
+        # ok: the owner's region was terminated meanwhile, and the shard deallocated with it.
+        self.counters.handoffs["region_gone" if ok else "timed_out"] += 1
         return self._answer_deferred(shard, now)
 
     def _answer_deferred(self, shard: ShardId, now: float) -> list[CoordinatorEffect]:
@@ -551,8 +611,10 @@ class ShardCoordinatorCore:
                 effects.append(self._send(region, HostShard(type_name=self.type_name, shard=shard)))
             case ShardHomeDeallocated(shard=shard):
                 self._unstarted.pop(shard, None)
-                if shard in self._workers:
-                    del self._workers[shard]
+                worker = self._workers.pop(shard, None)
+                if worker is not None:
+                    self.counters.handoffs["completed"] += 1
+                    self.counters.handoff_seconds.observe(now - worker.started)
                     effects += self._answer_deferred(shard, now)
             case ShardRegionTerminated(region=region):
                 logger.info("coordinator %s: region %s terminated", self.type_name, region)
@@ -578,6 +640,7 @@ class ShardCoordinatorCore:
         for shard, worker in list(self._workers.items()):
             if worker.owner == region:
                 self._workers.pop(shard, None)  # its shards were deallocated with it
+                self.counters.handoffs["region_gone"] += 1
                 effects += self._answer_deferred(shard, now)
             else:
                 worker.waiting_acks.discard(region)

@@ -31,7 +31,10 @@ import attrs
 import trio
 
 from membership import (
+    ClusterError,
     ConfigurationError,
+    HistogramSnapshot,
+    LatencyHistogram,
     MessageTooLarge,
     ProtocolError,
     SendQueueFull,
@@ -43,7 +46,13 @@ from membership.internal import HEADER_SIZE as FRAME_PREFIX_SIZE
 from membership.internal import CoreTimer
 from membership.internal import wire as _wire
 
-from .._errors import AskTimeout, RegionStopped, ShardingError
+from .._errors import (
+    AskTimeout,
+    BufferOverflow,
+    RegionStopped,
+    RemoteEntityError,
+    ShardingError,
+)
 from .._tracing import Traced, Tracing, carrier_of
 from ..leases._lease import ShardLease, ShardLeaseFactory
 from ._allocation import EntityId, ShardId
@@ -100,6 +109,29 @@ _DELIVERY_OVERHEAD = 1024
 """Bytes an ``EntityDelivery`` takes besides its ids, type name and payload, at most (the
 asker's address included)."""
 
+ASK_FAILURE_REASONS: tuple[str, ...] = (
+    "timeout",
+    "entity_error",
+    "buffer_full",
+    "region_stopped",
+    "not_delivered",
+)
+"""Why an ask made here failed (:attr:`RegionStatistics.ask_failures`): no answer in time; the
+entity raised; the region's buffer was full; a region stopped; the message could not be
+delivered (not sent, not encodable, refused)."""
+
+
+def _ask_failure(error: BaseException) -> str:
+    if isinstance(error, AskTimeout):
+        return "timeout"
+    if isinstance(error, RemoteEntityError):
+        return "entity_error"
+    if isinstance(error, BufferOverflow):
+        return "buffer_full"
+    if isinstance(error, RegionStopped):
+        return "region_stopped"
+    return "not_delivered"
+
 
 @attrs.frozen
 class RegionStatistics:
@@ -122,6 +154,20 @@ class RegionStatistics:
     received_remote: int
     workers: int
     lost_at_forced_stop: int
+    drops: dict[str, int] = attrs.field(factory=dict)
+    """``dropped`` by reason (``DropReason`` names in lower case: ``buffer_full``...)."""
+    asks: int = 0
+    """Asks made from this node to the entity type."""
+    ask_seconds: HistogramSnapshot | None = None
+    """Seconds from each answered ask (a value or an error) to its answer."""
+    ask_failures: dict[str, int] = attrs.field(factory=dict)
+    """Asks that did not end with a value, by reason (:data:`ASK_FAILURE_REASONS`)."""
+    activations: int = 0
+    """Entity incarnations started here."""
+    passivations: int = 0
+    """Entity incarnations stopped here: passivated, or stopped for a hand-off or lost lease."""
+    shard_home_lookups: HistogramSnapshot | None = None
+    """Seconds from a shard's first GetShardHome to the coordinator's answer."""
 
 
 @attrs.frozen
@@ -212,6 +258,13 @@ class ShardRegion:
         self._sent_remote = 0
         self._batches_sent = 0
         self._received_remote = 0
+        self._activations = 0
+        self._asks_made = 0
+        self._ask_seconds = LatencyHistogram()
+        self._ask_failures = dict.fromkeys(ASK_FAILURE_REASONS, 0)
+        # What trio.current_time() reads, without its two calls and run-context lookup: an ask
+        # reads it as it starts and as its answer comes.
+        self._now = trio.lowlevel.current_clock().current_time
         self._stopped_event = trio.Event()
         self._outgoing: dict[UniqueAddress, Outbox] = {}
         self._gathered = trio.Event()
@@ -325,6 +378,14 @@ class ShardRegion:
             received_remote=self._received_remote,
             workers=self._scheduler.workers,
             lost_at_forced_stop=sum(s.lost for s in self._shards.values()),
+            drops={reason.label: n for reason, n in core.drops.items()},
+            asks=self._asks_made,
+            ask_seconds=self._ask_seconds.snapshot(),
+            ask_failures=dict(self._ask_failures),
+            activations=self._activations,
+            # Every incarnation started here is either active or was stopped.
+            passivations=self._activations - self._entities,
+            shard_home_lookups=core.home_lookups.snapshot(),
         )
 
     # -- sending ----------------------------------------------------------------------------
@@ -388,6 +449,8 @@ class ShardRegion:
             )
         self._check_usable(message)
         slot = self._asks.new(entity_id)
+        self._asks_made += 1
+        started = self._now()
         try:
             await self._send(entity_id, message, slot, trace)
             with trio.move_on_after(timeout):
@@ -396,9 +459,13 @@ class ShardRegion:
                 raise AskTimeout(
                     f"entity {self.type_name}/{entity_id} did not answer within {timeout:g} s"
                 )
+            self._ask_seconds.observe(self._now() - started)
             if slot.error is not None:
                 raise slot.error
             return slot.value
+        except ClusterError as exc:  # every failure of an ask is one (never Cancelled)
+            self._ask_failures[_ask_failure(exc)] += 1
+            raise
         finally:
             self._asks.forget(slot)
 
@@ -1006,6 +1073,10 @@ class ShardRegion:
         """
         if not replies:
             return
+        if cause is DropReason.NOT_SENT:
+            # The transport refused them: counted here. The core counted its own drops (its
+            # Drop effects) and the send queue's as they happened.
+            self._core.count_dropped(len(replies), cause)
         logger.warning("region %s: %d message(s) dropped: %s", self.type_name, len(replies), reason)
         error = "p2pshard.BufferOverflow" if cause.overflow else "p2pshard.ShardingError"
         for reply in replies:
@@ -1016,6 +1087,7 @@ class ShardRegion:
 
     def _entity_started(self, context: EntityContext) -> None:
         self._entities += 1
+        self._activations += 1
         lru = self._lru
         if lru is None:
             return

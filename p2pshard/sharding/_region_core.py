@@ -40,7 +40,7 @@ from typing import Generic, TypeAlias, TypeVar
 
 import attrs
 
-from membership import MemberStatus, UniqueAddress
+from membership import LatencyHistogram, MemberStatus, UniqueAddress
 
 from ._allocation import ShardId
 from ._protocol import (
@@ -138,6 +138,11 @@ class DropReason(enum.StrEnum):
         """Whether a dropped ask fails with ``BufferOverflow`` (else ``ShardingError``)."""
         return self is DropReason.BUFFER_FULL
 
+    @property
+    def label(self) -> str:
+        """The reason as a metric label value: ``buffer_full``, ``not_sent``..."""
+        return self.name.lower()
+
 
 @attrs.frozen
 class Drop(Generic[D]):
@@ -199,8 +204,12 @@ class ShardRegionCore(Generic[D]):
         self.local: dict[ShardId, LocalShard] = {}
         self.buffers: dict[ShardId, collections.deque[D]] = {}
         self.buffered = 0
-        self.dropped = 0
+        self.drops: dict[DropReason, int] = dict.fromkeys(DropReason, 0)
+        """Messages dropped, by reason (the core's drops and those the shell counts here)."""
         self.home_requests = 0
+        self.home_lookups = LatencyHistogram()
+        """Seconds from a shard's first GetShardHome to the answer (ShardHome or HostShard)."""
+        self._home_asked: dict[ShardId, float] = {}
         self.coordinator: UniqueAddress | None = None
         self.refused: str | None = None
         self.graceful = False
@@ -217,16 +226,21 @@ class ShardRegionCore(Generic[D]):
         """Whether the current coordinator acknowledged this region."""
         return self.coordinator is not None
 
+    @property
+    def dropped(self) -> int:
+        """Messages dropped, for every reason."""
+        return sum(self.drops.values())
+
     # -- inputs -----------------------------------------------------------------------------
 
     def buffer(self, shard: ShardId, delivery: D, now: float) -> list[RegionEffect[D]]:
         """Hold ``delivery`` until ``shard``'s home is known; asks for it on the first one."""
         if self.refused is not None or self.stopped:
             cause = DropReason.STOPPED if self.refused is None else DropReason.REFUSED
-            self.dropped += 1
+            self.drops[cause] += 1
             return [Drop([delivery], self.refused or DropReason.STOPPED.value, cause=cause)]
         if self.buffered >= self.settings.buffer_size:
-            self.dropped += 1
+            self.drops[DropReason.BUFFER_FULL] += 1
             return [
                 Drop(
                     [delivery],
@@ -242,7 +256,7 @@ class ShardRegionCore(Generic[D]):
         queue.append(delivery)
         self.buffered += 1
         if first and self.registered and shard not in self.local:
-            return [self._get_home(shard)]
+            return [self._get_home(shard, now)]
         return []
 
     def receive(self, sender: UniqueAddress, message: object, now: float) -> list[RegionEffect[D]]:
@@ -260,7 +274,7 @@ class ShardRegionCore(Generic[D]):
                 if not first:
                     return []
                 logger.debug("region %s: registered with %s", self.type_name, coordinator)
-                return [self._get_home(shard) for shard in self._waiting_shards()]
+                return [self._get_home(shard, now) for shard in self._waiting_shards()]
             case RegisterRefused(reason=reason):
                 if self.refused is not None:
                     return []
@@ -271,9 +285,9 @@ class ShardRegionCore(Generic[D]):
                     return [Refused(reason)]
                 return [Refused(reason), Drop(deliveries, reason, cause=DropReason.REFUSED)]
             case ShardHome(shard=shard, region=region):
-                return self._home_is(ShardId(shard), region)
+                return self._home_is(ShardId(shard), region, now)
             case HostShard(shard=shard):
-                return self._host(ShardId(shard))
+                return self._host(ShardId(shard), now)
             case BeginHandOff(shard=shard, handoff_id=handoff_id):
                 owner = self.homes.pop(ShardId(shard), None)
                 ack = BeginHandOffAck(
@@ -301,9 +315,9 @@ class ShardRegionCore(Generic[D]):
                 return [StopShard(shard_id)]
         return []
 
-    def count_dropped(self, count: int) -> None:
-        """The shell dropped ``count`` messages on their way out (a send queue stayed full)."""
-        self.dropped += count
+    def count_dropped(self, count: int, reason: DropReason = DropReason.SEND_QUEUE_FULL) -> None:
+        """The shell dropped ``count`` messages on their way out, for ``reason``."""
+        self.drops[reason] += count
 
     def shard_stopped(self, shard: ShardId, now: float) -> list[RegionEffect[D]]:
         """The shell stopped every entity of ``shard`` (a hand-off or a shutdown)."""
@@ -315,9 +329,9 @@ class ShardRegionCore(Generic[D]):
             effects.append(self._stopped_msg(shard, handoff_id))
         if shard in self._host_after_stop:
             self._host_after_stop.discard(shard)
-            effects += self._host(shard)
+            effects += self._host(shard, now)
         elif shard in self.buffers and self.registered:
-            effects.append(self._get_home(shard))
+            effects.append(self._get_home(shard, now))
         return effects + self._maybe_stopped()
 
     def cluster_changed(
@@ -385,7 +399,7 @@ class ShardRegionCore(Generic[D]):
         if now >= self._next_retry:
             self._next_retry = now + self.settings.retry_interval
             if self.registered:
-                effects += [self._get_home(shard) for shard in self._waiting_shards()]
+                effects += [self._get_home(shard, now) for shard in self._waiting_shards()]
                 if self.graceful and self.hosting and self.local:
                     effects.append(ToCoordinator(GracefulShutdownReq(type_name=self.type_name)))
         return effects + self._maybe_stopped()
@@ -409,8 +423,9 @@ class ShardRegionCore(Generic[D]):
             RegisterProxy(type_name=self.type_name, number_of_shards=self.number_of_shards)
         )
 
-    def _get_home(self, shard: ShardId) -> ToCoordinator:
+    def _get_home(self, shard: ShardId, now: float) -> ToCoordinator:
         self.home_requests += 1
+        self._home_asked.setdefault(shard, now)  # a repeat does not restart the lookup's time
         return ToCoordinator(GetShardHome(type_name=self.type_name, shard=shard))
 
     def _stopped_msg(self, shard: ShardId, handoff_id: int) -> ToCoordinator:
@@ -422,9 +437,10 @@ class ShardRegionCore(Generic[D]):
         """Buffered shards that need a home (not those stopping here: they wait for the stop)."""
         return sorted(s for s in self.buffers if s not in self.local)
 
-    def _home_is(self, shard: ShardId, region: UniqueAddress) -> list[RegionEffect[D]]:
+    def _home_is(self, shard: ShardId, region: UniqueAddress, now: float) -> list[RegionEffect[D]]:
         if region == self.self_node:
-            return self._host(shard, answer=False)
+            return self._host(shard, now, answer=False)
+        self._home_known(shard, now)
         if self.local.get(shard) is LocalShard.RUNNING:
             logger.warning(
                 "region %s: the coordinator says shard %s lives at %s, but it runs here",
@@ -439,7 +455,13 @@ class ShardRegionCore(Generic[D]):
         self.homes[shard] = region
         return self._flush(shard, region)
 
-    def _host(self, shard: ShardId, *, answer: bool = True) -> list[RegionEffect[D]]:
+    def _home_known(self, shard: ShardId, now: float) -> None:
+        asked = self._home_asked.pop(shard, None)
+        if asked is not None:
+            self.home_lookups.observe(now - asked)
+
+    def _host(self, shard: ShardId, now: float, *, answer: bool = True) -> list[RegionEffect[D]]:
+        self._home_known(shard, now)
         if not self.hosting:
             logger.error(
                 "region %s: asked to host shard %s, but this is a proxy", self.type_name, shard
@@ -469,7 +491,8 @@ class ShardRegionCore(Generic[D]):
         deliveries = [d for queue in self.buffers.values() for d in queue]
         self.buffers.clear()
         self.buffered = 0
-        self.dropped += len(deliveries)
+        self.drops[DropReason.REFUSED] += len(deliveries)
+        self._home_asked.clear()  # refused: no answer comes
         return deliveries
 
     def _maybe_stopped(self) -> list[RegionEffect[D]]:

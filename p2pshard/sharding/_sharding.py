@@ -51,6 +51,7 @@ from ._allocation import (
 )
 from ._asks import AskTable
 from ._coordinator import ShardCoordinator, coordinator_key
+from ._coordinator_core import CoordinatorCounters, CoordinatorStatistics
 from ._coordinator_state import CoordinatorState
 from ._entity import check_entity_factory
 from ._extractor import MessageExtractor
@@ -139,6 +140,7 @@ class Sharding:
         self._nursery = nursery
         self._rng = rng
         self._regions: dict[str, ShardRegion] = {}
+        self._coordinator_counters: dict[str, CoordinatorCounters] = {}
         self._asks = AskTable(transport, rng.getrandbits(32) + 1)
         self._stats_ids = itertools.count(1)
         self._stats: dict[int, _StatsRequest] = {}
@@ -239,6 +241,8 @@ class Sharding:
         margin = settings.down_removal_margin
         if margin is None:
             margin = 0.0 if shard_lease is not None else self._removal_margin
+
+        self._coordinator_counters.setdefault(type_name, CoordinatorCounters())
 
         async def coordinator(ctx: SingletonContext) -> None:
             await self._run_coordinator(
@@ -351,6 +355,20 @@ class Sharding:
     def region_state(self, type_name: str) -> ShardRegionState:
         """The shards of ``type_name`` hosted on this node, with their active entity ids."""
         return self.region(type_name).state()
+
+    def coordinator_statistics(self, type_name: str) -> CoordinatorStatistics | None:
+        """What ``type_name``'s coordinator counted on this node: rebalance rounds, hand-offs.
+
+        The coordinator runs on one node at a time (the oldest of the role) and moves when that
+        node leaves; the counts here are those of every incarnation it had on this node. None
+        when this node cannot run it (the type runs here as a proxy).
+
+        Raises:
+            ConfigurationError: the type was not started here.
+        """
+        self.region(type_name)
+        counters = self._coordinator_counters.get(type_name)
+        return None if counters is None else counters.statistics(type_name)
 
     async def cluster_stats(
         self,
@@ -554,5 +572,6 @@ class Sharding:
             transport=self._transport,
             cluster=self._cluster,
             replicator=self._replicator,
+            counters=self._coordinator_counters[type_name],
         )
         await coordinator.run(ctx)

@@ -50,6 +50,25 @@ async def test_majority_write_is_seen_by_a_majority_read_elsewhere(
         await c.nodes[1].replicator.update("k", setter("a", "x"), WriteMajority(timeout=2))
         doc = await c.nodes[3].replicator.get("k", ReadMajority(timeout=2))
         assert content(doc) == {"a": "x"}
+        await c.nodes[3].replicator.get("k")
+        await c.nodes[3].replicator.delete("k", WriteLocal())
+        # Each call counted where it was made, under its operation and consistency level.
+        [write] = c.nodes[1].replicator.statistics(key_sizes=False).operations
+        assert (write.operation, write.consistency, write.started, write.failed) == (
+            "write",
+            "majority",
+            1,
+            0,
+        )
+        assert write.seconds.count == 1
+        assert write.seconds.sum > 0  # the replicas' acknowledgements take simulated time
+        calls = c.nodes[3].replicator.statistics().operations
+        assert [(o.operation, o.consistency, o.started, o.seconds.count) for o in calls] == [
+            ("delete", "local", 1, 1),
+            ("read", "local", 1, 1),
+            ("read", "majority", 1, 1),
+        ]
+        assert c.nodes[2].replicator.statistics().operations == ()
 
 
 async def test_start_update_sends_before_it_returns_and_result_gives_the_outcome(
@@ -378,6 +397,16 @@ async def test_write_majority_without_a_majority_times_out_then_arrives_after_he
         with pytest.raises(GetFailure):
             await c.nodes[1].replicator.get("k", ReadMajority(timeout=1.0))
         assert await c.nodes[4].replicator.get("k", ReadMajority(timeout=1.0)) is None
+        # The failures are counted, and not timed: only successes are.
+        calls = {
+            (o.operation, o.consistency): (o.started, o.failed, o.seconds.count)
+            for o in c.nodes[1].replicator.statistics(key_sizes=False).operations
+        }
+        assert calls == {
+            ("write", "majority"): (1, 1, 0),
+            ("read", "local"): (1, 0, 1),
+            ("read", "majority"): (1, 1, 0),
+        }
         c.net.heal()
         await eventually(
             lambda: all(

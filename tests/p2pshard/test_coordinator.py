@@ -723,6 +723,7 @@ def test_a_later_round_moves_other_shards_and_leaves_the_moving_one_alone() -> N
         SendTo(N1, begin(second)),
         SendTo(N2, begin(second)),
     ]
+    assert d.core.counters.rebalance_rounds == 2
 
 
 def test_a_new_region_brings_the_next_round_forward() -> None:
@@ -775,11 +776,19 @@ def test_shard_stopped_deallocates_the_shard() -> None:
     assert d.send(N1, stopped(shard)) == []
     assert d.held == [ShardHomeDeallocated(ShardId(shard))]
     assert d.core.rebalance_in_progress() == {shard}  # until written
+    assert d.core.counters.handoffs["completed"] == 0
+    d.now = 12.5  # the round began at 10 s
     d.release()
     assert shard not in d.core.state.shards
     assert shard not in d.core.state.regions[N1]
     assert d.core.rebalance_in_progress() == frozenset()
     check_state(d.core.state)
+    # Counted when the deallocation is written, timed from BeginHandOff.
+    stats = d.core.counters.statistics(TYPE)
+    assert stats.handoffs == {"completed": 1, "timed_out": 0, "region_gone": 0}
+    assert stats.handoff_seconds.count == 1
+    assert stats.handoff_seconds.sum == 2.5
+    assert stats.rebalance_rounds == 1
 
 
 def test_an_ask_during_the_hand_off_waits_and_gets_the_new_home() -> None:
@@ -812,6 +821,8 @@ def test_a_hand_off_that_takes_too_long_is_given_up() -> None:
     assert ShardHomeDeallocated(ShardId(shard)) not in d.writes
     assert d.send(N1, stopped(shard)) == []  # too late: ignored
     assert d.core.state.shards[ShardId(shard)] == N1
+    assert d.core.counters.handoffs == {"completed": 0, "timed_out": 1, "region_gone": 0}
+    assert d.core.counters.handoff_seconds.snapshot().count == 0  # only completed ones
 
 
 def test_a_hand_off_waiting_for_an_acknowledgement_is_given_up_too() -> None:
@@ -1048,6 +1059,7 @@ def test_a_rebalance_whose_owner_terminated_after_hand_off_ends_at_once() -> Non
     assert d.send(N1, stopped(shard)) == []  # late, from the old incarnation: ignored
     assert d.core.rebalance_in_progress() == frozenset()
     check_state(d.core.state)
+    assert d.core.counters.handoffs == {"completed": 0, "timed_out": 0, "region_gone": 1}
 
 
 def deferred_asks_after(end: str) -> tuple[Driver, str]:

@@ -7,17 +7,47 @@ import re
 from pathlib import Path
 
 import attrs
+import pycrdt
+import pytest
 import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
-from p2pshard import EntityId, HashExtractor, MemoryLeaseBackend, Node, testing
+from crdt import WriteMajority
+from p2pshard import (
+    AskTimeout,
+    EntityId,
+    HashExtractor,
+    MemoryLeaseBackend,
+    Node,
+    RemoteEntityError,
+    testing,
+)
 from p2pshard._metrics import MEMBER_STATUSES, METRICS_CONTENT_TYPE, metrics_text
-from tests._support.sharding_sim import CounterAdd, CounterRead, CounterSim, standard_setup
+from tests._support.sharding_sim import (
+    CounterAdd,
+    CounterRead,
+    CounterSim,
+    Fail,
+    PassivateMe,
+    Sleep,
+    standard_setup,
+)
 
 Labels = tuple[tuple[str, str], ...]
 
-ALLOWED_LABELS = {"status", "peer", "entity_type", "cause", "kind", "replicator"}
+ALLOWED_LABELS = {
+    "status",
+    "peer",
+    "entity_type",
+    "cause",
+    "kind",
+    "replicator",
+    "reason",
+    "outcome",
+    "operation",
+    "consistency",
+}
 """Every label a p2pshard series may carry (``p2pshard_node_info``'s aside): all bounded."""
 
 INFO_LABELS = {"cluster", "node", "app_version"}
@@ -46,6 +76,16 @@ class Scrape:
         assert key in series, f"{name}{labels} not scraped; its series: {sorted(series)}"
         return series[key]
 
+    def total(self, name: str, **labels: str) -> float:
+        """The sum of the series of ``name`` that carry ``labels`` (and any others)."""
+        want = set(labels.items())
+        return sum(v for k, v in self.samples.get(name, {}).items() if want <= set(k))
+
+    def by_labels(self, name: str, label: str, **labels: str) -> dict[str, float]:
+        """The series of ``name`` that carry ``labels``, keyed by the value of ``label``."""
+        want = set(labels.items())
+        return {dict(k)[label]: v for k, v in self.samples.get(name, {}).items() if want <= set(k)}
+
     def by(self, name: str, label: str) -> dict[str, float]:
         """Every series of ``name``, keyed by the value of its one label ``label``."""
         out = {}
@@ -68,6 +108,11 @@ async def test_scrapes_show_members_entities_and_messages_moving_with_the_worklo
             assert await region.entity_ref(entity).ask(CounterRead(), timeout=30) is not None
         lease = sim.nodes[2].leases.lease("metrics-test")
         assert await lease.acquire() is not None
+        await sim.nodes[3].replicator.update(
+            "metrics-test",
+            lambda doc: doc.get("m", type=pycrdt.Map).update({"a": "b"}),
+            WriteMajority(timeout=5),
+        )
 
         first = {i: Scrape(sim.nodes[i]) for i in (1, 2, 3)}
         for i, scrape in first.items():
@@ -92,7 +137,24 @@ async def test_scrapes_show_members_entities_and_messages_moving_with_the_worklo
         hosted = [
             f.value("p2pshard_sharding_shards", entity_type="Counter") for f in first.values()
         ]
-        assert sum(hosted) == len({EXTRACTOR.shard_id(EntityId(e)) for e in entities})
+        shards = {EXTRACTOR.shard_id(EntityId(e)) for e in entities}
+        assert sum(hosted) == len(shards)
+        # One incarnation per entity, none stopped; n1 made one ask per entity and looked up
+        # the home of each of their shards once.
+        activations = [
+            f.value("p2pshard_sharding_entity_activations_total", entity_type="Counter")
+            for f in first.values()
+        ]
+        assert activations == active
+        for f in first.values():
+            assert (
+                f.value("p2pshard_sharding_entity_passivations_total", entity_type="Counter") == 0
+            )
+        assert first[1].value("p2pshard_sharding_asks_total", entity_type="Counter") == len(
+            entities
+        )
+        lookups = "p2pshard_sharding_shard_home_lookup_duration_seconds_count"
+        assert first[1].value(lookups, entity_type="Counter") == len(shards)
         assert first[2].value("p2pshard_leases_held") == 1
         # The coordinator's state is replicated: keys on every node. A scrape reads the
         # replicator's counters without encoding every key (key_sizes=False).
@@ -103,6 +165,14 @@ async def test_scrapes_show_members_entities_and_messages_moving_with_the_worklo
         assert attrs.evolve(cheap, bytes_per_key=full.bytes_per_key) == full
         assert first[1].value("p2pshard_replicator_keys", replicator="ddata") == full.keys >= 1
         assert first[1].value("p2pshard_leases_held") == 0
+        # The majority write made on n3, counted there under its consistency level and timed.
+        write = {"replicator": "ddata", "operation": "write", "consistency": "majority"}
+        assert first[3].value("p2pshard_replicator_operations_total", **write) == 1
+        assert first[3].value("p2pshard_replicator_operation_failures_total", **write) == 0
+        took = "p2pshard_replicator_operation_duration_seconds"
+        assert first[3].value(f"{took}_count", **write) == 1
+        assert first[3].value(f"{took}_sum", **write) > 0
+        assert first[2].total("p2pshard_replicator_operations_total", **write) == 0
 
         # The workload between the scrapes: 5 tells to each entity from n1, then one ask each
         # (its answer says every tell before it arrived).
@@ -118,6 +188,15 @@ async def test_scrapes_show_members_entities_and_messages_moving_with_the_worklo
             return second[i].value(name, **labels) - first[i].value(name, **labels)
 
         counter = {"entity_type": "Counter"}
+        # The asks: every one counted, every one answered, and none failed.
+        assert moved("p2pshard_sharding_asks_total", 1, **counter) == len(entities)
+        asked = "p2pshard_sharding_ask_duration_seconds"
+        assert moved(f"{asked}_count", 1, **counter) == len(entities)
+        assert moved(f"{asked}_bucket", 1, le="+Inf", **counter) == len(entities)
+        assert moved(f"{asked}_sum", 1, **counter) > 0  # remote asks take simulated time
+        assert second[1].total("p2pshard_sharding_ask_failures_total", **counter) == 0
+        for i in (2, 3):
+            assert second[i].value("p2pshard_sharding_asks_total", **counter) == 0
         sent_here = moved("p2pshard_sharding_messages_delivered_locally_total", 1, **counter)
         sent_away = moved("p2pshard_sharding_messages_sent_remote_total", 1, **counter)
         assert sent_here + sent_away == len(entities) * (tells + 1)
@@ -142,7 +221,15 @@ async def test_scrapes_show_members_entities_and_messages_moving_with_the_worklo
         again = [s.value("p2pshard_sharding_entities", **counter) for s in second.values()]
         assert again == active
         for i in (1, 2, 3):
-            assert moved("p2pshard_sharding_region_dropped_messages_total", i, **counter) == 0
+            drops = second[i].samples["p2pshard_sharding_region_dropped_messages_total"]
+            assert {dict(k)["reason"] for k in drops} == {
+                "buffer_full",
+                "not_sent",
+                "refused",
+                "send_queue_full",
+                "stopped",
+            }
+            assert set(drops.values()) == {0}
             assert second[i].value("p2pshard_sharding_region_buffered_messages", **counter) == 0
             assert moved("p2pshard_transport_received_bytes_total", i) > 0
 
@@ -153,7 +240,127 @@ async def test_scrapes_show_members_entities_and_messages_moving_with_the_worklo
             for name, kind in first[2].types.items()
             if name.startswith("p2pshard_")
         }
-        assert exported == documented_metrics()
+        # Every metric documented, and every documented one exported (the journal's only on a
+        # node with a journal, which the simulated ones lack).
+        documented = documented_metrics()
+        journal = {name for name in documented if name.startswith("p2pshard_journal_")}
+        assert len(journal) == 4
+        assert exported == documented - journal
+
+
+async def test_passivations_failed_asks_hand_offs_and_rebalance_rounds_are_counted(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    entities = [f"room-{k}" for k in range(12)]
+    counter = {"entity_type": "Counter"}
+    async with testing.simulated_cluster_of(
+        CounterSim, 26, standard_setup(number_of_shards=10)
+    ) as sim:
+        await sim.start_up([1, 2, 3])
+        region = sim.regions[1]
+        for entity in entities:
+            await region.entity_ref(entity).ask(CounterRead(), timeout=30)
+
+        # K entities passivate themselves: K passivations in all, the same entities active.
+        passivated = entities[:4]
+        for entity in passivated:
+            assert await region.entity_ref(entity).ask(PassivateMe(), timeout=30) == "passivating"
+        with trio.fail_after(30):
+            while (  # noqa: ASYNC110 - polls on the mock clock
+                sum(sim.regions[i].statistics().entities for i in (1, 2, 3))
+                > len(entities) - len(passivated)
+            ):
+                await trio.sleep(0.1)
+        scrapes = {i: Scrape(sim.nodes[i]) for i in (1, 2, 3)}
+        total = {
+            name: sum(
+                f.value(f"p2pshard_sharding_entity_{name}_total", **counter)
+                for f in scrapes.values()
+            )
+            for name in ("activations", "passivations")
+        }
+        assert total == {"activations": len(entities), "passivations": len(passivated)}
+
+        # Asks that fail: the entity raises; the entity does not answer in time.
+        with pytest.raises(RemoteEntityError):
+            await region.entity_ref(entities[5]).ask(Fail(text="no"), timeout=30)
+        with pytest.raises(AskTimeout):
+            await region.entity_ref(entities[6]).ask(Sleep(seconds=5.0), timeout=1.0)
+        scrape = Scrape(sim.nodes[1])
+        failures = scrape.by_labels("p2pshard_sharding_ask_failures_total", "reason", **counter)
+        assert failures == {
+            "timeout": 1,
+            "entity_error": 1,
+            "buffer_full": 0,
+            "region_stopped": 0,
+            "not_delivered": 0,
+        }
+        asks = len(entities) + len(passivated) + 2
+        assert scrape.value("p2pshard_sharding_asks_total", **counter) == asks
+        # Answered: all but the one that timed out (the entity's error is an answer).
+        answered = scrape.value("p2pshard_sharding_ask_duration_seconds_count", **counter)
+        assert answered == asks - 1
+
+        # The coordinator runs on n1, the oldest; a rebalance round comes every interval.
+        await trio.sleep(region.settings.rebalance_interval + 1)
+        before = Scrape(sim.nodes[1])
+        assert before.value("p2pshard_sharding_coordinator_running", **counter) == 1
+        assert before.value("p2pshard_sharding_rebalance_rounds_total", **counter) >= 1
+        for i in (2, 3):
+            assert scrapes[i].value("p2pshard_sharding_coordinator_running", **counter) == 0
+            assert scrapes[i].value("p2pshard_sharding_rebalance_rounds_total", **counter) == 0
+        # n3 leaves: the coordinator hands each of its shards off.
+        leaving = sim.regions[3].statistics().shards
+        assert leaving > 0
+        await sim.graceful_leave(3)
+        after = Scrape(sim.nodes[1])
+        handoffs = after.by_labels("p2pshard_sharding_handoffs_total", "outcome", **counter)
+        started = before.by_labels("p2pshard_sharding_handoffs_total", "outcome", **counter)
+        assert handoffs["completed"] - started["completed"] >= leaving
+        assert handoffs["timed_out"] == 0
+        took = "p2pshard_sharding_handoff_duration_seconds"
+        assert after.value(f"{took}_count", **counter) == handoffs["completed"]
+        assert after.value(f"{took}_sum", **counter) > 0
+        check_bounded(after, entities)
+
+
+async def test_lease_acquisitions_renewals_and_a_loss_are_counted(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    backend = MemoryLeaseBackend()
+    async with testing.simulated_cluster_of(
+        testing.SimCluster, 27, None, lease_backend=backend
+    ) as sim:
+        await sim.start_up([1, 2])
+        node = sim.nodes[1]
+        settings = node.leases.settings
+        assert await node.leases.lease("job").acquire() is not None
+        assert await sim.nodes[2].leases.lease("job").acquire() is None  # n1 holds it
+        await trio.sleep(settings.renew_interval * 3 + 0.5)
+        scrape = Scrape(node)
+        assert scrape.by("p2pshard_leases_acquisitions_total", "outcome") == {
+            "granted": 1,
+            "refused": 0,
+            "unavailable": 0,
+        }
+        assert Scrape(sim.nodes[2]).by("p2pshard_leases_acquisitions_total", "outcome") == {
+            "granted": 0,
+            "refused": 1,
+            "unavailable": 0,
+        }
+        renewals = scrape.by("p2pshard_leases_renewals_total", "outcome")
+        assert renewals["renewed"] >= 3
+        took = "p2pshard_leases_renewal_duration_seconds"
+        assert scrape.value(f"{took}_count") == renewals["renewed"]
+        assert scrape.value("p2pshard_leases_lost_total") == 0
+
+        # The backend stops answering n1 past the grant's deadline: the lease is lost, once.
+        backend.cut_off(str(node.address))
+        await trio.sleep(settings.ttl + settings.renew_interval)
+        scrape = Scrape(node)
+        assert scrape.value("p2pshard_leases_lost_total") == 1
+        assert scrape.by("p2pshard_leases_renewals_total", "outcome")["failed"] >= 1
+        assert scrape.value("p2pshard_leases_held") == 0
 
 
 def documented_metrics() -> set[str]:
@@ -170,8 +377,15 @@ def check_bounded(scrape: Scrape, entity_ids: list[str]) -> None:
         for labels in series:
             names = {k for k, _ in labels}
             allowed = INFO_LABELS if name == "p2pshard_node_info" else ALLOWED_LABELS
+            if name.endswith("_bucket"):
+                allowed = allowed | {"le"}
             assert names <= allowed, f"{name} has unbounded labels {names - allowed}"
             assert not {v for _, v in labels} & set(entity_ids), f"{name}{labels}"
+        if name.endswith(("_bucket", "_count", "_sum")) and name.rsplit("_", 1)[0] in scrape.types:
+            family = name.rsplit("_", 1)[0]
+            assert scrape.types[family] == "histogram", f"{name} is a {scrape.types[family]}"
+            assert family.endswith("_seconds"), f"{family}: a histogram of seconds, named so"
+            continue
         family = name.removesuffix("_total")
         expected = "counter" if name.endswith("_total") else "gauge"
         assert scrape.types[family] == expected, f"{name} is a {scrape.types[family]}"

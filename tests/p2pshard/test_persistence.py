@@ -8,8 +8,10 @@ newer holder has recovered the room.
 
 from __future__ import annotations
 
+import logging
+import types
 from collections.abc import Awaitable, Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import attrs
 import msgpack
@@ -27,12 +29,14 @@ from p2pshard import (
     HashExtractor,
     Journal,
     JournalError,
+    JournalFenced,
     MemoryJournal,
     MemoryLeaseBackend,
     Node,
     RemoteEntityError,
     SerializationError,
     ShardingSettings,
+    journal_statistics,
     message,
 )
 from tests._support.sharding_sim import CounterSim, addr, sim_cluster
@@ -282,6 +286,11 @@ async def test_a_journal_failure_fails_the_ask_and_the_next_message_recovers(
         assert conflict.value.error_type == "p2pshard._errors.JournalConflict"
         assert await ref.ask(Join("fred"), timeout=10) == ("ann", "dora", "eve", "fred")
         assert stored(journal, "lobby") == ["ann", "dora", "eve", "fred"]
+        # Counted by the entities: the test's own append behind their back is not.
+        appends = journal_statistics(journal)
+        assert appends.append_failures == {"fenced": 0, "conflict": 1, "error": 2}
+        # ann, bob (failed), carl (failed), dora, fred (conflict), fred
+        assert (appends.appends, appends.events, appends.append_seconds.count) == (6, 3, 3)
 
 
 async def test_events_that_cannot_be_stored_write_nothing_and_the_incarnation_goes_on(
@@ -417,6 +426,13 @@ async def test_a_stale_lease_holder_is_fenced_off_and_no_acknowledged_event_is_l
         assert stored(journal, "lobby") == ["ann", "bob", "dora"]
         statistics = journal.statistics()
         assert (statistics.fenced, statistics.in_flight) == (1, 0)
+        # The entities' counts: four appends (ann, bob, stale, dora), three stored. The stale
+        # one's writer was stopped with its lease before the refusal came: no entity saw it, so
+        # it is neither a success nor a failure there (the journal's own count has it).
+        appends = journal_statistics(journal)
+        assert appends.append_failures == {"fenced": 0, "conflict": 0, "error": 0}
+        assert (appends.appends, appends.events) == (4, 3)
+        assert appends.append_seconds.count == 3
         assert await ref.ask(Members(), timeout=30) == (
             new_owner,
             new_token,
@@ -449,3 +465,28 @@ async def test_a_stored_event_this_process_cannot_read_fails_recovery_naming_it(
         with pytest.raises(RemoteEntityError, match="format version 7; this process reads 1"):
             await sim.regions[1].entity_ref("cellar").ask(Members(), timeout=10)
         assert probe.recovered == []  # no command ran on a half-read state
+
+
+async def test_an_append_a_newer_lease_holder_fenced_off_is_counted_as_fenced() -> None:
+    """A holder that is still running when the newer holder raises the fence (not stopped with
+    its lease) gets JournalFenced for its next append: counted as a fenced append."""
+    journal, probe = MemoryJournal(), Probe()
+    ctx = cast(
+        EntityContext,
+        types.SimpleNamespace(
+            type_name="Room",
+            entity_id="lobby",
+            lease_token=1,
+            logger=logging.getLogger("test"),
+            passivate=lambda: None,
+        ),
+    )
+    room = Room(ctx, journal, "n1", probe)
+    assert await room.receive(Join("ann"), ctx) == ("ann",)
+    await journal.recover("Room|lobby", 2)  # a newer holder recovers the room
+    with pytest.raises(JournalFenced):
+        await room.receive(Join("bob"), ctx)
+    appends = journal_statistics(journal)
+    assert appends.append_failures == {"fenced": 1, "conflict": 0, "error": 0}
+    assert (appends.appends, appends.events, appends.append_seconds.count) == (2, 1, 1)
+    assert journal_statistics(MemoryJournal()).appends == 0  # counted per journal

@@ -398,13 +398,48 @@ def test_every_drop_says_its_cause_as_a_drop_reason_and_only_a_full_buffer_overf
     assert drop.reason == "the region has stopped"
 
     assert [r for r in DropReason if r.overflow] == [DropReason.BUFFER_FULL]
+    # Each counted under its own reason.
+    assert full.drops[DropReason.BUFFER_FULL] == 1
+    assert refusing.drops[DropReason.REFUSED] == 2  # the buffered one and the later one
+    assert stopping.drops[DropReason.STOPPED] == 1
+    for core in (full, refusing, stopping):
+        assert core.dropped == sum(core.drops.values()) == max(core.drops.values())
+    assert {r.label for r in DropReason} == {
+        "stopped",
+        "refused",
+        "buffer_full",
+        "send_queue_full",
+        "not_sent",
+    }
 
 
 def test_drops_the_shell_counts_go_into_the_cores_counter() -> None:
     core = region(registered=True)
     core.count_dropped(3)
     core.count_dropped(1)
-    assert core.dropped == 4
+    core.count_dropped(2, DropReason.NOT_SENT)
+    assert core.dropped == 6
+    assert core.drops[DropReason.SEND_QUEUE_FULL] == 4
+    assert core.drops[DropReason.NOT_SENT] == 2
+
+
+def test_a_shard_home_lookup_is_timed_from_its_first_request_to_the_answer() -> None:
+    core = region(registered=True, now=0.0)
+    assert core.buffer(A, "a1", 1.0) == [ask("a")]
+    assert core.buffer(B, "b1", 1.5) == [ask("b")]
+    # The repeat of the request does not restart the lookup's time.
+    assert ask("a") in core.tick(1.0 + RETRY)
+    core.receive(COORD, home("a", N2), 4.0)  # 3 s after the first request
+    core.receive(COORD, host("b"), 1.75)  # comes here: a quarter second
+    lookups = core.home_lookups.snapshot()
+    assert lookups.count == 2
+    assert lookups.sum == pytest.approx(3.25)
+    assert dict(lookups.cumulative())[0.25] == 1
+    # An answer nobody here asked for (the coordinator placing a shard) is no lookup.
+    core.receive(COORD, host("c"), 5.0)
+    core.receive(COORD, home("a", N3), 5.0)
+    assert core.home_lookups.snapshot().count == 2
+    assert core.home_requests == 4  # a and b, then both again at the retry
 
 
 # -- 4. homes: ShardHome and HostShard ------------------------------------------------------
