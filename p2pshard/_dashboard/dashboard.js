@@ -8,7 +8,8 @@
   const TOKEN_KEY = "p2pshard-management-token";
   const POLL_MS = 1000;
   const RETRY_MS = 3000;
-  const WINDOW_S = 300; // the charts' width: the sampler keeps five minutes
+  const WINDOW_S = 300; // the charts' widest span: the sampler keeps five minutes
+  const MIN_SPAN_S = 60; // and the narrowest, while there is less to show
 
   const byId = (id) => document.getElementById(id);
 
@@ -183,14 +184,17 @@
     const latest = values.length ? values[values.length - 1] : null;
     const peak = Math.max(0, ...known);
     const most = peak > 0 ? nice(peak) : 1;
-    const x = (age) => left + ((age + WINDOW_S) / WINDOW_S) * plotW;
+    // From the oldest point kept (one to five minutes ago) to now.
+    const span = Math.min(WINDOW_S, Math.max(MIN_SPAN_S, -Math.min(0, ...ages)));
+    const since = span >= 120 ? `−${Math.round(span / 60)} min` : `−${Math.round(span)} s`;
+    const x = (age) => left + ((age + span) / span) * plotW;
     const y = (value) => top + plotH - (value / most) * plotH;
     chart.append(
       svg("line", { x1: left, y1: top + plotH, x2: left + plotW, y2: top + plotH, class: "axis" }),
       svg("line", { x1: left, y1: top, x2: left + plotW, y2: top, class: "grid" }),
       svg("text", { x: left - 4, y: top + 4, class: "tick end" }, format(most)),
       svg("text", { x: left - 4, y: top + plotH + 4, class: "tick end" }, "0"),
-      svg("text", { x: left, y: height - 3, class: "tick" }, "−5 min"),
+      svg("text", { x: left, y: height - 3, class: "tick" }, since),
       svg("text", { x: left + plotW, y: height - 3, class: "tick end" }, "now"),
     );
     if (!available) {
@@ -203,7 +207,7 @@
         run = [];
       };
       ages.forEach((age, i) => {
-        if (values[i] === null || age < -WINDOW_S) flush();
+        if (values[i] === null || age < -span) flush();
         else run.push(`${x(age).toFixed(1)},${y(values[i]).toFixed(1)}`);
       });
       flush();
