@@ -15,6 +15,10 @@ state (``StatusService`` builds the same members and shard tables ``p2pshard sta
 writes the JSON. :func:`serve_management` runs it with hypercorn's trio worker in the node's
 nursery; cancelling the nursery closes the listening socket and every connection.
 
+``GET /`` is the live dashboard (``p2pshard._dashboard``): a static page and its files, which
+need no token, and ``GET /dashboard/state``, a read route the page polls. The endpoint's
+nursery also runs the dashboard's sampler and event log.
+
 Where it differs from Akka: a member is named by its address ``host:port``, not an actor system
 URI; ``down`` of the node that serves the request is refused (400), since a node that downs
 itself stops before it can answer: ask another node. Plain HTTP only: bind a private address.
@@ -26,7 +30,7 @@ import hmac
 import json
 import logging
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any, Literal
 
@@ -36,6 +40,7 @@ import hypercorn.trio
 import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
 from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.core import Metric
 
 from membership import (
     Address,
@@ -47,6 +52,7 @@ from membership import (
 )
 
 from ._config import ManagementSettings
+from ._dashboard import SECURITY_HEADERS, Dashboard, asset
 from ._status import (
     MEMBER_ACTIONS,
     StatusService,
@@ -86,10 +92,24 @@ ROUTES = (
     "PUT /cluster/members/{address}",
     "GET /cluster/shards/{type}",
     "GET /metrics",
+    "GET /",
+    "GET /dashboard/state",
+    "GET /dashboard/{file}",
 )
 """Every route, as the 404 answer lists them."""
 
-RouteName = Literal["alive", "ready", "members", "member", "operation", "shards", "metrics"]
+RouteName = Literal[
+    "alive",
+    "ready",
+    "members",
+    "member",
+    "operation",
+    "shards",
+    "metrics",
+    "dashboard",
+    "dashboard_state",
+    "dashboard_file",
+]
 
 
 @attrs.frozen
@@ -143,6 +163,12 @@ def route(method: str, path: str) -> Route | Answer:
             methods, argument = {"GET": "shards"}, type_name
         case ["", "metrics"]:
             methods = {"GET": "metrics"}
+        case ["", ""]:
+            methods = {"GET": "dashboard"}
+        case ["", "dashboard", "state"]:
+            methods = {"GET": "dashboard_state"}
+        case ["", "dashboard", file_name] if file_name:
+            methods, argument = {"GET": "dashboard_file"}, file_name
         case _:
             return refusal(404, f"no route {path!r}; the routes are: {', '.join(ROUTES)}")
     name = methods.get(method)
@@ -279,8 +305,20 @@ class ManagementApp:
     _status: StatusService
     _metrics: Callable[[], bytes] | None = None
     """The node's metrics in Prometheus' text format, now (None: ``/metrics`` answers 404)."""
+    _families: Callable[[], Iterable[Metric]] | None = None
+    """The node's metric families, for the dashboard's charts (None: no charts)."""
+    _dashboard: Dashboard = attrs.field(init=False)
+    """The dashboard's series and timeline (``GET /``, ``GET /dashboard/state``)."""
     _up_since: float | None = None
     """When this node was first seen Up (trio's clock), for the readiness give-up."""
+
+    def __attrs_post_init__(self) -> None:
+        self._dashboard = Dashboard(self._cluster, self._sharding, self._families)
+
+    @property
+    def dashboard(self) -> Dashboard:
+        """The dashboard's series and timeline; :func:`serve_management` runs it."""
+        return self._dashboard
 
     @property
     def node(self) -> UniqueAddress:
@@ -362,6 +400,8 @@ class ManagementApp:
             return Answer(200, {"alive": True})
         if matched.name == "ready":
             return self._ready()
+        if matched.name in ("dashboard", "dashboard_file"):  # the page itself needs no token
+            return _dashboard_file(matched.argument or "index.html")
         refused = check_token(
             self._settings, headers.get("authorization"), mutating=matched.name == "operation"
         )
@@ -382,6 +422,8 @@ class ManagementApp:
             return Answer(200, {}, text=self._metrics(), content_type=CONTENT_TYPE_LATEST)
         if matched.name == "members":
             return Answer(200, self._members())
+        if matched.name == "dashboard_state":
+            return Answer(200, await self._dashboard.state(self._status, STATS_TIMEOUT))
         if matched.name == "shards":
             return await self._shards(matched.argument)
         address = _address(matched.argument)
@@ -471,6 +513,14 @@ class ManagementApp:
         )
 
 
+def _dashboard_file(name: str) -> Answer:
+    found = asset(name)
+    if found is None:
+        return refusal(404, f"the dashboard has no file {name!r}; open / for the dashboard")
+    content, content_type = found
+    return Answer(200, {}, SECURITY_HEADERS, text=content, content_type=content_type)
+
+
 def _address(text: str) -> Address | Answer:
     try:
         return Address.parse(text)
@@ -520,6 +570,7 @@ async def serve_management(
     async with trio.open_nursery() as nursery:
         await nursery.start(partial(hypercorn.trio.serve, app, config, mode="asgi"))
         nursery.start_soon(app.watch_up)
+        nursery.start_soon(app.dashboard.run)
         logger.info("%s: management endpoint on http://%s", app.node, address)
         task_status.started(address)
 

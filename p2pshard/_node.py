@@ -57,6 +57,7 @@ from membership.internal import (
 )
 
 from ._config import NodeConfig
+from ._dashboard import metric_families
 from ._management import ManagementApp, serve_management
 from ._metrics import metrics_text
 from ._status import MemberCommandService, StatusService
@@ -631,6 +632,7 @@ async def _run(
                                 node._sharding,
                                 node._status,
                                 functools.partial(metrics_text, node),
+                                functools.partial(metric_families, node),
                             )
                             node._management_address = await nursery.start(
                                 serve_management, app, config.management

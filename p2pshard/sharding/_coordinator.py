@@ -13,7 +13,7 @@ logged). Before anything else the state is read with a ReadMajorityPlus.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 
 import trio
 
@@ -32,10 +32,11 @@ from membership import (
     SingletonRequest,
     Transport,
     TransportClosed,
+    UniqueAddress,
 )
 from membership.internal import CoreTimer
 
-from ._allocation import ClusterView, ShardAllocationStrategy
+from ._allocation import ClusterView, ShardAllocationStrategy, ShardId
 from ._coordinator_core import (
     CoordinatorCounters,
     CoordinatorEffect,
@@ -46,6 +47,7 @@ from ._coordinator_core import (
 from ._coordinator_state import CoordinatorState, DomainEvent, apply_event
 from ._protocol import COORDINATOR_COMMANDS
 from ._retry import until_done
+from ._services import ShardingEvent, ShardingListener, tell_listeners
 from ._settings import ShardingSettings
 
 logger = logging.getLogger("p2pshard.sharding")
@@ -70,6 +72,7 @@ class ShardCoordinator:
         cluster: The membership the coordinator follows.
         replicator: Holds the coordinator's state.
         counters: Where it counts rebalance rounds and hand-offs (a new one by default).
+        listeners: Told of each rebalance round that moves shards and each hand-off's end.
     """
 
     def __init__(
@@ -84,6 +87,7 @@ class ShardCoordinator:
         cluster: Cluster,
         replicator: Replicator,
         counters: CoordinatorCounters | None = None,
+        listeners: Sequence[ShardingListener] = (),
     ) -> None:
         self.type_name = type_name
         self.core = ShardCoordinatorCore(
@@ -101,6 +105,8 @@ class ShardCoordinator:
         self._cluster = cluster
         self._replicator = replicator
         self._key = coordinator_key(type_name)
+        self._listeners = listeners
+        self._moving: dict[ShardId, UniqueAddress] = {}  # hand-offs the listeners were told of
         self._timer = CoreTimer(self.core.next_deadline)
         self._nursery: trio.Nursery | None = None
         self._read = ReadMajorityPlus(
@@ -182,11 +188,11 @@ class ShardCoordinator:
     async def _run_timer(self) -> None:
         while True:
             now = await self._timer.wait()
-            self._apply(self.core.tick(now))
+            self._apply(self.core.tick(now), cause="rebalance")
 
     # -- effects ----------------------------------------------------------------------------
 
-    def _apply(self, effects: list[CoordinatorEffect]) -> None:
+    def _apply(self, effects: list[CoordinatorEffect], cause: str = "hand-off") -> None:
         for effect in effects:
             if isinstance(effect, SendTo):
                 try:
@@ -204,6 +210,53 @@ class ShardCoordinator:
                 started = self._start_write(effect.event)
                 self._nursery.start_soon(self._write_event, effect.event, started)
         self._timer.poke()  # something may be due sooner than the timer sleeps
+        if self._listeners:
+            self._note_moves(cause)
+
+    def _note_moves(self, cause: str) -> None:
+        """Tell the listeners of hand-offs begun or ended since they were last told.
+
+        Hand-offs begin in a rebalance round (``cause``: the timer's tick) or when a region
+        shuts down; one ends when its shard is deallocated or when it is given up.
+        """
+        moving = self.core.rebalance_in_progress()
+        if moving == self._moving.keys():
+            return
+        shards = self.core.state.shards
+        began: dict[UniqueAddress, list[ShardId]] = {}
+        for shard in sorted(moving - self._moving.keys()):
+            owner = self._moving[shard] = shards[shard]
+            began.setdefault(owner, []).append(shard)
+        moved: dict[UniqueAddress, list[ShardId]] = {}
+        stayed: dict[UniqueAddress, list[ShardId]] = {}
+        for shard in sorted(self._moving.keys() - moving):
+            owner = self._moving.pop(shard)
+            (stayed if shards.get(shard) == owner else moved).setdefault(owner, []).append(shard)
+        events = [
+            ShardingEvent(
+                "rebalance" if cause == "rebalance" else "hand-off",
+                self.type_name,
+                f"rebalance: moving {_shards(ids)} off {owner.name}"
+                if cause == "rebalance"
+                else f"handing off {_shards(ids)} of {owner.name}: its region is shutting down",
+            )
+            for owner, ids in began.items()
+        ]
+        events += [
+            ShardingEvent("hand-off", self.type_name, f"{_shards(ids)} moved off {owner.name}")
+            for owner, ids in moved.items()
+        ]
+        events += [
+            ShardingEvent(
+                "hand-off",
+                self.type_name,
+                f"hand-off of {_shards(ids)} from {owner.name} given up: timed out, or the "
+                "region is gone",
+            )
+            for owner, ids in stayed.items()
+        ]
+        for event in events:
+            tell_listeners(self._listeners, event)
 
     def _start_write(self, event: DomainEvent) -> PendingUpdate[None] | None:
         # Begun here, not in _write_event's task: the change leaves without waiting for a
@@ -245,3 +298,12 @@ class ShardCoordinator:
             raise failure
         if not confirmed:
             self._apply(self.core.state_updated(event, True, trio.current_time()))
+
+
+def _shards(ids: Sequence[ShardId], most: int = 12) -> str:
+    """``shard 3`` or ``shards 1, 2, 5`` (the first ``most``, then how many more)."""
+    if len(ids) == 1:
+        return f"shard {ids[0]}"
+    shown = ", ".join(ids[:most])
+    more = f" and {len(ids) - most} more" if len(ids) > most else ""
+    return f"{len(ids)} shards {shown}{more}"

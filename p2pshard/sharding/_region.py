@@ -81,7 +81,7 @@ from ._region_core import (
 )
 from ._region_core import Refused as RefusedEffect
 from ._remember import RememberStore
-from ._services import RegionServices
+from ._services import RegionServices, ShardingEvent, tell_listeners
 from ._settings import ShardingSettings
 from ._shard import FORCED_STOP_FRACTION, EntityFactory, EntityWorkers, Shard, ShardHost
 
@@ -989,6 +989,10 @@ class ShardRegion:
         grace = self.settings.handoff_timeout * FORCED_STOP_FRACTION
         self._stop_deadlines[shard_id] = trio.current_time() + grace
         logger.debug("region %s: handing off shard %s", self.type_name, shard_id)
+        if self._services.listeners:
+            text = f"shard {shard_id} handed off from this node: stopping its entities"
+            event = ShardingEvent("hand-off", self.type_name, text)
+            tell_listeners(self._services.listeners, event)
         waiting = shard.take_pending()  # it was still reading its remembered entities
         shard.stop_all(lambda: self._shard_stopped(shard_id))
         for entity_id, message, reply in waiting:

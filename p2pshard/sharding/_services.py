@@ -5,7 +5,8 @@ A region does not know ``Sharding``: it gets these services, and sharding passes
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import attrs
@@ -14,6 +15,8 @@ from crdt import Replicator
 from membership import Cluster, Singletons, Transport
 
 from ._asks import AskTable
+
+logger = logging.getLogger("p2pshard.sharding")
 
 
 class IncarnationObserver(Protocol):
@@ -26,6 +29,31 @@ class IncarnationObserver(Protocol):
     def entity_stopped(self, type_name: str, entity_id: str) -> None:
         """The incarnation of ``entity_id`` on this node ended."""
         ...
+
+
+@attrs.frozen
+class ShardingEvent:
+    """A shard hand-off or a rebalance round seen on this node (see :meth:`Sharding.listen`)."""
+
+    kind: str
+    """``hand-off`` (a region stops a shard, or the coordinator moves one) or ``rebalance``
+    (the coordinator's round chose shards to move)."""
+    type_name: str
+    text: str
+    """What happened, in words."""
+
+
+ShardingListener = Callable[[ShardingEvent], None]
+"""Told of each :class:`ShardingEvent`; called synchronously, so it must be cheap."""
+
+
+def tell_listeners(listeners: Sequence[ShardingListener], event: ShardingEvent) -> None:
+    """Give ``event`` to each listener; one that raises is logged and the others still told."""
+    for listener in listeners:
+        try:
+            listener(event)
+        except Exception:
+            logger.exception("a sharding event listener failed on %s", event)
 
 
 @attrs.define(eq=False)
@@ -51,3 +79,5 @@ class RegionServices:
     """Told of every incarnation that starts or ends here (the list grows as they register)."""
     lifecycle: Lifecycle
     """Closed once this node is out of the cluster: then no region takes messages."""
+    listeners: list[ShardingListener] = attrs.field(factory=list)
+    """Told of hand-offs and rebalance rounds (the list grows as they register)."""

@@ -20,6 +20,7 @@ import contextlib
 import itertools
 import logging
 import random
+from collections.abc import Callable
 
 import attrs
 import trio
@@ -72,7 +73,12 @@ from ._protocol import (
     ShardHome,
 )
 from ._region import ShardRegion, ShardRegionState, coordinator_name
-from ._services import IncarnationObserver, Lifecycle, RegionServices
+from ._services import (
+    IncarnationObserver,
+    Lifecycle,
+    RegionServices,
+    ShardingListener,
+)
 from ._settings import ShardingSettings
 from ._shard import EntityFactory
 
@@ -147,6 +153,7 @@ class Sharding:
         self._message_check = MessageCheck(transport)
         self._lifecycle = Lifecycle()
         self._observers: list[IncarnationObserver] = []
+        self._listeners: list[ShardingListener] = []
         self._services = RegionServices(
             transport=transport,
             cluster=cluster,
@@ -156,6 +163,7 @@ class Sharding:
             check_message=self._message_check.check,
             observers=self._observers,
             lifecycle=self._lifecycle,
+            listeners=self._listeners,
         )
         cluster.add_exiting_task(self._shutdown_on_exit, first=True)
 
@@ -167,6 +175,21 @@ class Sharding:
         lost its lease). The calls are synchronous, on the path of the entity: keep them cheap.
         """
         self._observers.append(observer)
+
+    def listen(self, listener: ShardingListener) -> Callable[[], None]:
+        """Tell ``listener`` of the hand-offs and rebalance rounds seen on this node.
+
+        A region tells of each shard it stops for a hand-off; the coordinator, where it runs,
+        of each round that moves shards and each hand-off it ends. Not called per message; the
+        calls are synchronous, so keep them cheap. Returns the function that stops them.
+        """
+        self._listeners.append(listener)
+
+        def stop() -> None:
+            with contextlib.suppress(ValueError):
+                self._listeners.remove(listener)
+
+        return stop
 
     # -- starting ---------------------------------------------------------------------------
 
@@ -573,5 +596,6 @@ class Sharding:
             cluster=self._cluster,
             replicator=self._replicator,
             counters=self._coordinator_counters[type_name],
+            listeners=self._listeners,
         )
         await coordinator.run(ctx)

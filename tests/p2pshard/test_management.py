@@ -241,7 +241,6 @@ async def test_alive_members_and_shards_of_a_running_cluster() -> None:
             refused(await http.get("/cluster/members/10.0.0.1:9"), 404, "n1 at 10.0.0.1:1")
             refused(await http.get("/cluster/members/nonsense"), 400, "host:port")
             for path in (
-                "/",
                 "/alive/",
                 "/cluster",
                 "/cluster/members/",
@@ -454,7 +453,10 @@ def test_routes() -> None:
     assert route("GET", "/cluster/members/[::1]:25520") == Route("member", "[::1]:25520")
     assert route("PUT", "/cluster/members/10.0.0.1:2") == Route("operation", "10.0.0.1:2")
     assert route("GET", "/cluster/shards/Room") == Route("shards", "Room")
-    for path in ("", "/", "/alive/", "/cluster/shards/", "/cluster/shards/a/b", "/Alive"):
+    assert route("GET", "/") == Route("dashboard")
+    assert route("GET", "/dashboard/state") == Route("dashboard_state")
+    assert route("GET", "/dashboard/dashboard.js") == Route("dashboard_file", "dashboard.js")
+    for path in ("", "/alive/", "/cluster/shards/", "/cluster/shards/a/b", "/Alive", "/dashboard/"):
         answer = route("GET", path)
         assert not isinstance(answer, Route)
         assert answer.status == 404, path
