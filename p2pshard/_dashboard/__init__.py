@@ -63,14 +63,20 @@ from .._status import StatusService, reply_json
 from ..sharding._services import ShardingEvent
 from ..sharding._sharding import Sharding
 
-MESSAGES = "p2pshard_sharding_messages_delivered_locally_total"
-"""Messages per second on the dashboard: the rate of this counter, summed over entity types."""
+MESSAGES = "messages"
+"""Messages per second on the dashboard: the rate of the :data:`DELIVERED` counters' sum over
+entity types, which :func:`reading` gives under this name."""
+DELIVERED = (
+    "p2pshard_sharding_messages_delivered_locally_total",
+    "p2pshard_sharding_messages_received_remote_total",
+)
+"""Messages for entities on this node: sent on this node, and received from other nodes."""
 ASKS = "p2pshard_sharding_asks_total"
 """Asks made from this node, by entity type."""
 ASK_SECONDS_SUM = "p2pshard_sharding_ask_duration_seconds_sum"
 ASK_SECONDS_COUNT = "p2pshard_sharding_ask_duration_seconds_count"
 """The ask latency histogram's sum and count: their increases give the mean per interval."""
-SAMPLED = (MESSAGES, ASKS, ASK_SECONDS_SUM, ASK_SECONDS_COUNT)
+SAMPLED = (*DELIVERED, ASKS, ASK_SECONDS_SUM, ASK_SECONDS_COUNT)
 """The sample names the dashboard reads; any of them may be missing."""
 
 Reading = Mapping[tuple[str, str], float]
@@ -109,12 +115,16 @@ def metric_families(node: MetricsNode) -> Iterable[Metric]:
 
 
 def reading(families: Iterable[Metric]) -> dict[tuple[str, str], float]:
-    """The :data:`SAMPLED` values among ``families``, by sample name and entity type."""
+    """The :data:`SAMPLED` values among ``families``, by sample name and entity type.
+
+    The :data:`DELIVERED` ones are added up under :data:`MESSAGES`.
+    """
     values: dict[tuple[str, str], float] = {}
     for family in families:
         for sample in family.samples:
             if sample.name in SAMPLED:
-                key = (sample.name, _entity_type(sample))
+                name = MESSAGES if sample.name in DELIVERED else sample.name
+                key = (name, _entity_type(sample))
                 values[key] = values.get(key, 0.0) + sample.value
     return values
 

@@ -35,6 +35,7 @@ from p2pshard._dashboard import (
     ASK_SECONDS_COUNT,
     ASK_SECONDS_SUM,
     ASKS,
+    DELIVERED,
     MESSAGES,
     EventLog,
     RateSampler,
@@ -126,17 +127,21 @@ def test_the_sampler_keeps_the_last_points_only() -> None:
 
 
 def test_reading_takes_the_sampled_names_by_entity_type_and_nothing_else() -> None:
-    delivered = CounterMetricFamily(MESSAGES.removesuffix("_total"), "d", labels=["entity_type"])
-    delivered.add_metric(["Room"], 7)
-    delivered.add_metric(["User"], 2)
+    local, remote = (
+        CounterMetricFamily(name.removesuffix("_total"), "d", labels=["entity_type"])
+        for name in DELIVERED
+    )
+    local.add_metric(["Room"], 7)
+    local.add_metric(["User"], 2)
+    remote.add_metric(["Room"], 5)
     other = CounterMetricFamily("p2pshard_sharding_messages_sent_remote", "o", labels=["t"])
     other.add_metric(["Room"], 99)
     latency = HistogramMetricFamily(
         "p2pshard_sharding_ask_duration_seconds", "l", labels=["entity_type"]
     )
     latency.add_metric(["Room"], [("0.01", 3), ("+Inf", 4)], sum_value=0.5)
-    assert reading([delivered, other, latency]) == {
-        (MESSAGES, "Room"): 7.0,
+    assert reading([local, remote, other, latency]) == {
+        (MESSAGES, "Room"): 12.0,
         (MESSAGES, "User"): 2.0,
         (ASK_SECONDS_SUM, "Room"): 0.5,
         (ASK_SECONDS_COUNT, "Room"): 4.0,
@@ -351,8 +356,8 @@ async def test_the_state_shows_members_shards_rates_and_events_of_a_real_cluster
 
     series = state["series"]
     assert series["messages"] is True
-    # Each interval's rate times its length is what node 1 delivered to its own shards then:
-    # together no more than it was asked, and some of it (it kept shards) in the new points.
+    # Each interval's rate times its length is what reached node 1's own shards then (only node 1
+    # asks): together no more than it was asked, and some of it (it kept shards) in the new points.
     ages = series["ages"]
     rates = series["messages_per_second"]
     new = len(ages) - len(first["series"]["ages"])
