@@ -623,6 +623,7 @@ async def _run(
                                 node._sharding,
                                 node._status,
                                 functools.partial(metrics_text, node),
+                                tls=config.tls.identity(config.cluster_name),
                             )
                             node._management_address = await nursery.start(
                                 serve_management, app, config.management
