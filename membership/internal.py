@@ -40,6 +40,7 @@ from .transport._tls import DenyList as DenyList
 from .transport._tls import TlsIdentity as TlsIdentity
 from .transport._tls import certificate_identity as certificate_identity
 from .transport._tls import identity_text as identity_text
+from .transport._tls import peer_identity as peer_identity
 from .transport._trioutil import single_error as single_error
 from .transport._versions import CURRENT_PROTOCOL as CURRENT_PROTOCOL
 from .transport._versions import ProtocolRange as ProtocolRange

@@ -30,7 +30,7 @@ import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 import attrs
 
@@ -192,6 +192,14 @@ def _check_timeout(instance: object, attribute: attrs.Attribute[Any], value: obj
         raise _invalid(instance, attribute, value, "must be a number of seconds greater than 0")
 
 
+def _one_of(*allowed: str) -> _Validator:
+    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if value not in allowed:
+            raise _invalid(instance, attribute, value, f"must be one of {', '.join(allowed)}")
+
+    return check
+
+
 def _instance_of(cls: type) -> _Validator:
     def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
         if not isinstance(value, cls):
@@ -293,26 +301,33 @@ class ManagementSettings:
     Off unless ``enabled``. The node then serves, on ``host:port``, ``GET /alive``,
     ``GET /ready`` (for load balancers and Kubernetes probes), ``GET /cluster/members``,
     ``GET /cluster/members/{address}``, ``PUT /cluster/members/{address}`` (leave or down, with
-    the bearer ``token``) and ``GET /cluster/shards/{type}``, as JSON (see
-    ``docs/operations.md``). It speaks plain HTTP: bind it to a private address (loopback, the
-    pod's or the host's internal network), never to one the internet reaches. A file::
+    the bearer ``token`` or an ``admin`` certificate) and ``GET /cluster/shards/{type}``, as
+    JSON (see ``docs/operations.md``). By default it speaks plain HTTP: bind it to a private
+    address (loopback, the pod's or the host's internal network), never to one the internet
+    reaches. With ``tls`` it speaks HTTPS with the node's own certificate from ``[tls]`` and
+    takes client certificates signed by the cluster CA (``p2pshard certs client|admin``) as
+    credentials. A file::
 
         [management]
         enabled = true
         host = "10.0.0.5"
         port = 8558
         token = "change-me-to-32-random-characters"  # or P2PSHARD_MANAGEMENT__TOKEN
+        tls = true               # HTTPS; an admin certificate may leave and down too
+        read_access = "client"   # GET /cluster/... and /metrics: any certificate of the cluster
 
     Example:
-        >>> ManagementSettings(enabled=True, port=0).read_token_required
-        False
+        >>> ManagementSettings(enabled=True, port=0).read_level
+        'open'
+        >>> ManagementSettings(enabled=True, tls=True, read_access="client").read_level
+        'client'
     """
 
     enabled: bool = attrs.field(default=False, validator=_instance_of(bool))
     """Serve the management endpoint (default false)."""
 
     host: str = attrs.field(default="127.0.0.1", validator=_check_host)
-    """The interface to listen on (default ``"127.0.0.1"``): a private address, as the endpoint
+    """The interface to listen on (default ``"127.0.0.1"``): a private address when the endpoint
     speaks plain HTTP; ``"0.0.0.0"`` inside a pod, where only the pod network reaches it."""
 
     port: int = attrs.field(default=8558, validator=_port(0))
@@ -325,8 +340,10 @@ class ManagementSettings:
     visible ASCII characters; keep it out of the file with ``P2PSHARD_MANAGEMENT__TOKEN``."""
 
     read_token_required: bool = attrs.field(default=False, validator=_instance_of(bool))
-    """Whether ``GET /cluster/...`` needs the token too (default false). ``/alive`` and
-    ``/ready`` never do: probes and load balancers call them without credentials."""
+    """Whether ``GET /cluster/...`` needs the token too (default false); the same as
+    ``read_access = "admin"``, which also takes an admin certificate when ``tls`` is on.
+    ``/alive`` and ``/ready`` never do: probes and load balancers call them without
+    credentials."""
 
     ready_give_up_after: float = attrs.field(default=10.0, validator=_check_timeout)
     """Seconds after this node became Up that ``/ready`` stops waiting for its regions to
@@ -334,12 +351,53 @@ class ManagementSettings:
     sharding health check's ``disabled-after``): a coordinator that cannot be reached must not
     stall a rolling upgrade for ever."""
 
+    tls: bool = attrs.field(default=False, validator=_instance_of(bool))
+    """Speak HTTPS with this node's certificate, key and CA from ``[tls]`` (default false:
+    plain HTTP). TLS 1.3, as between nodes. A client may present a certificate signed by the
+    cluster CA (mutual TLS; ``[tls] deny`` applies): an ``admin`` certificate may leave and
+    down, as the token may, and ``read_access`` says which may read. A client certificate is
+    optional at the TLS level, so ``/alive`` and ``/ready`` still answer without one (probes);
+    a certificate the CA did not sign fails the handshake. Read when the node starts (a SIGHUP
+    reload of ``[tls]`` applies to the cluster port only)."""
+
+    read_access: Literal["open", "client", "admin"] = attrs.field(
+        default="open", validator=_one_of("open", "client", "admin")
+    )
+    """Who may ``GET /cluster/...`` and ``/metrics`` (default ``"open"``): ``"open"`` anyone
+    who reaches the port; ``"client"`` a certificate of this cluster of any kind (client,
+    admin or node; needs ``tls``) or the token; ``"admin"`` an admin certificate or the token.
+    ``/alive`` and ``/ready`` are always open."""
+
     def __attrs_post_init__(self) -> None:
+        name = type(self).__name__
         if self.read_token_required and self.token is None:
             raise ConfigurationError(
-                f"{type(self).__name__}.read_token_required = True is invalid without a token: "
+                f"{name}.read_token_required = True is invalid without a token: "
                 "set token (or P2PSHARD_MANAGEMENT__TOKEN), or read_token_required = false"
             )
+        if self.read_token_required and self.read_access == "client":
+            raise ConfigurationError(
+                f"{name}.read_token_required = True is invalid with read_access = 'client': "
+                "the first says only the token may read, the second that any certificate of "
+                "the cluster may; keep read_access alone"
+            )
+        if self.read_access == "client" and not self.tls:
+            raise ConfigurationError(
+                f"{name}.read_access = 'client' is invalid without tls: a client proves who it "
+                "is with its certificate, which only HTTPS carries; set tls = true, or "
+                "read_access = 'admin' (the token) or 'open'"
+            )
+        if self.read_access == "admin" and not self.tls and self.token is None:
+            raise ConfigurationError(
+                f"{name}.read_access = 'admin' is invalid without tls and without a token: "
+                "nobody could read; set token (or P2PSHARD_MANAGEMENT__TOKEN), or tls = true "
+                "for admin certificates"
+            )
+
+    @property
+    def read_level(self) -> Literal["open", "client", "admin"]:
+        """What the read routes need: ``read_access``; ``"admin"`` with ``read_token_required``."""
+        return "admin" if self.read_token_required else self.read_access
 
 
 @attrs.frozen(kw_only=True)

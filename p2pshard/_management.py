@@ -19,9 +19,18 @@ nursery; cancelling the nursery closes the listening socket and every connection
 need no token, and ``GET /dashboard/state``, a read route the page polls. The endpoint's
 nursery also runs the dashboard's sampler and event log.
 
+Who may do what is :func:`authorize`'s decision, from the bearer token and, with ``tls``, the
+identity of the client's certificate (``membership``'s kinds: an ``admin`` may leave and down,
+``read_access`` says who may read). hypercorn does not pass the client certificate to the
+application (its issue 62: the ASGI TLS extension is not implemented), so with ``tls`` this
+module accepts the connections itself and hands each to hypercorn's connection handler with an
+application that adds ``scope["extensions"]["tls"]`` (the extension's ``client_cert_chain``,
+PEM, the client's certificate first) for that connection; see :func:`serve_management`.
+
 Where it differs from Akka: a member is named by its address ``host:port``, not an actor system
 URI; ``down`` of the node that serves the request is refused (400), since a node that downs
-itself stops before it can answer: ask another node. Plain HTTP only: bind a private address.
+itself stops before it can answer: ask another node. Without ``tls``, plain HTTP: bind a private
+address.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import hmac
 import json
 import logging
 import socket
+import ssl
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any, Literal
@@ -38,7 +48,11 @@ import attrs
 import hypercorn.config
 import hypercorn.trio
 import trio
-from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
+from cryptography import x509
+from hypercorn.app_wrappers import ASGIWrapper
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, ConnectionState, Scope
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.core import Metric
 
@@ -47,9 +61,13 @@ from membership import (
     Cluster,
     ClusterError,
     ConfigurationError,
+    HandshakeError,
+    IdentityKind,
     MemberStatus,
+    PeerIdentity,
     UniqueAddress,
 )
+from membership.internal import TlsIdentity, identity_text, peer_identity
 
 from ._config import ManagementSettings
 from ._dashboard import SECURITY_HEADERS, Dashboard, asset
@@ -210,6 +228,97 @@ def check_token(
     return None
 
 
+def certificate_caller(chain: Sequence[str], tls: TlsIdentity) -> PeerIdentity | str | None:
+    """The identity a client's verified certificate names, or why it names none usable.
+
+    ``chain`` is the ASGI TLS extension's ``client_cert_chain`` (PEM, the client's certificate
+    first; empty: the client presented none, then None). The TLS handshake has already checked
+    that a trusted CA signed it; this reads the ``p2pshard://`` SAN URI, which must name
+    ``tls.cluster``, and applies ``tls.deny``. A string is the reason the certificate gives no
+    identity (another cluster's, no such URI, denied).
+    """
+    if not chain:
+        return None
+    try:
+        certificate = x509.load_pem_x509_certificate(chain[0].encode("ascii"))
+    except ValueError as exc:
+        return f"the client certificate cannot be read: {exc}"
+    try:
+        san = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        uris = san.get_values_for_type(x509.UniformResourceIdentifier)
+    except x509.ExtensionNotFound:
+        uris = []
+    try:
+        identity = peer_identity({"subjectAltName": [("URI", u) for u in uris]}, tls.cluster)
+    except HandshakeError as exc:
+        return str(exc).replace("peer certificate", "the client certificate", 1)
+    denied = tls.deny.reason(identity, certificate.serial_number)
+    return identity if denied is None else denied
+
+
+_READ_NEEDS = {
+    "client": "a certificate of this cluster (client, admin or node)",
+    "admin": "an admin certificate",
+}
+
+
+def authorize(
+    settings: ManagementSettings,
+    caller: PeerIdentity | str | None,
+    authorization: str | None,
+    *,
+    mutating: bool,
+) -> Answer | None:
+    """None if the request may go on, else the refusal (401 or 403, with the reason).
+
+    ``caller`` is what the client's certificate gave (:func:`certificate_caller`; always None
+    without ``tls``). A mutating route needs an ``admin`` certificate or the bearer token; a
+    read route what ``settings.read_level`` says (``"open"``: nothing). A certificate that is
+    enough wins; otherwise an ``Authorization`` header is judged as :func:`check_token` does.
+    Without one: 403 when a certificate was presented but is not enough (or no token is set to
+    ask for), 401 when the client presented nothing.
+
+    Example:
+        >>> admin = PeerIdentity(IdentityKind.ADMIN, "alice")
+        >>> settings = ManagementSettings(enabled=True, tls=True, read_access="client")
+        >>> authorize(settings, admin, None, mutating=True) is None
+        True
+        >>> ops = PeerIdentity(IdentityKind.CLIENT, "ops")
+        >>> authorize(settings, ops, None, mutating=True).status
+        403
+    """
+    level = "admin" if mutating else settings.read_level
+    if level == "open":
+        return None
+    if isinstance(caller, PeerIdentity) and (
+        level == "client" or caller.kind is IdentityKind.ADMIN
+    ):
+        return None
+    if not settings.tls:
+        return check_token(settings, authorization, mutating=True)
+    what = "leave and down" if mutating else "reading the cluster's state"
+    needs = _READ_NEEDS[level]
+    if settings.token is not None:
+        if authorization:
+            return check_token(settings, authorization, mutating=True)
+        needs += " or the header 'Authorization: Bearer <token>'"
+    elif authorization:
+        return refusal(
+            403,
+            f"{what} needs {needs}: this node takes no bearer token (it has no [management] token)",
+        )
+    if isinstance(caller, PeerIdentity):
+        return refusal(
+            403,
+            f"{what} needs {needs}; this client's certificate is {identity_text(caller)}",
+        )
+    if isinstance(caller, str):
+        return refusal(403, f"{what} needs {needs}; {caller}")
+    if settings.token is None:
+        return refusal(403, f"{what} needs {needs}: present one (mutual TLS)")
+    return refusal(401, f"{what} needs {needs}", _CHALLENGE)
+
+
 def parse_operation(body: bytes) -> str | Answer:
     """The operation a ``PUT /cluster/members/{address}`` body asks for, or the 400 answer.
 
@@ -311,6 +420,13 @@ class ManagementApp:
     """The dashboard's series and timeline (``GET /``, ``GET /dashboard/state``)."""
     _up_since: float | None = None
     """When this node was first seen Up (trio's clock), for the readiness give-up."""
+    _tls: TlsIdentity | None = None
+    """The node's certificate, key, CA and deny list, for ``settings.tls`` (None: no TLS)."""
+
+    @property
+    def tls(self) -> TlsIdentity | None:
+        """The TLS identity HTTPS is served with and client certificates are judged by."""
+        return self._tls
 
     def __attrs_post_init__(self) -> None:
         self._dashboard = Dashboard(self._cluster, self._sharding, self._families)
@@ -377,8 +493,16 @@ class ManagementApp:
         else:
             client = scope.get("client")
             caller = "unknown" if client is None else f"{client[0]}:{client[1]}"
+            certificate: PeerIdentity | str | None = None
+            if self._settings.tls and self._tls is not None:
+                tls = scope.get("extensions", {}).get("tls") or {}
+                certificate = certificate_caller(tls.get("client_cert_chain", ()), self._tls)
+                if isinstance(certificate, PeerIdentity):
+                    caller += f" ({identity_text(certificate)})"
             try:
-                answer = await self.answer(scope["method"], scope["path"], headers, body, caller)
+                answer = await self.answer(
+                    scope["method"], scope["path"], headers, body, caller, certificate
+                )
             except Exception:
                 logger.exception("%s: management request failed", self._cluster.self_address)
                 answer = refusal(500, "internal error: see the node's log")
@@ -391,8 +515,12 @@ class ManagementApp:
         headers: Mapping[str, str],
         body: bytes,
         caller: str = "unknown",
+        certificate: PeerIdentity | str | None = None,
     ) -> Answer:
-        """The answer to one request (headers by lower-case name); ``caller`` is for the log."""
+        """The answer to one request (headers by lower-case name); ``caller`` is for the log.
+
+        ``certificate`` is what the client's certificate gave (see :func:`certificate_caller`).
+        """
         matched = route(method, path)
         if isinstance(matched, Answer):
             return matched
@@ -402,8 +530,11 @@ class ManagementApp:
             return self._ready()
         if matched.name in ("dashboard", "dashboard_file"):  # the page itself needs no token
             return _dashboard_file(matched.argument or "index.html")
-        refused = check_token(
-            self._settings, headers.get("authorization"), mutating=matched.name == "operation"
+        refused = authorize(
+            self._settings,
+            certificate,
+            headers.get("authorization"),
+            mutating=matched.name == "operation",
         )
         if refused is not None:
             if matched.name == "operation":
@@ -559,20 +690,132 @@ async def serve_management(
 ) -> None:
     """Serve ``app`` on ``settings.host:port`` until cancelled; started with the bound address.
 
+    With ``settings.tls``, HTTPS with ``app.tls`` (see :func:`management_ssl_context`): this
+    function accepts the connections and does the TLS handshake (a client whose certificate no
+    trusted CA signed is refused there, and logged), then hands each connection to hypercorn's
+    own connection handler with the client's certificate added to every request's scope, as
+    the ASGI TLS extension's ``client_cert_chain``; hypercorn's ``serve`` cannot pass it.
+
     Raises:
-        ConfigurationError: the address cannot be listened on (taken, or not this host's).
+        ConfigurationError: the address cannot be listened on (taken, or not this host's); or
+            ``tls`` is on and the certificate, key or CA cannot be loaded.
     """
+    context: ssl.SSLContext | None = None
+    if settings.tls:
+        if app.tls is None:
+            raise ConfigurationError(
+                "[management] tls = true needs the node's TLS files, but none were given to "
+                "the management endpoint"
+            )
+        try:
+            context = management_ssl_context(app.tls)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"[management] tls = true: {exc}") from None
     fd, address = await _bind(settings)
     config = hypercorn.config.Config()
     config.bind = [f"fd://{fd}"]  # hypercorn owns the socket from here on, and closes it
     config.accesslog = None
     config.errorlog = server_logger
     async with trio.open_nursery() as nursery:
-        await nursery.start(partial(hypercorn.trio.serve, app, config, mode="asgi"))
+        if context is None:
+            await nursery.start(partial(hypercorn.trio.serve, app, config, mode="asgi"))
+            scheme = "http"
+        else:
+            sock = trio.socket.from_stdlib_socket(socket.socket(fileno=fd))
+            sock.listen(config.backlog)
+            listener = trio.SSLListener(trio.SocketListener(sock), context, https_compatible=True)
+            await nursery.start(_serve_tls, app, config, listener)
+            scheme = "https"
         nursery.start_soon(app.watch_up)
         nursery.start_soon(app.dashboard.run)
-        logger.info("%s: management endpoint on http://%s", app.node, address)
+        logger.info("%s: management endpoint on %s://%s", app.node, scheme, address)
         task_status.started(address)
+
+
+HANDSHAKE_TIMEOUT = 10.0
+"""Seconds a client may take over its TLS handshake with the management endpoint."""
+
+
+def management_ssl_context(tls: TlsIdentity) -> ssl.SSLContext:
+    """The server side of the management endpoint's HTTPS: the node's certificate and CAs.
+
+    TLS 1.3, as the cluster port; the client's certificate is optional (``CERT_OPTIONAL``), so
+    a probe without one reaches ``/alive`` and ``/ready``, but one that is presented must be
+    signed by a trusted CA or the handshake fails. Which routes need which certificate is
+    :func:`authorize`'s decision.
+
+    Raises:
+        ConfigurationError: a file is missing or cannot be loaded (the message names it).
+    """
+    context = tls.server_context()
+    context.verify_mode = ssl.CERT_OPTIONAL
+    context.set_alpn_protocols(["http/1.1"])
+    return context
+
+
+def tls_extension(stream: trio.SSLStream[trio.SocketStream]) -> dict[str, Any]:
+    """The ASGI TLS extension of a connection whose handshake is done.
+
+    ``client_cert_chain`` holds the client's certificate (PEM), or nothing when it presented
+    none; Python's ``ssl`` gives only the client's own certificate, not the rest of its chain.
+    The keys it cannot fill are None.
+    """
+    der = stream.getpeercert(binary_form=True)
+    return {
+        "server_cert": None,
+        "client_cert_chain": [ssl.DER_cert_to_PEM_cert(der)] if der else [],
+        "client_cert_name": None,
+        "client_cert_error": None,
+        "tls_version": 0x0304,  # the context allows TLS 1.3 only
+        "cipher_suite": None,
+    }
+
+
+async def _serve_tls(
+    app: ManagementApp,
+    config: hypercorn.config.Config,
+    listener: trio.SSLListener[trio.SocketStream],
+    *,
+    task_status: trio.TaskStatus[list[trio.SSLListener[trio.SocketStream]]] = (
+        trio.TASK_STATUS_IGNORED
+    ),
+) -> None:
+    """Accept HTTPS connections and serve each with hypercorn's handler, until cancelled."""
+    worker = WorkerContext(None)
+    state = ConnectionState({})
+
+    async def connection(stream: trio.SSLStream[trio.SocketStream]) -> None:
+        try:
+            peer = stream.transport_stream.socket.getpeername()
+            where = f"{peer[0]}:{peer[1]}"
+        except OSError:  # gone already
+            where = "a client"
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT):
+                await stream.do_handshake()
+        except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+            reason = exc.__cause__ or "took too long"
+            logger.warning(
+                "%s: management endpoint refused a TLS handshake from %s: %s",
+                app.node,
+                where,
+                reason,
+            )
+            await trio.aclose_forcefully(stream)
+            return
+        extension = tls_extension(stream)
+
+        async def with_tls(
+            scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+        ) -> None:
+            if scope["type"] != "lifespan":
+                scope["extensions"] = {**(scope.get("extensions") or {}), "tls": extension}
+            await app(scope, receive, send)
+
+        # hypercorn's handler skips the handshake it finds done and serves HTTP/1.1 on it.
+        await TCPServer(ASGIWrapper(with_tls), config, worker, state, stream)
+
+    await trio.serve_listeners(connection, [listener], task_status=task_status)
 
 
 async def _bind(settings: ManagementSettings) -> tuple[int, Address]:

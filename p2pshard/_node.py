@@ -633,6 +633,7 @@ async def _run(
                                 node._status,
                                 functools.partial(metrics_text, node),
                                 functools.partial(metric_families, node),
+                                tls=config.tls.identity(config.cluster_name),
                             )
                             node._management_address = await nursery.start(
                                 serve_management, app, config.management

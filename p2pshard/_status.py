@@ -33,7 +33,7 @@ import contextlib
 import logging
 import math
 import secrets
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -693,6 +693,72 @@ def entity_type_json(status: EntityTypeStatus) -> dict[str, Any]:
         "failed": [node_json(n) for n in status.failed],
         "error": status.error or None,
     }
+
+
+def _node_of(document: Any) -> UniqueAddress:
+    """The inverse of :func:`node_json`."""
+    return UniqueAddress(
+        Address.parse(document["address"]), document["name"], int(document["uid"], 16)
+    )
+
+
+def entity_type_from_json(document: Mapping[str, Any]) -> EntityTypeStatus:
+    """The inverse of :func:`entity_type_json` (``GET /cluster/shards/{type}``'s answer).
+
+    Raises:
+        KeyError, TypeError, ValueError: the document is not such an answer.
+    """
+    return EntityTypeStatus(
+        type_name=document["type_name"],
+        region=dict(document["region"]),
+        regions=tuple(
+            RegionShards(node=_node_of(r), shards=dict(r["shards"])) for r in document["regions"]
+        ),
+        failed=tuple(_node_of(n) for n in document["failed"]),
+        error=document["error"] or "",
+    )
+
+
+def reply_from_json(
+    members: Mapping[str, Any], entity_types: Sequence[EntityTypeStatus] = ()
+) -> StatusReply:
+    """A :class:`StatusReply` from the management endpoint's ``GET /cluster/members`` answer.
+
+    The inverse of :func:`reply_json` (whose ``node`` the endpoint names ``self``), so that
+    ``p2pshard status --management`` prints what it prints over the cluster port.
+
+    Raises:
+        KeyError, TypeError, ValueError: the document is not such an answer.
+    """
+    return StatusReply(
+        request_id=1,
+        node=_node_of(members["self"] if "self" in members else members["node"]),
+        members=tuple(
+            MemberInfo(
+                node=_node_of(m),
+                status=m["status"],
+                roles=tuple(m["roles"]),
+                up_number=NOT_UP if m["up_number"] is None else m["up_number"],
+                age=m["age"] or 0,
+                app_version=m["app_version"] or "",
+            )
+            for m in members["members"]
+        ),
+        unreachable=tuple(_node_of(n) for n in members["unreachable"]),
+        leader=None if members["leader"] is None else _node_of(members["leader"]),
+        oldest=None if members["oldest"] is None else _node_of(members["oldest"]),
+        entity_types=tuple(entity_types),
+        other_clusters=tuple(
+            OtherCluster(
+                oldest=_node_of(o["oldest"]),
+                size=o["size"],
+                vouched=o["vouched"],
+                addresses=tuple(Address.parse(a) for a in o["addresses"]),
+                verdict=o["verdict"],
+            )
+            for o in members["other_clusters"]
+        ),
+    )
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:

@@ -31,6 +31,7 @@ import signal
 import sqlite3
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -193,12 +194,32 @@ def _parser() -> argparse.ArgumentParser:
         "--config: a client's configuration (a client or admin certificate), or a node's (it "
         "presents that node's certificate). Reading changes nothing in the cluster.",
     )
-    status.add_argument("--node", required=True, help="the node to ask, HOST:PORT")
+    target = status.add_mutually_exclusive_group(required=True)
+    target.add_argument("--node", help="the node to ask over the cluster port, HOST:PORT")
+    target.add_argument(
+        "--management",
+        metavar="URL",
+        help="ask the node's management endpoint instead, http(s)://HOST:PORT; the bearer "
+        "token, if it needs one, comes from P2PSHARD_MANAGEMENT__TOKEN or --token-file",
+    )
     status.add_argument(
         "--config",
-        required=True,
         type=Path,
-        help="a client's TOML file (cluster_name, [tls]), or a node's",
+        help="a client's TOML file (cluster_name, [tls]), or a node's; required with --node "
+        "and with an https:// --management",
+    )
+    status.add_argument(
+        "--token-file",
+        type=Path,
+        help="with --management: a file holding the bearer token",
+    )
+    status.add_argument(
+        "--type",
+        action="append",
+        dest="types",
+        metavar="NAME",
+        help="with --management: show this entity type (repeatable; default: every type the "
+        "node's /ready names)",
     )
     status.add_argument("--json", action="store_true", help="print JSON instead of tables")
     status.add_argument(
@@ -425,6 +446,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``p2pshard`` command; returns the exit status."""
     args = _parser().parse_args(argv)
     try:
+        code = _command(args)
+        sys.stdout.flush()  # a reader that went away (| head) shows here, not at exit
+    except BrokenPipeError:
+        return _stdout_closed()
+    return code
+
+
+def _command(args: argparse.Namespace) -> int:
+    try:
         if args.command == "certs":
             return _certs(args)
         if args.command == "node":
@@ -451,6 +481,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigurationError as exc:
         print(f"p2pshard {args.command}: error: {exc}", file=sys.stderr)
         return 2
+
+
+EXIT_STDOUT_CLOSED = 141
+"""The exit status when the reader of standard output went away (``| head``): 128 + SIGPIPE,
+what a shell reports for a program that signal stops."""
+
+
+def _stdout_closed() -> int:
+    """Exit quietly when standard output is a pipe whose reader is gone (``status | head``).
+
+    What is still buffered for it cannot be written, and Python would say so at exit; standard
+    output is pointed at the null device instead.
+    """
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError):  # no file descriptor (a test's stand-in): nothing to flush
+        pass
+    return EXIT_STDOUT_CLOSED
 
 
 def _chaos(args: argparse.Namespace) -> int:
@@ -900,9 +950,58 @@ def _address(option: str, value: str) -> Address:
     return address
 
 
+MANAGEMENT_TOKEN_VARIABLE = "P2PSHARD_MANAGEMENT__TOKEN"
+"""Where ``p2pshard status --management`` finds the bearer token (a node's own override)."""
+
+
+def _management_status(args: argparse.Namespace) -> int:
+    from .._management_client import ManagementRequestError, fetch_status, management_url
+    from .._status import reply_json, reply_text
+
+    if args.bind is not None:
+        raise ConfigurationError("--bind goes with --node, not --management")
+    url = management_url(args.management)
+    _check_timeout("--timeout", args.timeout)
+    config = None if args.config is None else ClientConfig.load(args.config)
+    token = os.environ.get(MANAGEMENT_TOKEN_VARIABLE) or None
+    if args.token_file is not None:
+        try:
+            token = args.token_file.read_text().strip()
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot read --token-file {args.token_file}: {exc.strerror or exc}"
+            ) from None
+    _quiet_logging()
+    try:
+        reply = trio.run(
+            partial(
+                fetch_status,
+                url,
+                config=config,
+                token=token,
+                request_timeout=args.timeout,
+                types=args.types or (),
+            )
+        )
+    except ManagementRequestError as exc:
+        _error("status", str(exc))
+        return 1
+    if args.json:
+        print(json.dumps(reply_json(reply), indent=2))
+    else:
+        print(reply_text(reply))
+    return 0
+
+
 def _status(args: argparse.Namespace) -> int:
     from .._status import open_client, probe_nodes, reply_json, reply_text
 
+    if args.management is not None:
+        return _management_status(args)
+    if args.types or args.token_file is not None:
+        raise ConfigurationError("--type and --token-file go with --management, not --node")
+    if args.config is None:
+        raise ConfigurationError("--node needs --config, a client's file or a node's")
     target = _address("--node", args.node)
     _check_timeout("--timeout", args.timeout)
     config = ClientConfig.load(args.config)
