@@ -57,6 +57,7 @@ from membership.internal import (
 )
 
 from ._config import NodeConfig
+from ._discovery import bootstrap
 from ._management import ManagementApp, serve_management
 from ._metrics import metrics_text
 from ._status import MemberCommandService, StatusService
@@ -359,7 +360,7 @@ async def open_node(
     journal: Journal | None = None,
     lease_clock: LeaseClock = TRIO_CLOCK,
 ) -> AsyncIterator[Node]:
-    """Start a node and join the cluster (seed nodes, or self_join); leaving the block leaves.
+    """Start a node and join the cluster (seed nodes, self_join, or DNS); leaving the block leaves.
 
     Args:
         config: the node's configuration.
@@ -595,6 +596,8 @@ async def _run(
                 if config.self_join:
                     logger.info("%s: self_join: forming a new cluster", transport.local_address)
                     cluster.join(transport.local_address.address)
+                elif config.discovery.method == "dns":
+                    nursery.start_soon(bootstrap, config.discovery, cluster)
                 try:
                     node._nursery = nursery
                     _check_role(cluster, config.replicator)
