@@ -67,15 +67,26 @@ def _resolver(settings: DiscoverySettings) -> dns.asyncresolver.Resolver:
 
 
 async def _addresses(resolver: dns.asyncresolver.Resolver, name: str) -> list[str]:
-    """The IPv4 and IPv6 addresses of ``name``: A then AAAA records (none if it has none)."""
+    """The IPv4 and IPv6 addresses of ``name``: A then AAAA records (none if it has none).
+
+    One family failing does not fail the lookup when the other gave addresses: a server that
+    knows only the A records of a name may refuse its AAAA question (a small local server with
+    no upstream does).
+    """
     found: list[str] = []
+    failed: dns.exception.DNSException | None = None
     backend = dns.asyncbackend.get_backend("trio")
     for rdtype in (dns.rdatatype.A, dns.rdatatype.AAAA):
         try:
             answer = await resolver.resolve(name, rdtype, backend=backend)
         except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
             continue
+        except dns.exception.DNSException as exc:
+            failed = failed or exc
+            continue
         found += [str(ipaddress.ip_address(record.address)) for record in answer]
+    if failed is not None and not found:
+        raise failed
     return found
 
 
