@@ -27,7 +27,7 @@ import trio
 
 from ._authorization import Refused, Standing, authorize_membership
 from ._cluster_core import ClusterCore, Effect, Phase, Publish, Send, Shutdown, StartExiting
-from ._cluster_messages import CLUSTER_MESSAGES, InitJoin
+from ._cluster_messages import CLUSTER_MESSAGES, InitJoin, InitJoinAck, InitJoinNack
 from ._cluster_settings import ClusterSettings
 from ._events import ClusterEvent, diff
 from ._failure_detector import FailureDetectorSettings
@@ -180,6 +180,7 @@ class Cluster:
         """Messages refused for who sent them: counted by kind, logged once per interval."""
         transport.on_link_up(self._link_up)
         self._warned_nowhere_to_join = False
+        self._probe_answer: Callable[[UniqueAddress, bool], None] | None = None
 
     # ---- public API ----
 
@@ -255,6 +256,29 @@ class Cluster:
         """Join the cluster through the member at ``address`` (without seed nodes)."""
         self._apply(self._core.join(address, trio.current_time()))
 
+    def join_seed_nodes(self, seed_nodes: Sequence[Address]) -> None:
+        """Join through ``seed_nodes`` found after the start: ask each, join the first member.
+
+        For a node opened without seed nodes (a bootstrap found them); this node's own address
+        is left out, so it never forms a cluster this way. Ignored once it joins or is a member.
+        """
+        self._apply(self._core.join_seed_nodes(seed_nodes, trio.current_time()))
+
+    def probe(self, address: Address) -> None:
+        """Ask the node at ``address`` whether it is a member of a cluster (an InitJoin).
+
+        Its answer goes to the callback of :meth:`on_probe_answer`. A bootstrap asks its contact
+        points so before it decides to join or to form a cluster.
+        """
+        self._send(address, InitJoin(sender=self._node))
+
+    def on_probe_answer(self, callback: Callable[[UniqueAddress, bool], None] | None) -> None:
+        """Call ``callback(sender, is_member)`` for each answer to an InitJoin (None: stop).
+
+        ``is_member`` is true when the sender is a member this node may join through.
+        """
+        self._probe_answer = callback
+
     def leave(self, address: Address | None = None) -> None:
         """Ask the cluster to let ``address`` (default: this node) leave gracefully.
 
@@ -285,6 +309,7 @@ class Cluster:
             and not self._warned_nowhere_to_join
             and self._core.phase is Phase.IDLE
             and not self._core.seed_nodes
+            and self._probe_answer is None  # no bootstrap is looking for a cluster either
         ):
             self._warned_nowhere_to_join = True
             logger.warning(
@@ -424,6 +449,8 @@ class Cluster:
         if isinstance(message, HeartbeatRsp):
             self._heartbeats.heartbeat_rsp(sender, trio.current_time())
             return True
+        if self._probe_answer is not None and isinstance(message, InitJoinAck | InitJoinNack):
+            self._probe_answer(sender, isinstance(message, InitJoinAck))
         if self._core.phase is not Phase.SHUT_DOWN:
             self._apply(self._core.receive(sender, message, trio.current_time()))
             self._timer.poke()

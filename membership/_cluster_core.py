@@ -272,6 +272,26 @@ class ClusterCore:
         self._next_seed_round = now
         return self.tick(now)
 
+    def join_seed_nodes(self, seed_nodes: Collection[Address], now: float) -> list[Effect]:
+        """Begin joining through ``seed_nodes`` found after the start (Akka's joinSeedNodes).
+
+        For a node started without seed nodes whose bootstrap found members to join through:
+        it asks them as it asks seed nodes, joins the first that answers, and asks them all
+        again if a join goes unanswered. This node itself is left out of the list, so it never
+        forms a cluster from it. Nothing happens unless the node is idle (not joining yet).
+        """
+        seeds = tuple(dict.fromkeys(a for a in seed_nodes if a != self.self_node.address))
+        if self.phase is not Phase.IDLE or not seeds:
+            return []
+        self.seed_nodes = seeds
+        self._islands = IslandFinder(
+            self.self_node,
+            self.seed_nodes,
+            self.settings.seed_probe_interval,
+            self.settings.seed_node_retry_interval,
+        )
+        return self.start(now)
+
     def join(self, address: Address, now: float) -> list[Effect]:
         """Join the cluster through the member at ``address`` (this node's own: form one)."""
         if self.phase in (Phase.MEMBER, Phase.SHUT_DOWN):

@@ -22,6 +22,7 @@ from membership import UniqueAddress as UniqueAddress
 from membership import message as message
 
 from ._config import ClientConfig as ClientConfig
+from ._config import DiscoverySettings as DiscoverySettings
 from ._config import ManagementSettings as ManagementSettings
 from ._config import NodeConfig as NodeConfig
 from ._config import TlsFiles as TlsFiles

@@ -22,6 +22,7 @@ free.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import math
 import os
 import re
@@ -400,6 +401,173 @@ class ManagementSettings:
         return "admin" if self.read_token_required else self.read_access
 
 
+_DNS_NAME = re.compile(
+    r"(?=.{1,253}\.?$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?"
+    r"(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?)*\.?"
+)
+"""A DNS name to look up: dot-separated labels of letters, digits, ``-`` and ``_`` (SRV names
+such as ``_cluster._tcp.shop.svc`` start with ``_``)."""
+
+
+def nameserver_address(text: str) -> tuple[str, int]:
+    """A DNS server given as ``IP`` or ``IP:PORT`` (``[IPv6]:PORT``), as ``(ip, port)``.
+
+    The port defaults to 53. Names are refused: the server that resolves names cannot be found
+    by a name.
+
+    Raises:
+        ValueError: ``text`` is not an IP address with an optional port; the message says why.
+
+    Example:
+        >>> nameserver_address("10.0.0.1:5353")
+        ('10.0.0.1', 5353)
+        >>> nameserver_address("fd00::1")
+        ('fd00::1', 53)
+    """
+    host, port_text = text, ""
+    if text.startswith("["):
+        host, bracket, rest = text[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            raise ValueError("an IPv6 address with a port is written [ADDRESS]:PORT")
+        port_text = rest[1:] if rest else ""
+        if rest and not port_text:
+            raise ValueError("the port after ':' is missing")
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+        if not port_text:
+            raise ValueError("the port after ':' is missing")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(
+            f"{host!r} is not an IP address (a DNS server is given by its address, "
+            "e.g. '10.0.0.1' or '10.0.0.1:5353')"
+        ) from None
+    port = 53
+    if port_text:
+        if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+            raise ValueError(f"port {port_text!r} is not an integer from 1 to 65535")
+        port = int(port_text)
+    return str(ip), port
+
+
+def _check_nameservers(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+        raise _invalid(instance, attribute, value, "must be a tuple of strings such as '10.0.0.1'")
+    for text in value:
+        try:
+            nameserver_address(text)
+        except ValueError as exc:
+            raise _invalid(instance, attribute, value, f"{text!r}: {exc}") from None
+
+
+def _count_at_least_one(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 10_000:
+        raise _invalid(instance, attribute, value, "must be an integer from 1 to 10000")
+
+
+def _check_seconds_or_zero(
+    instance: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value < math.inf:
+        raise _invalid(instance, attribute, value, "must be a number of seconds, 0 or more")
+
+
+@attrs.frozen(kw_only=True)
+class DiscoverySettings:
+    """How a node finds the cluster to join at start (``[discovery]``), as Akka's Cluster Bootstrap.
+
+    With ``method = "static"`` (the default) the node joins through ``seed_nodes`` (or
+    ``self_join``), as it always did. With ``method = "dns"`` it looks ``service_name`` up in DNS
+    every ``resolve_interval`` (A/AAAA records, each at ``contact_port``, or SRV records with
+    their ports, as a Kubernetes headless service gives) and asks each address found, its
+    *contact points*, whether it is a member of a cluster. It joins through the first that is;
+    when none is, once at least ``required_contact_points`` were found, the set stayed unchanged
+    for ``stable_margin`` and every one of them said it is not a member, only the contact point
+    with the lowest address forms a new cluster (and only with ``new_cluster_enabled``); the
+    others join it. A file::
+
+        [discovery]
+        method = "dns"
+        service_name = "p2pshard.shop.svc.cluster.local"
+        required_contact_points = 3
+
+    Each node's ``canonical_host`` must be the address DNS gives for it (its IP): a node that
+    does not find itself among the contact points never forms a cluster, it only joins one.
+    See ``docs/operations.md`` ("Bootstrap by DNS").
+
+    Example:
+        >>> DiscoverySettings(method="dns", service_name="p2pshard.shop.svc").lookup
+        'a'
+    """
+
+    method: typing.Literal["static", "dns"] = attrs.field(
+        default="static", validator=attrs.validators.in_(("static", "dns"))
+    )
+    """How to find the cluster (default ``"static"``: ``seed_nodes`` or ``self_join``; ``"dns"``:
+    the contact points ``service_name`` resolves to)."""
+
+    service_name: str = attrs.field(default="")
+    """The DNS name to look up (default empty; required with ``method = "dns"``), e.g.
+    ``"p2pshard.default.svc.cluster.local"`` for a headless service, or for SRV records
+    ``"_cluster._tcp.p2pshard.default.svc.cluster.local"``."""
+
+    lookup: typing.Literal["a", "srv"] = attrs.field(
+        default="a", validator=attrs.validators.in_(("a", "srv"))
+    )
+    """Which records to read (default ``"a"``: A and AAAA records, each address at
+    ``contact_port``; ``"srv"``: SRV records, each giving a host and a port, the host's
+    addresses looked up in turn)."""
+
+    contact_port: int = attrs.field(default=0, validator=_port(0))
+    """The cluster port of the contact points with ``lookup = "a"`` (default 0: this node's own
+    port, ``canonical_port`` or else ``bind_port``, as every node of a deployment listens on the
+    same one)."""
+
+    required_contact_points: int = attrs.field(default=2, validator=_count_at_least_one)
+    """How many contact points must be found before a new cluster may be formed (default 2;
+    joining a cluster that exists needs only one that is a member). Set it to the number of
+    nodes that start together, or fewer."""
+
+    stable_margin: float = attrs.field(default=5.0, validator=_check_seconds_or_zero)
+    """Seconds the set of contact points must stay unchanged before a new cluster is formed
+    (default 5): DNS records of nodes that start together appear over a few seconds."""
+
+    resolve_interval: float = attrs.field(default=1.0, validator=_check_timeout)
+    """Seconds between lookups, and between the questions to each contact point (default 1)."""
+
+    new_cluster_enabled: bool = attrs.field(default=True, validator=_instance_of(bool))
+    """Whether the lowest contact point may form a new cluster (default true). False for nodes
+    added to a cluster that must already run: they wait until it answers."""
+
+    nameservers: tuple[str, ...] = attrs.field(default=(), validator=_check_nameservers)
+    """The DNS servers to ask, each ``"IP"`` or ``"IP:PORT"`` (default none: the system's, from
+    ``/etc/resolv.conf``)."""
+
+    def __attrs_post_init__(self) -> None:
+        name = type(self).__name__
+        if self.method == "dns" and not self.service_name:
+            raise ConfigurationError(
+                f"{name}.service_name = '' is invalid with method = 'dns': give the DNS name "
+                "whose records list the nodes, e.g. 'p2pshard.default.svc.cluster.local'"
+            )
+        if self.service_name and _DNS_NAME.fullmatch(self.service_name) is None:
+            raise ConfigurationError(
+                f"{name}.service_name = {self.service_name!r} is invalid: must be a DNS name, "
+                "labels of letters, digits, '-' and '_' separated by dots"
+            )
+        if self.lookup == "srv" and self.contact_port != 0:
+            raise ConfigurationError(
+                f"{name}.contact_port = {self.contact_port} is invalid with lookup = 'srv': SRV "
+                "records carry each contact point's port; leave contact_port out"
+            )
+
+    @property
+    def nameserver_addresses(self) -> tuple[tuple[str, int], ...]:
+        """``nameservers`` as ``(ip, port)`` pairs."""
+        return tuple(nameserver_address(n) for n in self.nameservers)
+
+
 @attrs.frozen(kw_only=True)
 class NodeConfig:
     """Everything one node needs to start: who it is, where it listens, whom it asks to join.
@@ -596,6 +764,13 @@ class NodeConfig:
     )
     """The HTTP management endpoint: health, readiness, members, leave and down (default off;
     ``[management]`` in a file)."""
+
+    discovery: DiscoverySettings = attrs.field(
+        factory=DiscoverySettings, validator=_instance_of(DiscoverySettings)
+    )
+    """How the node finds its cluster at start: ``seed_nodes`` (``method = "static"``, the
+    default) or DNS (``method = "dns"``; ``[discovery]`` in a file)."""
+
     app: str = attrs.field(default="", validator=_check_app)
     """The application ``p2pshard node`` runs on this node, ``"MODULE:FUNCTION"`` (default empty:
     a bare node), as ``--app`` gives it: ``FUNCTION`` is ``async def setup(node)``, which starts
@@ -625,6 +800,7 @@ class NodeConfig:
                 "(a node that is its own only seed node forms its cluster within "
                 "cluster.own_seed_listen too)"
             )
+        self._check_discovery()
         if self.canonical_host is None and self.bind_host in _WILDCARD_HOSTS:
             raise ConfigurationError(
                 f"{type(self).__name__}.canonical_host = None is invalid: it is required when "
@@ -642,6 +818,28 @@ class NodeConfig:
                 "unreachable up to that far apart; a resolver that decides sooner may act on "
                 "part of a partition, and then both sides can keep running. Raise stable_after "
                 "or make the detector and gossip faster"
+            )
+
+    def _check_discovery(self) -> None:
+        if self.discovery.method != "dns":
+            return
+        name = type(self).__name__
+        if self.seed_nodes or self.self_join:
+            given = "seed_nodes" if self.seed_nodes else "self_join = True"
+            raise ConfigurationError(
+                f"{name}.discovery.method = 'dns' is invalid with {given}: DNS discovery finds "
+                "the nodes to join through, and forms a cluster when there is none; drop "
+                f"{given.partition(' ')[0]}, or set discovery.method = 'static'"
+            )
+        if (
+            self.discovery.lookup == "a"
+            and self.discovery.contact_port == 0
+            and self.canonical_address.port == 0
+        ):
+            raise ConfigurationError(
+                f"{name}.discovery.contact_port = 0 is invalid with bind_port = 0: the contact "
+                "points' port is this node's own by default, and port 0 names no port; set "
+                "bind_port (or canonical_port), or discovery.contact_port"
             )
 
     @property

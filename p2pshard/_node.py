@@ -58,6 +58,7 @@ from membership.internal import (
 
 from ._config import NodeConfig
 from ._dashboard import metric_families
+from ._discovery import bootstrap
 from ._management import ManagementApp, serve_management
 from ._metrics import metrics_text
 from ._status import MemberCommandService, StatusService
@@ -361,7 +362,7 @@ async def open_node(
     lease_clock: LeaseClock = TRIO_CLOCK,
     tracer_provider: object | None = None,
 ) -> AsyncIterator[Node]:
-    """Start a node and join the cluster (seed nodes, or self_join); leaving the block leaves.
+    """Start a node and join the cluster (seed nodes, self_join, or DNS); leaving the block leaves.
 
     Args:
         config: the node's configuration.
@@ -603,6 +604,8 @@ async def _run(
                 if config.self_join:
                     logger.info("%s: self_join: forming a new cluster", transport.local_address)
                     cluster.join(transport.local_address.address)
+                elif config.discovery.method == "dns":
+                    nursery.start_soon(bootstrap, config.discovery, cluster)
                 try:
                     node._nursery = nursery
                     _check_role(cluster, config.replicator)

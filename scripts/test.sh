@@ -71,6 +71,10 @@ has_nft() {
     command -v nft || [ -x /usr/sbin/nft ]
 }
 
+has_dnsmasq() {
+    command -v dnsmasq || [ -x /usr/sbin/dnsmasq ]
+}
+
 has_ip() {
     command -v ip || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ]
 }
@@ -98,6 +102,8 @@ install_debian_package chromium "" "chat browser" has_chromium
 if [ "$(id -u)" -eq 0 ]; then
     install_debian_package iproute2 "" "network-namespace" has_ip
     install_debian_package nftables nftables.service "network-namespace" has_nft
+    # The binary alone (dnsmasq-base, no system service): the DNS bootstrap test's server.
+    install_debian_package dnsmasq-base "" "DNS bootstrap" has_dnsmasq
 fi
 ruff check .
 ruff format --check .

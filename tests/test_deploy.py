@@ -7,13 +7,11 @@ through ``NodeConfig.load`` with the ``node.toml`` they mount, so a misspelt key
 configuration refuses fails here; every port they expose, publish or probe is the one that
 configuration listens on; every probe path is a route of the management endpoint; the grace
 periods exceed the node's ``shutdown_timeout``; the ``--app`` target imports.
-
-``[discovery]`` is checked through ``NodeConfig`` when it has that table; until then, against
-the keys agreed for it (``DISCOVERY_KEYS``).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shlex
 import sys
@@ -36,66 +34,17 @@ CONFIG_PATH = "/etc/p2pshard/node.toml"
 """Where the image's ENTRYPOINT reads the configuration, and the files mount it."""
 TOKEN = "deploy-test-token-0123456789"
 
-DISCOVERY_KEYS = {
-    "method": ("static", "dns"),
-    "service_name": str,
-    "lookup": ("a", "srv"),
-    "contact_port": int,
-    "required_contact_points": int,
-    "stable_margin": float,
-    "resolve_interval": float,
-    "new_cluster_enabled": bool,
-    "nameservers": str,
-}
-"""The ``[discovery]`` keys agreed for issue 23, and their values (a tuple: the allowed ones)."""
-DISCOVERY_PREFIX = "P2PSHARD_DISCOVERY__"
-
-
-def has_discovery() -> bool:
-    return "discovery" in attrs.fields_dict(NodeConfig)
-
-
-def check_discovery_without_the_table(environ: Mapping[str, str]) -> None:
-    """The ``P2PSHARD_DISCOVERY__*`` variables against the agreed keys and value kinds."""
-    for name, value in environ.items():
-        if not name.startswith(DISCOVERY_PREFIX):
-            continue
-        key = name.removeprefix(DISCOVERY_PREFIX).lower()
-        assert key in DISCOVERY_KEYS, f"{name}: no agreed [discovery] key {key!r}"
-        kind = DISCOVERY_KEYS[key]
-        if isinstance(kind, tuple):
-            assert value in kind, f"{name}={value!r}: one of {kind}"
-        elif kind is int:
-            assert value.isdigit(), f"{name}={value!r}: an integer"
-        elif kind is float:
-            float(value)
-        elif kind is bool:
-            assert value.lower() in ("true", "false", "1", "0", "yes", "no"), name
-        else:
-            assert value.strip(), f"{name}: empty"
-
 
 def load(environ: Mapping[str, str], toml: Path = NODE_TOML) -> NodeConfig:
     """The node's configuration as the container gets it: the mounted file and its variables."""
     unknown = [n for n in environ if not n.startswith("P2PSHARD_")]
     assert not unknown, f"not configuration variables: {unknown}"
-    if has_discovery():
-        return NodeConfig.load(toml, environ=environ)
-    check_discovery_without_the_table(environ)
-    rest = {n: v for n, v in environ.items() if not n.startswith(DISCOVERY_PREFIX)}
-    return NodeConfig.load(toml, environ=rest)
+    return NodeConfig.load(toml, environ=environ)
 
 
 def discovery(environ: Mapping[str, str], config: NodeConfig) -> dict[str, str]:
-    """The discovery settings as text by key (from the config when it has the table)."""
-    if has_discovery():
-        table = config.discovery  # type: ignore[attr-defined]
-        return {k: str(v) for k, v in attrs.asdict(table).items()}
-    return {
-        n.removeprefix(DISCOVERY_PREFIX).lower(): v
-        for n, v in environ.items()
-        if n.startswith(DISCOVERY_PREFIX)
-    }
+    """The discovery settings the node ends with, as text by key."""
+    return {k: str(v) for k, v in attrs.asdict(config.discovery).items()}
 
 
 def check_route(path: str) -> None:
@@ -206,7 +155,11 @@ def test_compose_runs_three_nodes_whose_settings_load() -> None:
         environ = {k: interpolated(str(v)) for k, v in service["environment"].items()}
         config = load(environ)
         assert config.node_name == name
-        assert config.canonical_host == name  # compose's DNS resolves the service name
+        # Discovery finds the addresses the alias resolves to; a node must advertise its own.
+        network = service["networks"]["default"]
+        assert config.canonical_host == network["ipv4_address"]
+        subnet = document["networks"]["default"]["ipam"]["config"][0]["subnet"]
+        assert ipaddress.ip_address(config.canonical_host) in ipaddress.ip_network(subnet)
         assert config.management.token == TOKEN
         assert config.lease.backend == "etcd"
         assert config.lease.endpoints == ("http://etcd:2379",)
@@ -227,7 +180,7 @@ def test_compose_runs_three_nodes_whose_settings_load() -> None:
 
         found = discovery(environ, config)
         assert found["method"] == "dns"
-        assert found["service_name"] in service["networks"]["default"]["aliases"]
+        assert found["service_name"] in network["aliases"]
         assert int(found["contact_port"]) == config.bind_port
         assert int(found["required_contact_points"]) <= len(nodes)
 

@@ -752,11 +752,12 @@ def _node(config_file: Path, app_option: str | None) -> int:
     from ._app import load_app
 
     config = NodeConfig.load(config_file)
-    if not config.seed_nodes and not config.self_join:
+    if not config.seed_nodes and not config.self_join and config.discovery.method == "static":
         raise ConfigurationError(
             f"{config_file}: seed_nodes is empty and self_join is false, so this node would "
             "never join a cluster: list the seed nodes (a first node may list only itself), or "
-            "set self_join = true for a cluster of its own"
+            "set self_join = true for a cluster of its own, or find the others by DNS "
+            '([discovery] method = "dns")'
         )
     logging.basicConfig(
         level=config.log_level,

@@ -879,3 +879,22 @@ def test_every_member_learns_each_ones_app_version_from_its_join() -> None:
     for i in versions:
         seen = {m.node.name: m.app_version for m in w.cores[address(i)].gossip.members}
         assert seen == {f"n{j}": v for j, v in versions.items()}
+
+
+def test_join_seed_nodes_found_after_start_asks_them_and_never_forms() -> None:
+    """Akka's joinSeedNodes: a bootstrap found members after the node started without seeds."""
+    me = UniqueAddress(address(1), "n1", 9)
+    core = ClusterCore(me, ClusterSettings(), random.Random(1))
+    core.start(0.0)
+    assert phase(core) is Phase.IDLE
+    effects = core.join_seed_nodes([address(1), address(3), address(2)], 0.0)  # itself left out
+    asked = [e.to for e in effects if isinstance(e, Send) and isinstance(e.message, InitJoin)]
+    assert asked == [address(3), address(2)]
+    assert core.seed_nodes == (address(3), address(2))
+    core.tick(60.0)  # nobody answers: it keeps asking, never forms
+    assert phase(core) is Phase.SEEDING
+    member = UniqueAddress(address(2), "n2", 7)
+    core.receive(member, InitJoinAck(sender=member, oldest=member, size=1), 60.5)
+    assert phase(core) is Phase.JOINING
+    assert core.join_seed_nodes([address(4)], 61.0) == []  # once joining, ignored
+    assert core.seed_nodes == (address(3), address(2))

@@ -20,7 +20,7 @@ from membership._failure_detector import FailureDetectorSettings
 from membership.sbr._settings import SplitBrainResolverSettings
 from membership.transport._certs import create_certificate, create_cluster_ca
 from membership.transport._tls import DenyList
-from p2pshard import ClientConfig, ManagementSettings, NodeConfig, TlsFiles
+from p2pshard import ClientConfig, DiscoverySettings, ManagementSettings, NodeConfig, TlsFiles
 
 TLS = TlsFiles(
     ca_file=Path("/pki/ca.pem"), cert_file=Path("/pki/node-1.pem"), key_file=Path("/pki/node-1.key")
@@ -415,7 +415,7 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
     )
     assert message.endswith(
         "tls, transport, cluster, failure_detector, split_brain_resolver, replicator, lease, "
-        "journal, management, app, log_level, shutdown_timeout"
+        "journal, management, discovery, app, log_level, shutdown_timeout"
     )
 
 
@@ -1242,3 +1242,134 @@ def test_a_bad_management_token_from_the_environment_is_not_shown(tmp_path: Path
     assert message.startswith("management.token = <17 characters, not shown> is invalid")
     assert message.endswith("(from P2PSHARD_MANAGEMENT__TOKEN)")
     assert "pässwörd" not in message
+
+
+# --- discovery -----------------------------------------------------------------------------------
+
+DNS = '\n[discovery]\nmethod = "dns"\nservice_name = "p2pshard.shop.svc.cluster.local"\n'
+
+
+def test_discovery_is_static_by_default_and_read_from_its_table(tmp_path: Path) -> None:
+    assert load(tmp_path, MINIMAL).discovery == DiscoverySettings(method="static")
+    text = DNS + textwrap.dedent(
+        """\
+        lookup = "srv"
+        required_contact_points = 3
+        stable_margin = 2
+        resolve_interval = 0.5
+        new_cluster_enabled = false
+        nameservers = ["10.0.0.53", "10.0.0.54:5353", "[fd00::53]:53"]
+        """
+    )
+    assert load(tmp_path, MINIMAL + text).discovery == DiscoverySettings(
+        method="dns",
+        service_name="p2pshard.shop.svc.cluster.local",
+        lookup="srv",
+        required_contact_points=3,
+        stable_margin=2.0,
+        resolve_interval=0.5,
+        new_cluster_enabled=False,
+        nameservers=("10.0.0.53", "10.0.0.54:5353", "[fd00::53]:53"),
+    )
+
+
+def test_discovery_from_the_environment(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        MINIMAL,
+        P2PSHARD_DISCOVERY__METHOD="dns",
+        P2PSHARD_DISCOVERY__SERVICE_NAME="p2pshard.default.svc.cluster.local",
+        P2PSHARD_DISCOVERY__REQUIRED_CONTACT_POINTS="5",
+        P2PSHARD_DISCOVERY__NAMESERVERS="10.0.0.53:5353,10.0.0.54",
+    )
+    assert config.discovery.method == "dns"
+    assert config.discovery.service_name == "p2pshard.default.svc.cluster.local"
+    assert config.discovery.required_contact_points == 5
+    assert config.discovery.nameserver_addresses == (("10.0.0.53", 5353), ("10.0.0.54", 53))
+    # The environment turns a file's DNS discovery back into seed nodes, too.
+    back = load(
+        tmp_path,
+        'seed_nodes = ["10.0.0.1:25520"]\n' + MINIMAL + DNS,
+        P2PSHARD_DISCOVERY__METHOD="static",
+    )
+    assert back.discovery.method == "static"
+    message = load_error(tmp_path, MINIMAL, P2PSHARD_DISCOVERY__METHOD="mdns")
+    assert message == (
+        "P2PSHARD_DISCOVERY__METHOD='mdns' is invalid: expected one of 'static', 'dns'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("table", "expected"),
+    [
+        (
+            '\n[discovery]\nmethod = "dns"\n',
+            "discovery.service_name = '' is invalid with method = 'dns': give the DNS name",
+        ),
+        (
+            DNS + "required_contact_points = 0\n",
+            "discovery.required_contact_points = 0 is invalid: must be an integer from 1 to 10000",
+        ),
+        (
+            DNS + "stable_margin = -1\n",
+            "discovery.stable_margin = -1.0 is invalid: must be a number of seconds, 0 or more",
+        ),
+        (
+            DNS + "resolve_interval = 0\n",
+            "discovery.resolve_interval = 0.0 is invalid: must be a number of seconds greater",
+        ),
+        (
+            DNS + 'nameservers = ["dns.example"]\n',
+            "discovery.nameservers = ('dns.example',) is invalid: 'dns.example': 'dns.example' "
+            "is not an IP address",
+        ),
+        (
+            DNS + 'nameservers = ["10.0.0.1:99999"]\n',
+            "discovery.nameservers = ('10.0.0.1:99999',) is invalid: '10.0.0.1:99999': port "
+            "'99999' is not an integer from 1 to 65535",
+        ),
+        (
+            DNS + 'nameservers = ["10.0.0.1:"]\n',
+            "'10.0.0.1:': the port after ':' is missing",
+        ),
+        (
+            DNS + 'nameservers = ["fd00::1]:53"]\n',
+            "is not an IP address",
+        ),
+        (
+            DNS + 'lookup = "srv"\ncontact_port = 25520\n',
+            "discovery.contact_port = 25520 is invalid with lookup = 'srv': SRV records carry",
+        ),
+        (
+            '\n[discovery]\nmethod = "dns"\nservice_name = "bad name"\n',
+            "discovery.service_name = 'bad name' is invalid: must be a DNS name",
+        ),
+        (
+            '\n[discovery]\nmethod = "consul"\n',
+            "discovery.method = 'consul' is invalid: expected one of 'static', 'dns'",
+        ),
+    ],
+)
+def test_bad_discovery_values_are_refused_clearly(
+    tmp_path: Path, table: str, expected: str
+) -> None:
+    assert expected in load_error(tmp_path, MINIMAL + table)
+
+
+@pytest.mark.parametrize(
+    ("top", "given"),
+    [('seed_nodes = ["10.0.0.1:25520"]\n', "seed_nodes"), ("self_join = true\n", "self_join")],
+)
+def test_dns_discovery_contradicts_seed_nodes_and_self_join(
+    tmp_path: Path, top: str, given: str
+) -> None:
+    message = load_error(tmp_path, top + MINIMAL + DNS)
+    assert message.startswith(f"discovery.method = 'dns' is invalid with {given}")
+    assert f"drop {given}, or set discovery.method = 'static'" in message
+
+
+def test_dns_discovery_needs_a_port_to_find_the_others_at(tmp_path: Path) -> None:
+    message = load_error(tmp_path, "bind_port = 0\n" + MINIMAL + DNS)
+    assert "discovery.contact_port = 0 is invalid with bind_port = 0" in message
+    assert load(tmp_path, "bind_port = 0\n" + MINIMAL + DNS + "contact_port = 2552\n")
+    assert load(tmp_path, "bind_port = 0\ncanonical_port = 2552\n" + MINIMAL + DNS)
