@@ -108,6 +108,7 @@ ROUTES = (
     "GET /cluster/members",
     "GET /cluster/members/{address}",
     "PUT /cluster/members/{address}",
+    "GET /cluster/shards",
     "GET /cluster/shards/{type}",
     "GET /metrics",
     "GET /",
@@ -122,6 +123,7 @@ RouteName = Literal[
     "members",
     "member",
     "operation",
+    "types",
     "shards",
     "metrics",
     "dashboard",
@@ -177,6 +179,8 @@ def route(method: str, path: str) -> Route | Answer:
             methods = {"GET": "members"}
         case ["", "cluster", "members", address] if address:
             methods, argument = {"GET": "member", "PUT": "operation"}, address
+        case ["", "cluster", "shards"]:
+            methods = {"GET": "types"}
         case ["", "cluster", "shards", type_name] if type_name:
             methods, argument = {"GET": "shards"}, type_name
         case ["", "metrics"]:
@@ -555,6 +559,8 @@ class ManagementApp:
             return Answer(200, self._members())
         if matched.name == "dashboard_state":
             return Answer(200, await self._dashboard.state(self._status, STATS_TIMEOUT))
+        if matched.name == "types":
+            return Answer(200, {"entity_types": sorted(self._sharding.type_names)})
         if matched.name == "shards":
             return await self._shards(matched.argument)
         address = _address(matched.argument)

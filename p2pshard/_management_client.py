@@ -2,9 +2,8 @@
 
 The command prints what it prints over the cluster port, from the endpoint's JSON instead of a
 status request: ``GET /cluster/members``, then ``GET /cluster/shards/{type}`` for each entity
-type. The endpoint has no route listing the types; ``/ready`` names every region started on the
-node once it is Up (registered, waiting, or given up on), so that list is used unless the
-caller names the types. Over HTTPS the client presents the certificate of its configuration
+type (``GET /cluster/shards`` lists the types started on the node, unless the caller names
+them). Over HTTPS the client presents the certificate of its configuration
 and checks that the cluster CA signed the node's (not a host name: node certificates name none,
 as between nodes). A bearer token, when given, goes with every request.
 """
@@ -79,7 +78,7 @@ async def fetch_status(
         config: The client's configuration; required for ``https`` (its CA and certificate).
         token: The bearer token to send, or None.
         request_timeout: Seconds each request may take.
-        types: The entity types to show (default: every one ``/ready`` names).
+        types: The entity types to show (default: every one started on the node).
 
     Raises:
         ConfigurationError: ``https`` without ``config``, or its TLS files cannot be loaded.
@@ -112,11 +111,13 @@ async def fetch_status(
 
 
 async def _type_names(http: httpx.AsyncClient) -> list[str]:
-    ready = await _get(http, "/ready", ok=(200, 503))
-    names: set[str] = set()
-    for key in ("registered", "waiting_for", "gave_up_waiting_for"):
-        names.update(ready.get(key) or ())
-    return sorted(names)
+    listed = await _get(http, "/cluster/shards")
+    names = listed.get("entity_types") if isinstance(listed, dict) else None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ManagementRequestError(
+            f"{http.base_url}cluster/shards answered {listed!r}, not a list of entity types"
+        )
+    return names
 
 
 async def _get(http: httpx.AsyncClient, path: str, *, ok: Sequence[int] = (200,)) -> Any:

@@ -159,6 +159,7 @@ def test_compose_runs_three_nodes_whose_settings_load() -> None:
         network = service["networks"]["default"]
         assert config.canonical_host == network["ipv4_address"]
         subnet = document["networks"]["default"]["ipam"]["config"][0]["subnet"]
+        assert config.canonical_host is not None
         assert ipaddress.ip_address(config.canonical_host) in ipaddress.ip_network(subnet)
         assert config.management.token == TOKEN
         assert config.lease.backend == "etcd"

@@ -218,8 +218,8 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         dest="types",
         metavar="NAME",
-        help="with --management: show this entity type (repeatable; default: every type the "
-        "node's /ready names)",
+        help="with --management: show this entity type (repeatable; default: every type "
+        "started on the node)",
     )
     status.add_argument("--json", action="store_true", help="print JSON instead of tables")
     status.add_argument(

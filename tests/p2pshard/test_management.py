@@ -225,6 +225,9 @@ async def test_alive_members_and_shards_of_a_running_cluster() -> None:
             assert one.status_code == 200
             assert one.json() == members["n2"]
 
+            listed = await http.get("/cluster/shards")
+            assert listed.status_code == 200, listed.text
+            assert listed.json() == {"entity_types": ["Counter"]}
             shards = await http.get("/cluster/shards/Counter")
             assert shards.status_code == 200, shards.text
             stats = shards.json()
@@ -452,6 +455,7 @@ def test_routes() -> None:
     assert route("GET", "/cluster/members") == Route("members")
     assert route("GET", "/cluster/members/[::1]:25520") == Route("member", "[::1]:25520")
     assert route("PUT", "/cluster/members/10.0.0.1:2") == Route("operation", "10.0.0.1:2")
+    assert route("GET", "/cluster/shards") == Route("types")
     assert route("GET", "/cluster/shards/Room") == Route("shards", "Room")
     assert route("GET", "/") == Route("dashboard")
     assert route("GET", "/dashboard/state") == Route("dashboard_state")
