@@ -40,7 +40,7 @@ def room_home(chat: ChatCluster, room: str) -> int | None:
     for i, proc in chat.procs.items():
         if proc.poll() is not None:
             continue
-        status = chat.status(i)
+        status = chat.status(i, timeout=5.0)  # it asks every node's gateway: slower when loaded
         if status is None:
             continue
         for ids in status["types"]["Room"]["local_entities"].values():
