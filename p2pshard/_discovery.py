@@ -3,13 +3,15 @@
 Theory of operation: :func:`bootstrap` runs in the node's nursery from its start until it has
 decided. One task looks ``service_name`` up every ``resolve_interval`` with dnspython's
 asynchronous resolver on its trio backend (A and AAAA records at the contact port, or SRV
-records whose targets are looked up in turn), each lookup bounded in time; the other feeds the
-lookups and the contact points' answers to the core, sends the probes it asks for through the
-cluster (InitJoin), and carries out its one decision: ``Cluster.join_seed_nodes`` to join, or
-``Cluster.join`` of this node's own address to form. A name that does not exist (NXDOMAIN) or
-has no records is an empty set of contact points; a timeout or an unreachable server is no
-answer at all, logged once (and once more when it answers again), and asked again next round:
-the node never stops for DNS. See ``p2pshard._bootstrap`` for the rules.
+records with their targets' addresses, sent along or looked up in turn; a record that leads
+nowhere, its target ``.``, without an address or at port 0, is skipped and logged once), each
+lookup bounded in time; the
+other feeds the lookups and the contact points' answers to the core, sends the probes it asks
+for through the cluster (InitJoin), and carries out its one decision: ``Cluster.join_seed_nodes``
+to join, or ``Cluster.join`` of this node's own address to form. A name that does not exist
+(NXDOMAIN) or has no records is an empty set of contact points; a timeout or an unreachable
+server is no answer at all, logged once (and once more when it answers again), and asked again
+next round: the node never stops for DNS. See ``p2pshard._bootstrap`` for the rules.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from collections.abc import Awaitable, Callable
 import dns.asyncbackend
 import dns.asyncresolver
 import dns.exception
+import dns.name
 import dns.nameserver
+import dns.rdataclass
 import dns.rdatatype
 import dns.resolver
 import trio
@@ -66,14 +70,22 @@ def _resolver(settings: DiscoverySettings) -> dns.asyncresolver.Resolver:
     return resolver
 
 
-async def _addresses(resolver: dns.asyncresolver.Resolver, name: str) -> list[str]:
-    """The IPv4 and IPv6 addresses of ``name``: A then AAAA records (none if it has none).
+def _ip_text(address: str) -> str:
+    """``address`` in one spelling: IPv6 short, an IPv4-mapped IPv6 address as its IPv4 one."""
+    ip = ipaddress.ip_address(address)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ip)
+
+
+async def _addresses(resolver: dns.asyncresolver.Resolver, name: dns.name.Name | str) -> set[str]:
+    """The IPv4 and IPv6 addresses of ``name``: A and AAAA records (none if it has none).
 
     One family failing does not fail the lookup when the other gave addresses: a server that
     knows only the A records of a name may refuse its AAAA question (a small local server with
     no upstream does).
     """
-    found: list[str] = []
+    found: set[str] = set()
     failed: dns.exception.DNSException | None = None
     backend = dns.asyncbackend.get_backend("trio")
     for rdtype in (dns.rdatatype.A, dns.rdatatype.AAAA):
@@ -84,16 +96,42 @@ async def _addresses(resolver: dns.asyncresolver.Resolver, name: str) -> list[st
         except dns.exception.DNSException as exc:
             failed = failed or exc
             continue
-        found += [str(ipaddress.ip_address(record.address)) for record in answer]
+        found |= {_ip_text(record.address) for record in answer}
     if failed is not None and not found:
         raise failed
+    return found
+
+
+def _additional_addresses(answer: dns.resolver.Answer) -> dict[dns.name.Name, set[str]]:
+    """The addresses the server sent along with SRV records, by name (its additional section).
+
+    A server that knows the targets' addresses (a Kubernetes cluster's DNS does) sends them
+    with the SRV records: taking them from there saves two questions per target, which for a
+    few hundred records is most of the lookup's time.
+    """
+    found: dict[dns.name.Name, set[str]] = {}
+    for rrset in answer.response.additional:
+        if rrset.rdclass == dns.rdataclass.IN and rrset.rdtype in (
+            dns.rdatatype.A,
+            dns.rdatatype.AAAA,
+        ):
+            found.setdefault(rrset.name, set()).update(_ip_text(r.address) for r in rrset)
     return found
 
 
 def dns_lookup(settings: DiscoverySettings, default_port: int) -> Lookup:
     """A lookup of ``settings.service_name`` as ``settings.lookup`` says (A/AAAA or SRV).
 
-    ``default_port`` is the port of A/AAAA contact points when ``contact_port`` is 0.
+    ``default_port`` is the port of A/AAAA contact points when ``contact_port`` is 0. A name
+    that does not exist or has no records gives no contact points. Of SRV records, one whose
+    target is ``.`` (the service is not available there), whose port is 0, or whose target has
+    no address (does not exist, or has no A or AAAA record) is skipped, and logged once (again
+    only after a lookup without it); a target whose lookup *fails* fails the whole lookup, as a
+    set found without it could make this node believe it has the lowest address. A target's
+    addresses come from the SRV answer's additional section when the server sent them there
+    (as Akka does), else from its own A and AAAA lookups. Each answer is bounded by the size
+    of a DNS message (64 KiB: some 4000 A records), and a whole lookup in time
+    (``LOOKUP_LIFETIME`` and a second); duplicate records give one contact point.
 
     Example::
 
@@ -103,26 +141,51 @@ def dns_lookup(settings: DiscoverySettings, default_port: int) -> Lookup:
     name = settings.service_name
     asked = f"{'SRV' if settings.lookup == 'srv' else 'A/AAAA'} records of {name!r}"
     servers = ", ".join(settings.nameservers) or "the system's DNS servers"
+    backend = dns.asyncbackend.get_backend("trio")
+    reported: set[str] = set()  # the SRV records the last lookup skipped, logged already
+
+    async def srv(resolver: dns.asyncresolver.Resolver) -> frozenset[Address]:
+        try:
+            answer = await resolver.resolve(name, dns.rdatatype.SRV, backend=backend)
+        except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
+            reported.clear()
+            return frozenset()
+        found: set[Address] = set()
+        skipped: dict[str, str] = {}
+        resolved = _additional_addresses(answer)  # and each target asked at most once
+        for record in answer:
+            target = record.target.to_text(omit_final_dot=True)
+            which = f"SRV record {target}:{record.port} of {name!r}"
+            if record.target == dns.name.root:
+                skipped[which] = "its target '.' says the service is not available there"
+                continue
+            if record.port == 0:
+                skipped[which] = "port 0 is no port a node listens on"
+                continue
+            if record.target not in resolved:
+                resolved[record.target] = await _addresses(resolver, record.target)
+            if resolved[record.target]:
+                found |= {Address(ip, record.port) for ip in resolved[record.target]}
+            else:
+                skipped[which] = f"{target} does not exist or has no A or AAAA record"
+        for which, why in skipped.items():
+            if which not in reported:
+                logger.warning("%s skipped: %s", which, why)
+        reported.clear()
+        reported.update(skipped)
+        return frozenset(found)
 
     async def lookup() -> frozenset[Address]:
-        resolver = _resolver(settings)
         try:
             with trio.fail_after(LOOKUP_LIFETIME + 1.0):
-                if settings.lookup == "a":
-                    port = settings.contact_port or default_port
-                    return frozenset(Address(ip, port) for ip in await _addresses(resolver, name))
-                try:
-                    answer = await resolver.resolve(
-                        name, dns.rdatatype.SRV, backend=dns.asyncbackend.get_backend("trio")
-                    )
-                except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
-                    return frozenset()
-                found: set[Address] = set()
-                for record in answer:
-                    target = record.target.to_text()
-                    found |= {Address(ip, record.port) for ip in await _addresses(resolver, target)}
-                return frozenset(found)
-        except trio.TooSlowError:
+                resolver = _resolver(settings)
+                if settings.lookup == "srv":
+                    return await srv(resolver)
+                port = settings.contact_port or default_port
+                return frozenset(Address(ip, port) for ip in await _addresses(resolver, name))
+        except (trio.TooSlowError, dns.exception.Timeout):
+            # Not the timeout's own text: it holds the seconds it took, different every time,
+            # and the shell logs a failure again only when its text changes.
             raise LookupFailed(
                 f"{asked} from {servers}: no answer within {LOOKUP_LIFETIME:g} s"
             ) from None
