@@ -201,6 +201,12 @@ def test_the_dashboard_shows_three_members_their_shards_and_a_moving_rate(
         second = _rate(page)
         assert float(second["latest"]) > 0
         assert second["points"] != first["points"]
+        # Node 1 asks now and then: the latency chart draws a line of real values.
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('#latency-chart polyline')]"
+            ".some(line => (line.getAttribute('points') || '').trim().length > 0)"
+        )
+        assert "no data" not in page.inner_text("#latency-chart")
         timeline = page.inner_text("#events")
         for name in ("n2", "n3"):
             assert f"{name} (10.0.0.1:" in timeline, timeline
