@@ -13,16 +13,18 @@ one transaction around a function (``_transaction``), the errors its driver rais
 with :func:`read_recovery`, the same two queries in their drivers' parameter style.
 
 Appends are group-committed (the rules: ``p2pshard.persistence._group_commit``). An append joins
-the journal's queue; if no transaction of appends is being committed, its own task commits the
-next batch at once (the queue's head, itself included), in a worker thread of its own, on a
-pooled connection, through the backend's ``_commit_batch``. Appends arriving meanwhile wait;
-when the commit is done its task answers each append of the batch (its refusal, or success; or
-the storage error, for all of them) and wakes the oldest waiting append, whose task commits the
-next batch. Only one batch is in flight at a time, so order per stream is kept. A commit runs
-shielded from its task's cancellation, bounded by ``operation_timeout``: the other appends of
-its batch always get an answer (after the timeout: that the outcome is unknown). An append that
-waits in the queue for ``operation_timeout`` without being taken, or is cancelled there, leaves
-the queue with nothing written.
+the journal's queue and waits for its answer. If no commit is running, it starts the journal's
+committer, a trio system task that takes the next batch from the queue (the oldest appends,
+within the limits), writes it in one transaction in a worker thread of its own on a pooled
+connection (the backend's ``_commit_batch``), answers each append of the batch (success, its
+refusal, or for a storage error the failure of all of them), and at once takes the next batch,
+until the queue is empty. A lone append therefore commits at once; appends arriving during a
+commit go out together in the next. Only one batch is in flight at a time, so order per stream
+is kept. Each commit is shielded from cancellation and bounded by ``operation_timeout`` (after
+it, every append of the batch fails with an unknown outcome). An append cancelled while it
+waits in the queue leaves it with nothing written; one still waiting when its
+``operation_timeout`` has passed is failed, with nothing written, when its turn comes (so an
+append waits at most about twice ``operation_timeout``: the commit before it, then its own).
 """
 
 from __future__ import annotations
@@ -82,16 +84,16 @@ class GroupCommitStatistics:
 
 @attrs.define(eq=False)
 class _Ticket(PendingAppend):
-    """A waiting append and how its task learns the outcome (or that it is to commit next)."""
+    """A waiting append and how its task learns the outcome."""
 
-    wake: trio.Event = attrs.field(init=False, factory=trio.Event)
-    queued: bool = attrs.field(init=False, default=True)
-    answered: bool = attrs.field(init=False, default=False)
+    deadline: float = attrs.field(kw_only=True)
+    """Past it (trio's clock) the append is not taken into a batch any more."""
+    done: trio.Event = attrs.field(init=False, factory=trio.Event)
     error: JournalError | None = attrs.field(init=False, default=None)
 
     def answer(self, error: JournalError | None) -> None:
-        self.answered, self.error = True, error
-        self.wake.set()
+        self.error = error
+        self.done.set()
 
 
 class ThreadedJournal(Generic[Conn]):
@@ -238,7 +240,8 @@ class ThreadedJournal(Generic[Conn]):
 
     async def _append(self, append: PendingAppend) -> None:
         """Write ``append`` with the next group commit; raise its refusal or failure."""
-        pid, what = append.persistence_id, f"append at {append.first_seq}"
+        pid = append.persistence_id
+        await trio.lowlevel.checkpoint_if_cancelled()
         if self._closed:
             raise JournalError(pid, f"{self._describe()} is closed")
         if not self._ready:
@@ -250,53 +253,51 @@ class ThreadedJournal(Generic[Conn]):
                     f"{self._describe()}: creating the tables did not finish within "
                     f"operation_timeout ({self._timeout:g} s); nothing was appended",
                 )
-        ticket = _Ticket(append.persistence_id, append.first_seq, append.events, append.token)
-        deadline = trio.current_time() + self._timeout
+        ticket = _Ticket(
+            pid,
+            append.first_seq,
+            append.events,
+            append.token,
+            deadline=trio.current_time() + self._timeout,
+        )
         self._queue.add(ticket)
+        if not self._committing:
+            self._committing = True
+            trio.lowlevel.spawn_system_task(self._committer, name=f"{self._describe()} commits")
         try:
-            while not ticket.answered:
-                if not self._committing:
-                    await self._commit_next()
-                    continue
-                if ticket.wake.is_set():  # woken to commit, but another task took the turn
-                    ticket.wake = trio.Event()
-                if not ticket.queued:  # in the batch being committed: answered within its timeout
-                    await ticket.wake.wait()
-                    continue
-                with trio.move_on_at(deadline):
-                    await ticket.wake.wait()
-                if ticket.queued and trio.current_time() >= deadline:
-                    raise JournalError(
-                        pid,
-                        f"{self._describe()}: {what} waited operation_timeout "
-                        f"({self._timeout:g} s) for earlier appends to commit; nothing was "
-                        "written",
-                    )
+            await ticket.done.wait()
         except BaseException:
-            if self._queue.discard(ticket):  # still waiting: it leaves with nothing written
-                self._wake_next()
+            self._queue.discard(ticket)  # if it still waits, it leaves with nothing written
             raise
         if ticket.error is not None:
             raise ticket.error
 
-    def _wake_next(self) -> None:
-        """Let the oldest waiting append's task commit the next batch, if none is in flight."""
-        head = self._queue.head()
-        if not self._committing and head is not None:
-            head.wake.set()
+    async def _committer(self) -> None:
+        """Commit batch after batch while appends wait; then end (the next append restarts it).
 
-    async def _commit_next(self) -> None:
-        """Commit the next batch in this task, shielded from its cancellation; answer each."""
-        self._committing = True
+        A system task, so that the next batch starts the moment the last commit returns, while
+        the tasks of the answered appends run, and so that no caller's cancellation stops it.
+        Each commit is shielded and bounded by ``operation_timeout``.
+        """
         try:
-            batch = self._queue.take_batch()
-            for ticket in batch:
-                ticket.queued = False
-            with trio.CancelScope(shield=True):
-                await self._commit(batch)
+            while self._queue:
+                batch = self._queue.take_batch()
+                now = trio.current_time()
+                late = [t for t in batch if t.deadline <= now]
+                if late:
+                    self._fail(
+                        late,
+                        None,
+                        f"waited operation_timeout ({self._timeout:g} s) for earlier appends to "
+                        "commit; nothing was written",
+                        together=False,
+                    )
+                    batch = [t for t in batch if t.deadline > now]
+                if batch:
+                    with trio.CancelScope(shield=True):
+                        await self._commit(batch)
         finally:
             self._committing = False
-            self._wake_next()
 
     async def _commit(self, batch: list[_Ticket]) -> None:
         counts = self._counts
@@ -343,10 +344,15 @@ class ThreadedJournal(Generic[Conn]):
         text: str,
         *,
         kind: type[JournalError] = JournalError,
+        together: bool = True,
     ) -> None:
         """Answer every append of ``batch`` with a failure of its own, ``cause`` chained."""
         self._counts["failed"] += len(batch)
-        others = f" (in one transaction with {len(batch) - 1} others)" if len(batch) > 1 else ""
+        others = (
+            f" (in one transaction with {len(batch) - 1} others)"
+            if together and len(batch) > 1
+            else ""
+        )
         for ticket in batch:
             error = kind(
                 ticket.persistence_id,

@@ -426,6 +426,44 @@ async def test_a_batch_that_cannot_get_its_lock_fails_with_nothing_written(
     assert journal.group_commit_statistics().failed == 1
 
 
+async def test_cancelled_appenders_stop_and_an_append_cancelled_while_waiting_writes_nothing(
+    backend: Backend,
+) -> None:
+    journal = backend.journal(operation_timeout=20.0)
+    prefix = fresh_id("loop")
+
+    async def closed_loop(t: int) -> None:
+        for n in itertools.count(1):
+            await journal.append(f"{prefix}-{t}", n, [b"e"], token=None)
+
+    with trio.fail_after(15):  # every task sees the cancellation, the committing one too
+        with trio.move_on_after(0.3):
+            async with trio.open_nursery() as nursery:
+                for t in range(32):
+                    nursery.start_soon(closed_loop, t)
+    assert journal.group_commit_statistics().largest_batch > 1
+
+    await journal.append(backend.blocker, 1, [b"row"], token=None)
+    cancelled, waiting = trio.CancelScope(), fresh_id("cancelled")
+
+    async def append_then_give_up() -> None:
+        with cancelled:
+            await journal.append(waiting, 1, [b"never"], token=None)
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            with backend.lock():
+                nursery.start_soon(lambda: journal.append(backend.blocker, 2, [b"b"], token=None))
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.start_soon(append_then_give_up)
+                await trio.testing.wait_all_tasks_blocked()
+                cancelled.cancel()
+                await trio.testing.wait_all_tasks_blocked()
+    assert cancelled.cancelled_caught
+    assert (await journal.recover(waiting, None)).highest_seq == 0
+    assert (await journal.recover(backend.blocker, None)).highest_seq == 2
+
+
 # --- processes ------------------------------------------------------------------------------------
 
 
