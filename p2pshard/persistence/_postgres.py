@@ -244,29 +244,30 @@ class PostgresJournal(ThreadedJournal[Connection]):
         """See :meth:`p2pshard.Journal.append`."""
         batch = check_append(persistence_id, first_seq, events, self._max_event_size)
         check_token(token)
-        await self._append(
-            PendingAppend(persistence_id, first_seq, [bytes(e) for e in batch], token)
-        )
+        await self._append(persistence_id, first_seq, [bytes(e) for e in batch], token)
 
     def _commit_batch(
         self, conn: Connection, batch: Sequence[PendingAppend]
     ) -> list[JournalError | None]:
         pids = streams_of(batch)
-        conn.execute(  # new streams get a row to lock; in order, as the lock below
-            "INSERT INTO p2pshard_journal_streams "
-            "SELECT p, 0, NULL FROM unnest(%s::text[]) AS p ORDER BY p "
-            "ON CONFLICT (persistence_id) DO NOTHING",
-            (pids,),
-        )
-        locked = conn.execute(
-            "SELECT persistence_id, highest, fence FROM p2pshard_journal_streams "
-            "WHERE persistence_id = ANY(%s::text[]) ORDER BY persistence_id FOR UPDATE",
-            (pids,),
-        ).fetchall()
-        stored = {
-            str(pid): StreamRow(int(highest), None if fence is None else int(fence))
-            for pid, highest, fence in locked
-        }
+        if len(pids) == 1:  # a lone append, most often: the plain statements are cheaper
+            stored = {pids[0]: StreamRow(*_lock_stream(conn, pids[0]))}
+        else:
+            conn.execute(  # new streams get a row to lock; in order, as the lock below
+                "INSERT INTO p2pshard_journal_streams "
+                "SELECT p, 0, NULL FROM unnest(%s::text[]) AS p ORDER BY p "
+                "ON CONFLICT (persistence_id) DO NOTHING",
+                (pids,),
+            )
+            locked = conn.execute(
+                "SELECT persistence_id, highest, fence FROM p2pshard_journal_streams "
+                "WHERE persistence_id = ANY(%s::text[]) ORDER BY persistence_id FOR UPDATE",
+                (pids,),
+            ).fetchall()
+            stored = {
+                str(pid): StreamRow(int(highest), None if fence is None else int(fence))
+                for pid, highest, fence in locked
+            }
         plan = plan_batch(batch, stored)
         if plan.events:
             conn.execute(  # every accepted event and the new stream rows: one statement

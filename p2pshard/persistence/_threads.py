@@ -12,19 +12,21 @@ one transaction around a function (``_transaction``), the errors its driver rais
 (``_driver_errors``) and how it names itself in messages (``_describe``). Both read a recovery
 with :func:`read_recovery`, the same two queries in their drivers' parameter style.
 
-Appends are group-committed (the rules: ``p2pshard.persistence._group_commit``). An append joins
-the journal's queue and waits for its answer. If no commit is running, it starts the journal's
-committer, a trio system task that takes the next batch from the queue (the oldest appends,
-within the limits), writes it in one transaction in a worker thread of its own on a pooled
-connection (the backend's ``_commit_batch``), answers each append of the batch (success, its
-refusal, or for a storage error the failure of all of them), and at once takes the next batch,
-until the queue is empty. A lone append therefore commits at once; appends arriving during a
-commit go out together in the next. Only one batch is in flight at a time, so order per stream
-is kept. Each commit is shielded from cancellation and bounded by ``operation_timeout`` (after
-it, every append of the batch fails with an unknown outcome). An append cancelled while it
-waits in the queue leaves it with nothing written; one still waiting when its
-``operation_timeout`` has passed is failed, with nothing written, when its turn comes (so an
-append waits at most about twice ``operation_timeout``: the commit before it, then its own).
+Appends are group-committed (the rules: ``p2pshard.persistence._group_commit``). An append that
+finds no commit running commits itself at once, in its own task. Appends arriving meanwhile join
+the journal's queue and wait for their answer; when that commit returns, the journal's
+committer, a trio system task, takes over: it takes the next batch from the queue (the oldest
+appends, within the limits), writes it in one transaction in a worker thread of its own on a
+pooled connection (the backend's ``_commit_batch``), answers each append of the batch (success,
+its refusal, or for a storage error the failure of all of them), and at once takes the next
+batch, until the queue is empty, and ends. A lone append therefore commits at once; appends
+arriving during a commit go out together in the next. Only one batch is in flight at a time, so
+order per stream is kept. Each commit is shielded from cancellation and bounded by
+``operation_timeout`` (after it, every append of the batch fails with an unknown outcome). An
+append cancelled while it waits in the queue leaves it with nothing written; one still waiting
+when its ``operation_timeout`` has passed is failed, with nothing written, when its turn comes
+(so an append waits at most about twice ``operation_timeout``: the commit before it, then its
+own).
 """
 
 from __future__ import annotations
@@ -238,9 +240,12 @@ class ThreadedJournal(Generic[Conn]):
 
     # -- group commit -------------------------------------------------------------------------
 
-    async def _append(self, append: PendingAppend) -> None:
-        """Write ``append`` with the next group commit; raise its refusal or failure."""
-        pid = append.persistence_id
+    async def _append(
+        self, pid: str, first_seq: int, events: list[bytes], token: int | None
+    ) -> None:
+        """Write the append with the next group commit; raise its refusal or failure."""
+        # A task that commits its own append (below, shielded) again and again must still see
+        # its cancellation.
         await trio.lowlevel.checkpoint_if_cancelled()
         if self._closed:
             raise JournalError(pid, f"{self._describe()} is closed")
@@ -254,21 +259,27 @@ class ThreadedJournal(Generic[Conn]):
                     f"operation_timeout ({self._timeout:g} s); nothing was appended",
                 )
         ticket = _Ticket(
-            pid,
-            append.first_seq,
-            append.events,
-            append.token,
-            deadline=trio.current_time() + self._timeout,
+            pid, first_seq, events, token, deadline=trio.current_time() + self._timeout
         )
         self._queue.add(ticket)
-        if not self._committing:
+        if not self._committing:  # then nothing else waits: this append commits at once, alone
             self._committing = True
-            trio.lowlevel.spawn_system_task(self._committer, name=f"{self._describe()} commits")
-        try:
-            await ticket.done.wait()
-        except BaseException:
-            self._queue.discard(ticket)  # if it still waits, it leaves with nothing written
-            raise
+            try:
+                with trio.CancelScope(shield=True):
+                    await self._commit(self._queue.take_batch())
+            finally:
+                if self._queue:  # appends came meanwhile: the committer takes over
+                    trio.lowlevel.spawn_system_task(
+                        self._committer, name=f"{self._describe()} commits"
+                    )
+                else:
+                    self._committing = False
+        else:
+            try:
+                await ticket.done.wait()
+            except BaseException:
+                self._queue.discard(ticket)  # if it still waits, it leaves with nothing written
+                raise
         if ticket.error is not None:
             raise ticket.error
 
@@ -280,7 +291,16 @@ class ThreadedJournal(Generic[Conn]):
         Each commit is shielded and bounded by ``operation_timeout``.
         """
         try:
-            while self._queue:
+            while True:
+                if not self._queue:
+                    # The tasks just answered may append again at once: let them all run (two
+                    # scheduling rounds: trio may run this task before or after them in the
+                    # first), then look again, so that their appends go out together rather
+                    # than one alone first.
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    if not self._queue:
+                        break
                 batch = self._queue.take_batch()
                 now = trio.current_time()
                 late = [t for t in batch if t.deadline <= now]
