@@ -255,13 +255,13 @@ class PostgresJournal(ThreadedJournal[Connection]):
         else:
             conn.execute(  # new streams get a row to lock; in order, as the lock below
                 "INSERT INTO p2pshard_journal_streams "
-                "SELECT p, 0, NULL FROM unnest(%s::text[]) AS p ORDER BY p "
+                "SELECT p, 0, NULL FROM unnest(%b::text[]) AS p ORDER BY p "
                 "ON CONFLICT (persistence_id) DO NOTHING",
                 (pids,),
             )
             locked = conn.execute(
                 "SELECT persistence_id, highest, fence FROM p2pshard_journal_streams "
-                "WHERE persistence_id = ANY(%s::text[]) ORDER BY persistence_id FOR UPDATE",
+                "WHERE persistence_id = ANY(%b::text[]) ORDER BY persistence_id FOR UPDATE",
                 (pids,),
             ).fetchall()
             stored = {
@@ -270,11 +270,12 @@ class PostgresJournal(ThreadedJournal[Connection]):
             }
         plan = plan_batch(batch, stored)
         if plan.events:
+            # Arrays go in binary (%b): psycopg writes them several times faster than as text.
             conn.execute(  # every accepted event and the new stream rows: one statement
                 "WITH stored AS (INSERT INTO p2pshard_journal_events "
-                "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::bytea[])) "
+                "SELECT * FROM unnest(%b::text[], %b::bigint[], %b::bytea[])) "
                 "UPDATE p2pshard_journal_streams AS s SET highest = u.highest, fence = u.fence "
-                "FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) "
+                "FROM unnest(%b::text[], %b::bigint[], %b::bigint[]) "
                 "AS u(persistence_id, highest, fence) WHERE s.persistence_id = u.persistence_id",
                 (
                     [pid for pid, _, _ in plan.events],

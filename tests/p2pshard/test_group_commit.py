@@ -347,7 +347,8 @@ async def test_a_fenced_and_an_out_of_sequence_append_fail_alone_in_their_batch(
 ) -> None:
     journal = backend.journal(operation_timeout=20.0)
     fenced, behind, twice = fresh_id("fenced"), fresh_id("behind"), fresh_id("twice")
-    good = [fresh_id(f"good{i}") for i in range(6)]
+    good = [fresh_id(f"good{i}") for i in range(5)]
+    good.append(fresh_id('odd "quotes", {braces}, \\back\\slashes, NULL and ünïcødé'))
     await journal.append(fenced, 1, [b"f1"], token=3)
     await journal.recover(fenced, 5)  # a newer holder took over
     await journal.append(behind, 1, [b"b1"], token=None)
