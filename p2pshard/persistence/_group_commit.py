@@ -27,7 +27,7 @@ once. Batches are committed one after another, so the order of appends per strea
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Generic, TypeVar
 
 import attrs
@@ -94,12 +94,6 @@ class AppendQueue(Generic[_A]):
 
     def __len__(self) -> int:
         return len(self._waiting)
-
-    def __contains__(self, append: object) -> bool:
-        return any(a is append for a in self._waiting)
-
-    def __iter__(self) -> Iterator[_A]:
-        return iter(self._waiting)
 
     def add(self, append: _A) -> None:
         """Queue ``append`` behind those already waiting."""
