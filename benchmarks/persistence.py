@@ -22,13 +22,22 @@ For each backend (``SqliteJournal``, ``PostgresJournal``, built as ``open_node``
   WAL mode with ``synchronous=FULL`` (``BEGIN IMMEDIATE``, ``INSERT``, ``COMMIT`` on a kept
   connection); PostgreSQL's an autocommitted ``INSERT`` on a kept connection to the same server.
   ``ratio`` = p50 ours / p50 baseline, the median over rounds.
-- ``appends/s``: 16 tasks, each appending to a stream of its own in a closed loop for a fixed
-  window; appends completed per second. Baseline: 16 tasks doing the raw insert, through the
-  same number of threads (4) as the journal's limiter allows. One window of each per round,
-  back to back in alternating order; the figures and the ratio are medians over rounds.
+- ``appends/s``: 16, 64 and 256 tasks, each appending to a stream of its own in a closed loop
+  for a fixed window; appends completed per second, and the latency of each append under that
+  load (p50, p99). Baseline: as many tasks doing the raw single-row insert, through 4 threads
+  (the journals' default pool). One window of each per round, back to back in alternating
+  order; the figures and the ratio are medians over rounds, the latencies over all windows.
+  ``batch``: appends per transaction the journal's group commit wrote, on average.
 
 What the journal adds to a raw insert is the stream row (read, locked, updated: the fence and
-sequence checks) and, for PostgreSQL, the extra round trips of those statements.
+sequence checks) and, for PostgreSQL, the extra round trips of those statements; what it saves
+is the commit: appends that arrive while one is committed go out together in the next
+(``p2pshard.persistence._group_commit``).
+
+``--json`` adds the figures a script checks, for ``sqlite`` and ``postgres``:
+``<backend>_appends_256_ratio`` (appends/s at 256 streams over the raw single-insert rate at 256
+tasks), ``<backend>_append_p99_ms_256`` (p99 of an append at 256 streams) and
+``<backend>_append_1_p50_ratio`` (one append at a time: p50 over the raw insert's).
 """
 
 from __future__ import annotations
@@ -57,7 +66,8 @@ from p2pshard import Journal, PostgresJournal, SqliteJournal
 from p2pshard.testing import PostgresNotInstalled, running_postgres
 
 EVENT = b"e" * 100
-TASKS = 16
+STREAMS = (16, 64, 256)
+"""Concurrent streams of the throughput windows."""
 THREADS = 4
 """The journals' default limit of worker threads; the baselines use a limiter as large."""
 
@@ -192,48 +202,82 @@ async def latencies(journal: Journal, baseline: Baseline, plan: Plan, show: bool
     }
 
 
-async def closed_loop(step: Callable[[int, int], Awaitable[None]], window: float) -> float:
-    """``TASKS`` tasks calling ``step(task, n)`` for ``window`` seconds: completions per second."""
-    done = [0]
+@attrs.define
+class Window:
+    """What one closed-loop window did: completions per second and each one's latency."""
+
+    rate: float
+    latencies: list[float]
+
+
+async def closed_loop(
+    step: Callable[[int, int], Awaitable[None]], tasks: int, window: float
+) -> Window:
+    """``tasks`` tasks calling ``step(task, n)`` for ``window`` seconds."""
+    latencies: list[float] = []
 
     async def task(t: int) -> None:
         for n in itertools.count(1):
+            began = time.perf_counter()
             await step(t, n)
-            done[0] += 1
+            latencies.append(time.perf_counter() - began)
 
     start = time.perf_counter()
     with trio.move_on_after(window):
         async with trio.open_nursery() as nursery:
-            for t in range(TASKS):
+            for t in range(tasks):
                 nursery.start_soon(task, t)
-    return done[0] / (time.perf_counter() - start)
+    return Window(len(latencies) / (time.perf_counter() - start), latencies)
 
 
-async def throughput(journal: Journal, baseline: Baseline, plan: Plan) -> dict[str, float]:
+def batches(journal: Journal) -> tuple[int, int]:
+    """(transactions, appends) the journal's group commit wrote so far."""
+    stats = journal.group_commit_statistics()  # type: ignore[attr-defined]
+    return stats.commits, stats.appends
+
+
+async def throughput(
+    journal: Journal, baseline: Baseline, plan: Plan, tasks: int
+) -> dict[str, float]:
     """Windows of ours and the baseline back to back, the order alternating, once per round."""
     ours, base, ratios = [], [], []
+    ours_lat: list[float] = []
+    base_lat: list[float] = []
+    commits0, appends0 = batches(journal)
     for r in range(plan.rounds):
 
-        async def journal_window(r: int = r) -> float:
+        async def journal_window(r: int = r) -> Window:
             return await closed_loop(
-                lambda t, n: journal.append(f"Bench|load-{r}-{t}", n, [EVENT], token=None),
+                lambda t, n: journal.append(f"Bench|load-{tasks}-{r}-{t}", n, [EVENT], token=None),
+                tasks,
                 plan.window,
             )
 
-        async def baseline_window(r: int = r) -> float:
-            return await closed_loop(lambda t, n: baseline.insert(f"load-{r}-{t}", n), plan.window)
+        async def baseline_window(r: int = r) -> Window:
+            return await closed_loop(
+                lambda t, n: baseline.insert(f"load-{tasks}-{r}-{t}", n), tasks, plan.window
+            )
 
         if r % 2:
             b, o = await baseline_window(), await journal_window()
         else:
             o, b = await journal_window(), await baseline_window()
-        ours.append(o)
-        base.append(b)
-        ratios.append(o / b)
+        ours.append(o.rate)
+        base.append(b.rate)
+        ratios.append(o.rate / b.rate)
+        ours_lat += o.latencies
+        base_lat += b.latencies
+    commits1, appends1 = batches(journal)
+    ours_q, base_q = quantiles_ms(ours_lat), quantiles_ms(base_lat)
     return {
         "appends_per_s": statistics.median(ours),
         "baseline_per_s": statistics.median(base),
         "ratio": statistics.median(ratios),
+        "append_p50_ms": ours_q["p50_ms"],
+        "append_p99_ms": ours_q["p99_ms"],
+        "baseline_p50_ms": base_q["p50_ms"],
+        "baseline_p99_ms": base_q["p99_ms"],
+        "batch": (appends1 - appends0) / max(1, commits1 - commits0),
     }
 
 
@@ -243,8 +287,19 @@ async def measure(
     progress(show, f"{label}: append latency")
     try:
         result = await latencies(journal, baseline, plan, show)
-        progress(show, f"{label}: {TASKS} tasks in closed loop, {plan.rounds} x 2 windows")
-        result.update(await throughput(journal, baseline, plan))
+        result["streams"] = {}
+        for tasks in STREAMS:
+            progress(show, f"{label}: {tasks} tasks in closed loop, {plan.rounds} x 2 windows")
+            figures = await throughput(journal, baseline, plan, tasks)
+            result["streams"][str(tasks)] = figures
+            progress(
+                show,
+                f"  {figures['appends_per_s']:,.0f} appends/s (raw {figures['baseline_per_s']:,.0f}"
+                f"), p99 {figures['append_p99_ms']:.1f} ms, {figures['batch']:.1f} per commit",
+            )
+        result.update(
+            {k: result["streams"]["16"][k] for k in ("appends_per_s", "baseline_per_s", "ratio")}
+        )
     finally:
         await journal.aclose()
         baseline.close()
@@ -286,6 +341,12 @@ def run_all(plan: Plan, show: bool) -> dict[str, Any]:
     except PostgresNotInstalled as exc:
         report["postgresql"] = None
         report["postgresql_missing"] = str(exc)
+    for label, key in (("sqlite", "sqlite"), ("postgresql", "postgres")):
+        r = report.get(label)
+        at_256 = None if r is None else r["streams"]["256"]
+        report[f"{key}_appends_256_ratio"] = None if at_256 is None else at_256["ratio"]
+        report[f"{key}_append_p99_ms_256"] = None if at_256 is None else at_256["append_p99_ms"]
+        report[f"{key}_append_1_p50_ratio"] = None if r is None else r["ratio_p50"]
     report["elapsed_s"] = time.perf_counter() - started
     return report
 
@@ -314,13 +375,22 @@ def format_table(report: dict[str, Any]) -> str:
                 f(r["append_p99_ms"] / r["baseline_p99_ms"]),
             ),
             ("    appends/s, one at a time", f(r["sequential_appends_per_s"]), "", ""),
-            (
-                f"    appends/s, {TASKS} streams at once",
-                f(r["appends_per_s"]),
-                f(r["baseline_per_s"]),
-                f(r["ratio"]),
-            ),
         ]
+        for tasks, w in r["streams"].items():
+            rows += [
+                (
+                    f"    appends/s, {tasks} streams at once ({w['batch']:.1f} per commit)",
+                    f(w["appends_per_s"]),
+                    f(w["baseline_per_s"]),
+                    f(w["ratio"]),
+                ),
+                (
+                    "        append p99 under that load (ms)",
+                    f(w["append_p99_ms"]),
+                    f(w["baseline_p99_ms"]),
+                    f(w["append_p99_ms"] / w["baseline_p99_ms"]),
+                ),
+            ]
     header = ("figure", "ours", "raw insert (same run)", "ratio")
     widths = [max(len(row[i]) for row in (header, *rows)) for i in range(4)]
 
@@ -343,6 +413,20 @@ def format_table(report: dict[str, Any]) -> str:
         f"total {report['elapsed_s']:.0f} s on {report['cpus']} CPUs; 1-minute load average "
         f"before the run {report['load_average_before']:.2f}",
     ]
+    for key, p99_target, p50_target in (("sqlite", 20.0, 1.2), ("postgres", 30.0, 1.5)):
+        checks = (
+            (f"{key}_appends_256_ratio", ">=", 10.0),
+            (f"{key}_append_p99_ms_256", "<=", p99_target),
+            (f"{key}_append_1_p50_ratio", "<=", p50_target),
+        )
+        for name, op, target in checks:
+            value = report.get(name)
+            if value is None:
+                continue
+            met = value >= target if op == ">=" else value <= target
+            lines.append(
+                f"{name} = {value:.2f} (target {op} {target:g}: {'met' if met else 'NOT met'})"
+            )
     if report.get("postgresql_missing"):
         lines.append(f"PostgreSQL not measured: {report['postgresql_missing']}")
     return "\n".join(lines)

@@ -51,6 +51,7 @@ from .leases import LeaseStatistics as LeaseStatistics
 from .leases import MemoryLeaseBackend as MemoryLeaseBackend
 from .leases import SqliteLeaseBackend as SqliteLeaseBackend
 from .persistence import EventSourcedEntity as EventSourcedEntity
+from .persistence import GroupCommitStatistics as GroupCommitStatistics
 from .persistence import Journal as Journal
 from .persistence import JournalSettings as JournalSettings
 from .persistence import JournalStatistics as JournalStatistics

@@ -14,3 +14,4 @@ from ._memory import MemoryJournal as MemoryJournal
 from ._memory import MemoryJournalStatistics as MemoryJournalStatistics
 from ._open import open_journal as open_journal
 from ._sqlite import SqliteJournal as SqliteJournal
+from ._threads import GroupCommitStatistics as GroupCommitStatistics

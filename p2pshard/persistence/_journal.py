@@ -20,6 +20,10 @@ functions :func:`admit_token` and :func:`check_next` below, shared by every back
 - an append is all or nothing: a batch of events is written in one transaction, and an event
   above ``max_event_size`` refuses the whole batch with :class:`EventTooLarge` before any I/O.
 
+The SQL backends may write the appends of several callers in one transaction (group commit,
+``p2pshard.persistence._group_commit``): each is still checked by these rules alone, in arrival
+order, and gets its own answer, as if it had had a transaction of its own.
+
 Fencing is per persistence id. The shard's lease token (see ``p2pshard.leases._lease``) reaches each
 incarnation through ``EntityContext.lease_token``; a new holder raises the fence of an entity
 when it recovers that entity. Until then an old holder that has not noticed its loss may still
@@ -50,6 +54,15 @@ DEFAULT_MAX_EVENT_SIZE = 1 << 20
 
 DEFAULT_SNAPSHOT_EVERY = 100
 """Events between snapshots by default, for entity types that do not say."""
+
+DEFAULT_GROUP_COMMIT_MAX_EVENTS = 1000
+"""Events one group commit of the SQL journals may write by default."""
+
+DEFAULT_GROUP_COMMIT_MAX_BYTES = 4 << 20
+"""Bytes of events one group commit of the SQL journals may write by default (4 MiB)."""
+
+DEFAULT_CONNECTIONS = 4
+"""Connections (worker threads) a SQL journal keeps by default."""
 
 LOCK_WAIT_FRACTION = 0.8
 """Part of ``operation_timeout`` a storage backend lets one call wait for another writer's lock
@@ -104,6 +117,9 @@ class JournalSettings:
         backend = "sqlite"
         path = "journal.db"     # relative to the configuration file
         snapshot_every = 100
+        group_commit_max_events = 1000  # one transaction writes the appends waiting, up to
+        group_commit_max_bytes = 4194304  # these limits (a lone append goes out at once)
+        connections = 4
         # backend = "postgresql"
         # dsn = "postgresql://p2pshard@db-host/shop"
 
@@ -140,6 +156,25 @@ class JournalSettings:
     """Bytes one encoded event or snapshot may take (default 1 MiB); a larger one is refused
     with :class:`p2pshard.EventTooLarge` before anything is written."""
 
+    group_commit_max_events: int = attrs.field(
+        default=DEFAULT_GROUP_COMMIT_MAX_EVENTS, validator=in_range(1, 1_000_000, integer=True)
+    )
+    """sqlite, postgresql: events one transaction may write (default 1000). Appends that arrive
+    while a transaction is being committed wait and go out together in the next one, up to this
+    many events and ``group_commit_max_bytes`` (an append above either goes alone); 1 writes
+    each append in a transaction of its own."""
+
+    group_commit_max_bytes: int = attrs.field(
+        default=DEFAULT_GROUP_COMMIT_MAX_BYTES, validator=in_range(1, 1 << 30, integer=True)
+    )
+    """sqlite, postgresql: bytes of events one transaction may write (default 4 MiB)."""
+
+    connections: int = attrs.field(
+        default=DEFAULT_CONNECTIONS, validator=in_range(1, 1000, integer=True)
+    )
+    """sqlite, postgresql: connections kept open, and so calls (recoveries, snapshots) run at
+    once; appends use one at a time, in batches (default 4)."""
+
     def __attrs_post_init__(self) -> None:
         name = type(self).__name__
         if self.backend == "sqlite" and self.path is None:
@@ -172,7 +207,8 @@ class Recovery:
 class Journal(Protocol):
     """Where event-sourced entities keep their events: one stream per persistence id.
 
-    Each call is one transaction. Every method raises :class:`p2pshard.JournalError` (naming
+    Each call is one transaction (appends may share one, each checked and answered alone: group
+    commit). Every method raises :class:`p2pshard.JournalError` (naming
     the persistence id, the cause chained) when the storage fails; see the module docstring of
     ``p2pshard.persistence._journal`` for the fencing and sequence rules.
 

@@ -26,6 +26,9 @@ def open_journal(settings: JournalSettings) -> Journal:
             operation_timeout=settings.operation_timeout,
             max_event_size=settings.max_event_size,
             snapshot_every=settings.snapshot_every,
+            threads=settings.connections,
+            group_commit_max_events=settings.group_commit_max_events,
+            group_commit_max_bytes=settings.group_commit_max_bytes,
         )
     if settings.backend == "postgresql":
         try:
@@ -41,6 +44,9 @@ def open_journal(settings: JournalSettings) -> Journal:
             operation_timeout=settings.operation_timeout,
             max_event_size=settings.max_event_size,
             snapshot_every=settings.snapshot_every,
+            connections=settings.connections,
+            group_commit_max_events=settings.group_commit_max_events,
+            group_commit_max_bytes=settings.group_commit_max_bytes,
         )
     raise ConfigurationError(
         "JournalSettings.backend = None is invalid here: set [journal] backend to 'sqlite' "

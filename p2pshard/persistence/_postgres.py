@@ -7,10 +7,15 @@ the primary key ``(persistence_id, seq)`` and ``p2pshard_journal_snapshots``, cr
 one transaction that first locks the stream's row with ``SELECT ... FOR UPDATE`` (inserting the
 row of a new stream first), so calls on one stream from any number of hosts take turns, the
 fence and sequence checks of ``p2pshard.persistence._journal`` see the latest committed row, and
-calls on other streams go on in parallel. An append then stores its events and the stream's new
-highest sequence number in one statement. The unique key is a second guard: a duplicate sequence
-number can never be stored. The statements go out in pipeline mode: an append takes two round trips
-(BEGIN, the insert and the lock; then the write and COMMIT), as many as the checks need.
+calls on other streams go on in parallel. The unique key is a second guard: a duplicate sequence
+number can never be stored.
+
+Appends are group-committed (``p2pshard.persistence._group_commit``): one transaction writes
+every append waiting, whatever their number, in two round trips, the statements going out in
+pipeline mode: BEGIN, the insert of missing stream rows and the locking ``SELECT ... FOR UPDATE``
+of all the batch's stream rows (in persistence id order, so that two writers' batches cannot
+deadlock); then, once each append is checked against them, one statement that inserts every
+accepted event and updates their streams' rows (arrays unnested), and COMMIT.
 
 psycopg 3 (the ``postgresql`` extra) does the talking, in worker threads through
 ``trio.to_thread``, with a small pool of connections (at most ``connections`` calls at once;
@@ -35,7 +40,11 @@ import psycopg.errors
 
 from .._errors import JournalConflict, JournalError
 from .._store_version import newer_schema
+from ._group_commit import PendingAppend, StreamRow, plan_batch, streams_of
 from ._journal import (
+    DEFAULT_CONNECTIONS,
+    DEFAULT_GROUP_COMMIT_MAX_BYTES,
+    DEFAULT_GROUP_COMMIT_MAX_EVENTS,
     DEFAULT_MAX_EVENT_SIZE,
     DEFAULT_SNAPSHOT_EVERY,
     JOURNAL_SCHEMA_VERSION,
@@ -44,7 +53,6 @@ from ._journal import (
     Recovery,
     admit_token,
     check_append,
-    check_next,
     check_persistence_id,
     check_size,
     check_snapshot_seq,
@@ -131,7 +139,9 @@ class PostgresJournal(ThreadedJournal[Connection]):
         operation_timeout: float = 5.0,
         max_event_size: int = DEFAULT_MAX_EVENT_SIZE,
         snapshot_every: int | None = DEFAULT_SNAPSHOT_EVERY,
-        connections: int = 4,
+        connections: int = DEFAULT_CONNECTIONS,
+        group_commit_max_events: int = DEFAULT_GROUP_COMMIT_MAX_EVENTS,
+        group_commit_max_bytes: int = DEFAULT_GROUP_COMMIT_MAX_BYTES,
     ) -> None:
         settings = JournalSettings(  # checks the values, with the usual messages
             backend="postgresql",
@@ -139,6 +149,9 @@ class PostgresJournal(ThreadedJournal[Connection]):
             operation_timeout=operation_timeout,
             max_event_size=max_event_size,
             snapshot_every=snapshot_every,
+            connections=connections,
+            group_commit_max_events=group_commit_max_events,
+            group_commit_max_bytes=group_commit_max_bytes,
         )
         super().__init__(settings, connections)
         self._dsn = dsn
@@ -231,23 +244,49 @@ class PostgresJournal(ThreadedJournal[Connection]):
         """See :meth:`p2pshard.Journal.append`."""
         batch = check_append(persistence_id, first_seq, events, self._max_event_size)
         check_token(token)
-        seqs = list(range(first_seq, first_seq + len(batch)))
-        payloads = [bytes(e) for e in batch]
+        await self._append(persistence_id, first_seq, [bytes(e) for e in batch], token)
 
-        def append(conn: Connection) -> None:
-            highest, fence = _lock_stream(conn, persistence_id)
-            raised = admit_token(persistence_id, fence, token)
-            check_next(persistence_id, first_seq, highest)
-            conn.execute(  # the events and the stream's new highest, in one round trip
-                "WITH stored AS (INSERT INTO p2pshard_journal_events "
-                "SELECT %s, seq, payload "
-                "FROM unnest(%s::bigint[], %s::bytea[]) AS e(seq, payload)) "
-                "UPDATE p2pshard_journal_streams SET highest = %s, fence = %s "
-                "WHERE persistence_id = %s",
-                (persistence_id, seqs, payloads, first_seq + len(seqs) - 1, raised, persistence_id),
+    def _commit_batch(
+        self, conn: Connection, batch: Sequence[PendingAppend]
+    ) -> list[JournalError | None]:
+        pids = streams_of(batch)
+        if len(pids) == 1:  # a lone append, most often: the plain statements are cheaper
+            stored = {pids[0]: StreamRow(*_lock_stream(conn, pids[0]))}
+        else:
+            conn.execute(  # new streams get a row to lock; in order, as the lock below
+                "INSERT INTO p2pshard_journal_streams "
+                "SELECT p, 0, NULL FROM unnest(%b::text[]) AS p ORDER BY p "
+                "ON CONFLICT (persistence_id) DO NOTHING",
+                (pids,),
             )
-
-        await self._run(persistence_id, f"append at {first_seq}", append)
+            locked = conn.execute(
+                "SELECT persistence_id, highest, fence FROM p2pshard_journal_streams "
+                "WHERE persistence_id = ANY(%b::text[]) ORDER BY persistence_id FOR UPDATE",
+                (pids,),
+            ).fetchall()
+            stored = {
+                str(pid): StreamRow(int(highest), None if fence is None else int(fence))
+                for pid, highest, fence in locked
+            }
+        plan = plan_batch(batch, stored)
+        if plan.events:
+            # Arrays go in binary (%b): psycopg writes them several times faster than as text.
+            conn.execute(  # every accepted event and the new stream rows: one statement
+                "WITH stored AS (INSERT INTO p2pshard_journal_events "
+                "SELECT * FROM unnest(%b::text[], %b::bigint[], %b::bytea[])) "
+                "UPDATE p2pshard_journal_streams AS s SET highest = u.highest, fence = u.fence "
+                "FROM unnest(%b::text[], %b::bigint[], %b::bigint[]) "
+                "AS u(persistence_id, highest, fence) WHERE s.persistence_id = u.persistence_id",
+                (
+                    [pid for pid, _, _ in plan.events],
+                    [seq for _, seq, _ in plan.events],
+                    [payload for _, _, payload in plan.events],
+                    list(plan.streams),
+                    [row.highest for row in plan.streams.values()],
+                    [row.fence for row in plan.streams.values()],
+                ),
+            )
+        return plan.refusals
 
     async def save_snapshot(
         self, persistence_id: str, seq: int, data: bytes, *, token: int | None

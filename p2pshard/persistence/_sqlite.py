@@ -9,6 +9,12 @@ first, so calls from several processes take turns and the checks of
 writer's. The file is in WAL mode with ``synchronous=FULL``: an append is on disk (the log fsynced)
 before it is acknowledged, and readers never block the writer.
 
+Appends are group-committed (``p2pshard.persistence._group_commit``): one transaction reads
+the rows of the batch's streams, checks each append against them in order, inserts the events of
+those that pass and writes their streams' rows; one commit, one fsync, for the whole batch. A
+refused append wrote nothing, the others commit; an error of the storage rolls the whole batch
+back.
+
 The blocking calls run in worker threads (at most ``threads`` at a time), each on a connection
 from a small pool that stays open (``p2pshard.persistence._threads``), which also keeps the
 write-ahead log from being checkpointed away after every call. A call has
@@ -22,13 +28,17 @@ append is unknown (it may still commit).
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
 from .._errors import JournalError
 from .._store_version import newer_schema
+from ._group_commit import PendingAppend, StreamRow, plan_batch, streams_of
 from ._journal import (
+    DEFAULT_CONNECTIONS,
+    DEFAULT_GROUP_COMMIT_MAX_BYTES,
+    DEFAULT_GROUP_COMMIT_MAX_EVENTS,
     DEFAULT_MAX_EVENT_SIZE,
     DEFAULT_SNAPSHOT_EVERY,
     JOURNAL_SCHEMA_VERSION,
@@ -37,7 +47,6 @@ from ._journal import (
     Recovery,
     admit_token,
     check_append,
-    check_next,
     check_persistence_id,
     check_size,
     check_snapshot_seq,
@@ -79,6 +88,32 @@ def _stream(conn: sqlite3.Connection, persistence_id: str) -> tuple[int, int | N
     return (0, None) if row is None else (int(row[0]), row[1])
 
 
+_READ_CHUNK = 500
+"""Persistence ids per ``IN (...)`` query when a batch reads its stream rows."""
+
+
+def _streams(conn: sqlite3.Connection, persistence_ids: Sequence[str]) -> dict[str, StreamRow]:
+    rows: dict[str, StreamRow] = {}
+    for start in range(0, len(persistence_ids), _READ_CHUNK):
+        chunk = persistence_ids[start : start + _READ_CHUNK]
+        marks = ", ".join("?" * len(chunk))
+        for pid, highest, fence in conn.execute(
+            "SELECT persistence_id, highest, fence FROM p2pshard_journal_streams "
+            f"WHERE persistence_id IN ({marks})",
+            chunk,
+        ):
+            rows[pid] = StreamRow(int(highest), None if fence is None else int(fence))
+    return rows
+
+
+def _put_streams(conn: sqlite3.Connection, rows: Iterable[tuple[str, int, int | None]]) -> None:
+    conn.executemany(
+        "INSERT INTO p2pshard_journal_streams VALUES (?, ?, ?) ON CONFLICT (persistence_id) "
+        "DO UPDATE SET highest = excluded.highest, fence = excluded.fence",
+        rows,
+    )
+
+
 def _put_stream(
     conn: sqlite3.Connection, persistence_id: str, highest: int, fence: int | None
 ) -> None:
@@ -105,12 +140,17 @@ class SqliteJournal(ThreadedJournal[sqlite3.Connection]):
         operation_timeout: float = 5.0,
         max_event_size: int = DEFAULT_MAX_EVENT_SIZE,
         snapshot_every: int | None = DEFAULT_SNAPSHOT_EVERY,
-        threads: int = 4,
+        threads: int = DEFAULT_CONNECTIONS,
+        group_commit_max_events: int = DEFAULT_GROUP_COMMIT_MAX_EVENTS,
+        group_commit_max_bytes: int = DEFAULT_GROUP_COMMIT_MAX_BYTES,
     ) -> None:
         settings = JournalSettings(  # checks the values, with the usual messages
             operation_timeout=operation_timeout,
             max_event_size=max_event_size,
             snapshot_every=snapshot_every,
+            connections=threads,
+            group_commit_max_events=group_commit_max_events,
+            group_commit_max_bytes=group_commit_max_bytes,
         )
         super().__init__(settings, threads)
         self.path = Path(path)
@@ -191,16 +231,16 @@ class SqliteJournal(ThreadedJournal[sqlite3.Connection]):
         """See :meth:`p2pshard.Journal.append`."""
         batch = check_append(persistence_id, first_seq, events, self._max_event_size)
         check_token(token)
-        rows = [(persistence_id, first_seq + i, bytes(e)) for i, e in enumerate(batch)]
+        await self._append(persistence_id, first_seq, [bytes(e) for e in batch], token)
 
-        def append(conn: sqlite3.Connection) -> None:
-            highest, fence = _stream(conn, persistence_id)
-            raised = admit_token(persistence_id, fence, token)
-            check_next(persistence_id, first_seq, highest)
-            conn.executemany("INSERT INTO p2pshard_journal_events VALUES (?, ?, ?)", rows)
-            _put_stream(conn, persistence_id, first_seq + len(rows) - 1, raised)
-
-        await self._run(persistence_id, f"append at {first_seq}", append)
+    def _commit_batch(
+        self, conn: sqlite3.Connection, batch: Sequence[PendingAppend]
+    ) -> list[JournalError | None]:
+        plan = plan_batch(batch, _streams(conn, streams_of(batch)))
+        if plan.events:
+            conn.executemany("INSERT INTO p2pshard_journal_events VALUES (?, ?, ?)", plan.events)
+            _put_streams(conn, ((pid, s.highest, s.fence) for pid, s in plan.streams.items()))
+        return plan.refusals
 
     async def save_snapshot(
         self, persistence_id: str, seq: int, data: bytes, *, token: int | None

@@ -11,17 +11,35 @@ backend provides the connection (``_connect``, ``_usable``), the table creation 
 one transaction around a function (``_transaction``), the errors its driver raises
 (``_driver_errors``) and how it names itself in messages (``_describe``). Both read a recovery
 with :func:`read_recovery`, the same two queries in their drivers' parameter style.
+
+Appends are group-committed (the rules: ``p2pshard.persistence._group_commit``). An append that
+finds no commit running commits itself at once, in its own task. Appends arriving meanwhile join
+the journal's queue and wait for their answer; when that commit returns, the journal's
+committer, a trio system task, takes over: it takes the next batch from the queue (the oldest
+appends, within the limits), writes it in one transaction in a worker thread of its own on a
+pooled connection (the backend's ``_commit_batch``), answers each append of the batch (success,
+its refusal, or for a storage error the failure of all of them), and at once takes the next
+batch, until the queue is empty, and ends. A lone append therefore commits at once; appends
+arriving during a commit go out together in the next. Only one batch is in flight at a time, so
+order per stream is kept. Each commit is shielded from cancellation and bounded by
+``operation_timeout`` (after it, every append of the batch fails with an unknown outcome). An
+append cancelled while it waits in the queue leaves it with nothing written; one still waiting
+when its ``operation_timeout`` has passed is failed, with nothing written, when its turn comes
+(so an append waits at most about twice ``operation_timeout``: the commit before it, then its
+own).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+import attrs
 import trio
 
 from .._errors import JournalError
+from ._group_commit import AppendQueue, PendingAppend
 from ._journal import JournalSettings, Recovery
 
 Conn = TypeVar("Conn")
@@ -48,6 +66,38 @@ def read_recovery(conn: Any, persistence_id: str, highest: int, mark: str) -> Re
     return Recovery(snapshot, tuple((int(s), bytes(p)) for s, p in events), highest)
 
 
+@attrs.frozen(kw_only=True)
+class GroupCommitStatistics:
+    """What a SQL journal's group commit has done since the journal was made."""
+
+    batches: int
+    """Transactions of appends begun."""
+    commits: int
+    """Transactions of appends committed."""
+    appends: int
+    """Appends those transactions wrote."""
+    refused: int
+    """Appends refused alone in them (fenced, out of sequence)."""
+    failed: int
+    """Appends failed with their whole batch (storage error, timeout)."""
+    largest_batch: int
+    """The most appends one transaction held."""
+
+
+@attrs.define(eq=False)
+class _Ticket(PendingAppend):
+    """A waiting append and how its task learns the outcome."""
+
+    deadline: float = attrs.field(kw_only=True)
+    """Past it (trio's clock) the append is not taken into a batch any more."""
+    done: trio.Event = attrs.field(init=False, factory=trio.Event)
+    error: JournalError | None = attrs.field(init=False, default=None)
+
+    def answer(self, error: JournalError | None) -> None:
+        self.error = error
+        self.done.set()
+
+
 class ThreadedJournal(Generic[Conn]):
     """The pool, the timeout and the error handling of a journal over blocking connections."""
 
@@ -64,6 +114,15 @@ class ThreadedJournal(Generic[Conn]):
         self._ready = False
         self._creating = trio.Lock()
         self._closed = False
+        self._queue: AppendQueue[_Ticket] = AppendQueue(
+            max_events=settings.group_commit_max_events,
+            max_bytes=settings.group_commit_max_bytes,
+        )
+        self._committing = False
+        self._commit_limiter = trio.CapacityLimiter(1)
+        self._counts = dict.fromkeys(
+            ("batches", "commits", "appends", "refused", "failed", "largest_batch"), 0
+        )
 
     @property
     def max_event_size(self) -> int:
@@ -74,6 +133,15 @@ class ThreadedJournal(Generic[Conn]):
     def snapshot_every(self) -> int | None:
         """Events between snapshots for entity types that do not set their own."""
         return self._snapshot_every
+
+    def group_commit_statistics(self) -> GroupCommitStatistics:
+        """What the group commit of appends has done since this journal was made.
+
+        Example:
+            >>> journal.group_commit_statistics().commits  # doctest: +SKIP
+            12
+        """
+        return GroupCommitStatistics(**self._counts)
 
     # -- what a backend provides --------------------------------------------------------------
 
@@ -99,6 +167,15 @@ class ThreadedJournal(Generic[Conn]):
         self, conn: Conn, persistence_id: str, what: str, fn: Callable[[Conn], _T]
     ) -> _T:
         """Run ``fn`` in one transaction on ``conn``, committed if it returns."""
+        raise NotImplementedError
+
+    def _commit_batch(
+        self, conn: Conn, batch: Sequence[PendingAppend]
+    ) -> list[JournalError | None]:
+        """Write ``batch`` inside the open transaction; return each append's refusal or None.
+
+        Reads the batch's stream rows, writes what ``plan_batch`` makes of them.
+        """
         raise NotImplementedError
 
     # -- the pool -----------------------------------------------------------------------------
@@ -131,19 +208,22 @@ class ThreadedJournal(Generic[Conn]):
         self._give_back(conn)
         return result
 
+    async def _ensure_tables(self, persistence_id: str) -> None:
+        if not self._ready:
+            async with self._creating:  # one thread creates the tables, the others wait
+                if not self._ready:
+                    await self._in_thread(
+                        persistence_id,
+                        "creating the tables",
+                        lambda: self._with_connection(self._create),
+                    )
+                    self._ready = True
+
     async def _run(self, persistence_id: str, what: str, fn: Callable[[Conn], _T]) -> _T:
         if self._closed:
             raise JournalError(persistence_id, f"{self._describe()} is closed")
         with trio.move_on_after(self._timeout) as scope:
-            if not self._ready:
-                async with self._creating:  # one thread creates the tables, the others wait
-                    if not self._ready:
-                        await self._in_thread(
-                            persistence_id,
-                            "creating the tables",
-                            lambda: self._with_connection(self._create),
-                        )
-                        self._ready = True
+            await self._ensure_tables(persistence_id)
 
             def work() -> _T:
                 return self._with_connection(
@@ -157,6 +237,149 @@ class ThreadedJournal(Generic[Conn]):
             f"{self._describe()}: {what} did not finish within operation_timeout "
             f"({self._timeout:g} s); its outcome is unknown",
         )
+
+    # -- group commit -------------------------------------------------------------------------
+
+    async def _append(
+        self, pid: str, first_seq: int, events: list[bytes], token: int | None
+    ) -> None:
+        """Write the append with the next group commit; raise its refusal or failure."""
+        # A task that commits its own append (below, shielded) again and again must still see
+        # its cancellation.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if self._closed:
+            raise JournalError(pid, f"{self._describe()} is closed")
+        if not self._ready:
+            with trio.move_on_after(self._timeout):
+                await self._ensure_tables(pid)
+            if not self._ready:
+                raise JournalError(
+                    pid,
+                    f"{self._describe()}: creating the tables did not finish within "
+                    f"operation_timeout ({self._timeout:g} s); nothing was appended",
+                )
+        ticket = _Ticket(
+            pid, first_seq, events, token, deadline=trio.current_time() + self._timeout
+        )
+        self._queue.add(ticket)
+        if not self._committing:  # then nothing else waits: this append commits at once, alone
+            self._committing = True
+            try:
+                with trio.CancelScope(shield=True):
+                    await self._commit(self._queue.take_batch())
+            finally:
+                if self._queue:  # appends came meanwhile: the committer takes over
+                    trio.lowlevel.spawn_system_task(
+                        self._committer, name=f"{self._describe()} commits"
+                    )
+                else:
+                    self._committing = False
+        else:
+            try:
+                await ticket.done.wait()
+            except BaseException:
+                self._queue.discard(ticket)  # if it still waits, it leaves with nothing written
+                raise
+        if ticket.error is not None:
+            raise ticket.error
+
+    async def _committer(self) -> None:
+        """Commit batch after batch while appends wait; then end (the next append restarts it).
+
+        A system task, so that the next batch starts the moment the last commit returns, while
+        the tasks of the answered appends run, and so that no caller's cancellation stops it.
+        Each commit is shielded and bounded by ``operation_timeout``.
+        """
+        try:
+            while True:
+                if not self._queue:
+                    # The tasks just answered may append again at once: let them all run (two
+                    # scheduling rounds: trio may run this task before or after them in the
+                    # first), then look again, so that their appends go out together rather
+                    # than one alone first.
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    if not self._queue:
+                        break
+                batch = self._queue.take_batch()
+                now = trio.current_time()
+                late = [t for t in batch if t.deadline <= now]
+                if late:
+                    self._fail(
+                        late,
+                        None,
+                        f"waited operation_timeout ({self._timeout:g} s) for earlier appends to "
+                        "commit; nothing was written",
+                        together=False,
+                    )
+                    batch = [t for t in batch if t.deadline > now]
+                if batch:
+                    with trio.CancelScope(shield=True):
+                        await self._commit(batch)
+        finally:
+            self._committing = False
+
+    async def _commit(self, batch: list[_Ticket]) -> None:
+        counts = self._counts
+        counts["batches"] += 1
+        counts["largest_batch"] = max(counts["largest_batch"], len(batch))
+        first = batch[0].persistence_id
+
+        def work() -> list[JournalError | None]:
+            return self._with_connection(
+                lambda conn: self._transaction(
+                    conn, first, "group commit", lambda c: self._commit_batch(c, batch)
+                )
+            )
+
+        try:
+            with trio.move_on_after(self._timeout):
+                refusals = await trio.to_thread.run_sync(
+                    work, limiter=self._commit_limiter, abandon_on_cancel=True
+                )
+                counts["commits"] += 1
+                for ticket, refusal in zip(batch, refusals, strict=True):
+                    counts["appends" if refusal is None else "refused"] += 1
+                    ticket.answer(refusal)
+                return
+            self._fail(
+                batch,
+                None,
+                f"did not finish within operation_timeout ({self._timeout:g} s); its outcome "
+                "is unknown",
+            )
+        except JournalError as exc:  # the transaction was refused as a whole, nothing written
+            self._fail(batch, exc, f"refused: {str(exc).split(': ', 1)[-1]}", kind=type(exc))
+        except Exception as exc:
+            text = str(exc).strip() or type(exc).__name__
+            self._fail(batch, exc, f"failed: {text}; nothing of its batch was written")
+        except BaseException as exc:  # KeyboardInterrupt and the like: answer, then go on up
+            self._fail(batch, exc, "was interrupted; its outcome is unknown")
+            raise
+
+    def _fail(
+        self,
+        batch: list[_Ticket],
+        cause: BaseException | None,
+        text: str,
+        *,
+        kind: type[JournalError] = JournalError,
+        together: bool = True,
+    ) -> None:
+        """Answer every append of ``batch`` with a failure of its own, ``cause`` chained."""
+        self._counts["failed"] += len(batch)
+        others = (
+            f" (in one transaction with {len(batch) - 1} others)"
+            if together and len(batch) > 1
+            else ""
+        )
+        for ticket in batch:
+            error = kind(
+                ticket.persistence_id,
+                f"{self._describe()}: append at {ticket.first_seq}{others} {text}",
+            )
+            error.__cause__ = cause
+            ticket.answer(error)
 
     async def _in_thread(self, persistence_id: str, what: str, work: Callable[[], _T]) -> _T:
         try:

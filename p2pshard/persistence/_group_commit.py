@@ -1,0 +1,191 @@
+"""Group commit for the SQL journals: many appends in one transaction, each with its own answer.
+
+Sans-IO. Theory of operation. One fsync per append caps a journal at the disk's commit rate
+whatever the CPU. The SQL journals therefore write appends in batches: while one transaction is
+being committed, the appends that arrive wait in an :class:`AppendQueue`; when it is done, the
+next transaction takes what waits (up to ``max_events`` events and ``max_bytes`` bytes, and
+always at least one append, however large) and writes it all with one commit. An append that
+arrives when nothing is being committed goes out at once, alone: batching adds no waiting.
+
+Inside the transaction :func:`plan_batch` applies the rules of ``p2pshard.persistence._journal``
+to each append in arrival order, against the stream rows as stored, updated as it goes: a
+fenced append, or one that does not continue its stream (the stored highest sequence number,
+or that of an earlier append of the same batch), is refused alone with its own
+:class:`p2pshard.JournalFenced` or :class:`p2pshard.JournalConflict`, and writes nothing; the
+others' events and stream rows are written. A refused append changes nothing, as in a
+transaction of its own that rolled back: a conflicting append with a higher token does not raise
+the fence. So the outcome of each append is the one it would have had in a transaction of its
+own, taken in queue order.
+
+What the shell (``p2pshard.persistence._threads``) does with the plan: it writes it and commits;
+then each append is answered, success or its refusal. If the storage fails (an I/O error, a
+full disk, the commit itself), the transaction is rolled back and every append of the batch
+fails with that error: nothing is acknowledged that is not durable, and a retry writes each
+once. Batches are committed one after another, so the order of appends per stream is kept.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Generic, TypeVar
+
+import attrs
+
+from .._errors import JournalError
+from ._journal import admit_token, check_next
+
+
+@attrs.define(eq=False)
+class PendingAppend:
+    """One append waiting to be written: its stream, first sequence number, events and token."""
+
+    persistence_id: str
+    first_seq: int
+    events: list[bytes]
+    token: int | None
+    size: int = attrs.field(init=False)
+    """Bytes of the events."""
+
+    def __attrs_post_init__(self) -> None:
+        self.size = sum(len(e) for e in self.events)
+
+    @property
+    def last_seq(self) -> int:
+        """The sequence number of the append's last event."""
+        return self.first_seq + len(self.events) - 1
+
+
+@attrs.frozen
+class StreamRow:
+    """A stream's stored row: the highest sequence number and the fence."""
+
+    highest: int
+    fence: int | None
+
+
+NEW_STREAM = StreamRow(0, None)
+"""The row of a stream that has none yet."""
+
+_A = TypeVar("_A", bound=PendingAppend)
+
+
+class AppendQueue(Generic[_A]):
+    """The appends waiting for the next transaction, in arrival order.
+
+    Example:
+        >>> queue: AppendQueue[PendingAppend] = AppendQueue(max_events=2, max_bytes=1 << 20)
+        >>> for i in range(3):
+        ...     queue.add(PendingAppend(f"R|{i}", 1, [b"e"], None))
+        >>> [a.persistence_id for a in queue.take_batch()]
+        ['R|0', 'R|1']
+        >>> len(queue)
+        1
+    """
+
+    def __init__(self, *, max_events: int, max_bytes: int) -> None:
+        if max_events < 1 or max_bytes < 1:
+            raise ValueError(
+                f"a batch needs room for one event: max_events={max_events}, max_bytes={max_bytes}"
+            )
+        self._max_events = max_events
+        self._max_bytes = max_bytes
+        self._waiting: deque[_A] = deque()
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def add(self, append: _A) -> None:
+        """Queue ``append`` behind those already waiting."""
+        self._waiting.append(append)
+
+    def head(self) -> _A | None:
+        """The append that has waited longest, or None."""
+        return self._waiting[0] if self._waiting else None
+
+    def discard(self, append: _A) -> bool:
+        """Take ``append`` out of the queue; False if it is not waiting (taken into a batch)."""
+        for i, waiting in enumerate(self._waiting):
+            if waiting is append:
+                del self._waiting[i]
+                return True
+        return False
+
+    def take_batch(self) -> list[_A]:
+        """The appends of the next transaction, oldest first, within the limits.
+
+        The first append is always taken, even above the limits alone; the others while the
+        batch's events and bytes stay within ``max_events`` and ``max_bytes``. Appends are
+        taken in order: one that does not fit ends the batch, so none overtakes another.
+        """
+        batch: list[_A] = []
+        events = size = 0
+        while self._waiting:
+            head = self._waiting[0]
+            if batch and (
+                events + len(head.events) > self._max_events or size + head.size > self._max_bytes
+            ):
+                break
+            batch.append(self._waiting.popleft())
+            events += len(head.events)
+            size += head.size
+        return batch
+
+
+@attrs.frozen
+class BatchPlan:
+    """What one transaction writes for a batch, and the refusals it answers."""
+
+    events: list[tuple[str, int, bytes]]
+    """Rows to insert, ``(persistence_id, seq, payload)``, in the batch's order."""
+
+    streams: dict[str, StreamRow]
+    """The new row of each stream the batch changes."""
+
+    refusals: list[JournalError | None]
+    """For each append of the batch, in order: its refusal, or None if it is written."""
+
+
+def streams_of(batch: Sequence[PendingAppend]) -> list[str]:
+    """The distinct persistence ids of ``batch``, sorted (the order in which rows are locked)."""
+    return sorted({a.persistence_id for a in batch})
+
+
+def plan_batch(batch: Sequence[PendingAppend], stored: Mapping[str, StreamRow]) -> BatchPlan:
+    """Apply the fence and sequence rules to each append of ``batch`` in order.
+
+    ``stored`` holds the stored rows of the batch's streams, read inside the transaction (a
+    stream without a row is new). Each append is checked against its stream as the appends
+    before it in the batch left it.
+
+    Example:
+        >>> plan = plan_batch(
+        ...     [
+        ...         PendingAppend("R|a", 1, [b"x"], 5),
+        ...         PendingAppend("R|b", 4, [b"y"], 1),  # fenced: b's fence is 2
+        ...         PendingAppend("R|a", 2, [b"z"], 5),
+        ...     ],
+        ...     {"R|b": StreamRow(3, 2)},
+        ... )
+        >>> plan.events
+        [('R|a', 1, b'x'), ('R|a', 2, b'z')]
+        >>> [type(r).__name__ for r in plan.refusals]
+        ['NoneType', 'JournalFenced', 'NoneType']
+    """
+    rows = dict(stored)
+    events: list[tuple[str, int, bytes]] = []
+    changed: dict[str, StreamRow] = {}
+    refusals: list[JournalError | None] = []
+    for append in batch:
+        pid = append.persistence_id
+        row = rows.get(pid, NEW_STREAM)
+        try:
+            fence = admit_token(pid, row.fence, append.token)
+            check_next(pid, append.first_seq, row.highest)
+        except JournalError as refusal:
+            refusals.append(refusal)
+            continue
+        refusals.append(None)
+        events.extend((pid, append.first_seq + i, e) for i, e in enumerate(append.events))
+        rows[pid] = changed[pid] = StreamRow(append.last_seq, fence)
+    return BatchPlan(events, changed, refusals)

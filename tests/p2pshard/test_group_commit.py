@@ -1,0 +1,582 @@
+"""Group commit in the SQL journals: many appends per transaction, each answered alone.
+
+The sans-IO core (``p2pshard.persistence._group_commit``) first, without a database: the
+queue's limits and order, and the per-append rules of a batch, checked against the memory
+journal applying the same appends one by one. Then each SQL backend (SQLite, and a real
+PostgreSQL started for the module): a batch in which one append is fenced and one out of
+sequence (the others commit), a storage failure in the middle of a batch (a trigger that
+aborts; for SQLite also a real write error, ``prlimit`` on a writer process) that fails the
+whole batch while a retry writes everything once, and kill -9 of a writer process in the middle
+of heavy group-committed appends, which loses no acknowledged event.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import resource
+import signal
+import sqlite3
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+
+import attrs
+import psycopg
+import pytest
+import trio
+import trio.testing
+
+from p2pshard import (
+    ConfigurationError,
+    JournalConflict,
+    JournalError,
+    JournalFenced,
+    JournalSettings,
+    MemoryJournal,
+    PostgresJournal,
+    SqliteJournal,
+)
+from p2pshard.persistence._group_commit import (
+    AppendQueue,
+    PendingAppend,
+    StreamRow,
+    plan_batch,
+)
+from p2pshard.testing import PostgresServer, running_postgres
+from tests._support.group_commit_worker import payload
+
+_ids = itertools.count()
+
+SqlJournal = SqliteJournal | PostgresJournal
+
+
+def fresh_id(name: str) -> str:
+    """A persistence id no other test used (the PostgreSQL server is shared by the module)."""
+    return f"GroupCommit|{os.getpid()}-{next(_ids)}-{name}"
+
+
+# --- the sans-IO core -----------------------------------------------------------------------------
+
+
+def appends(*specs: tuple[str, int, int, int | None]) -> list[PendingAppend]:
+    """``(stream, first_seq, events, token)`` each; events of 10 bytes."""
+    return [PendingAppend(s, first, [b"0123456789"] * n, token) for s, first, n, token in specs]
+
+
+def test_a_batch_takes_the_oldest_appends_within_the_limits() -> None:
+    queue: AppendQueue[PendingAppend] = AppendQueue(max_events=5, max_bytes=1000)
+    a, b, c, d = appends(("a", 1, 2, None), ("b", 1, 3, None), ("c", 1, 1, None), ("d", 1, 1, None))
+    for append in (a, b, c, d):
+        queue.add(append)
+    assert queue.take_batch() == [a, b]  # c would make 6 events: it waits, and d behind it
+    assert queue.take_batch() == [c, d]
+    assert queue.take_batch() == []
+
+    by_bytes: AppendQueue[PendingAppend] = AppendQueue(max_events=1000, max_bytes=25)
+    big, small = appends(("big", 1, 4, None), ("small", 1, 1, None))
+    by_bytes.add(big)
+    by_bytes.add(small)
+    assert by_bytes.take_batch() == [big]  # above the limit alone: it goes, alone
+    assert by_bytes.take_batch() == [small]
+
+    e, f = appends(("e", 1, 1, None), ("f", 1, 1, None))
+    queue.add(e)
+    queue.add(f)
+    assert queue.discard(e)  # a cancelled append leaves the queue
+    assert not queue.discard(e)
+    assert queue.head() is f
+    with pytest.raises(ValueError, match="room for one event"):
+        AppendQueue(max_events=0, max_bytes=1)
+
+
+def test_each_append_of_a_batch_is_checked_alone_in_order() -> None:
+    stored = {"fenced": StreamRow(3, 7), "behind": StreamRow(4, None)}
+    batch = appends(
+        ("new", 1, 2, 1),
+        ("fenced", 4, 1, 6),  # token 6 < fence 7
+        ("behind", 4, 1, None),  # the stream is at 4: 4 is taken
+        ("new", 3, 1, 2),  # continues the first append of this batch, raises the fence to 2
+        ("new", 5, 1, 2),  # a gap
+        ("new", 4, 1, 1),  # fenced by the fence this batch raised
+        ("behind", 5, 1, 9),  # fine: raises the fence to 9
+    )
+    plan = plan_batch(batch, stored)
+    kinds = [None if r is None else type(r) for r in plan.refusals]
+    assert kinds == [
+        None,
+        JournalFenced,
+        JournalConflict,
+        None,
+        JournalConflict,
+        JournalFenced,
+        None,
+    ]
+    assert "token 6 is lower than 7" in str(plan.refusals[1])
+    assert "append at sequence number 4, but the highest stored is 4" in str(plan.refusals[2])
+    assert [(pid, seq) for pid, seq, _ in plan.events] == [
+        ("new", 1),
+        ("new", 2),
+        ("new", 3),
+        ("behind", 5),
+    ]
+    assert plan.streams == {"new": StreamRow(3, 2), "behind": StreamRow(5, 9)}
+
+
+def test_a_refused_append_changes_nothing_not_even_the_fence() -> None:
+    plan = plan_batch(appends(("s", 9, 1, 50)), {"s": StreamRow(2, 10)})  # conflict, token 50
+    assert isinstance(plan.refusals[0], JournalConflict)
+    assert (plan.events, plan.streams) == ([], {})
+
+
+async def test_a_batch_has_the_outcomes_of_its_appends_made_one_by_one() -> None:
+    """Random batches against the memory journal applying the same appends one at a time."""
+    seed = random.randrange(1 << 32)
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    streams = ["a", "b", "c"]
+    model = MemoryJournal()
+    stored: dict[str, StreamRow] = {}
+    for _ in range(200):
+        batch = [
+            PendingAppend(
+                s := rng.choice(streams),
+                max(1, len(model.events(s)) + rng.choice([1, 1, 1, 0, 2])),
+                [bytes([rng.randrange(256)])] * rng.randint(1, 3),
+                rng.choice([None, rng.randint(1, 8)]),
+            )
+            for _ in range(rng.randint(1, 6))
+        ]
+        plan = plan_batch(batch, stored)
+        expected: list[type[JournalError] | None] = []
+        for append in batch:
+            try:
+                await model.append(
+                    append.persistence_id, append.first_seq, append.events, token=append.token
+                )
+                expected.append(None)
+            except JournalError as exc:
+                expected.append(type(exc))
+        assert [None if r is None else type(r) for r in plan.refusals] == expected, seed
+        stored.update(plan.streams)
+        for s in streams:
+            assert stored.get(s, StreamRow(0, None)) == StreamRow(
+                len(model.events(s)), model.fence(s)
+            ), seed
+
+
+def test_the_batch_limits_are_checked_with_clear_errors() -> None:
+    for field, value in (
+        ("group_commit_max_events", 0),
+        ("group_commit_max_bytes", -5),
+        ("connections", 0),
+        ("group_commit_max_events", 2.5),
+    ):
+        with pytest.raises(ConfigurationError, match=f"^JournalSettings.{field} = {value} is"):
+            JournalSettings(**{field: value})  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="group_commit_max_bytes = 0 is invalid"):
+        SqliteJournal("x.db", group_commit_max_bytes=0)
+    assert JournalSettings().group_commit_max_events == 1000
+
+
+# --- the SQL backends ---------------------------------------------------------------------------
+
+
+@attrs.define
+class Backend:
+    kind: str
+    open: Callable[..., SqlJournal]
+    where: str
+    lock: Callable[[], AbstractContextManager[None]]
+    """Inside it, another connection holds the lock the next batch needs (for ``blocker``)."""
+    poison: Callable[[bytes], None]
+    """Makes the storage abort the transaction that inserts the given event."""
+    cure: Callable[[], None]
+    blocker: str
+    journals: list[SqlJournal] = attrs.field(factory=list)
+
+    def journal(self, **tuning: object) -> SqlJournal:
+        journal = self.open(**tuning)
+        self.journals.append(journal)
+        return journal
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[PostgresServer]:
+    with running_postgres(fsync=False) as server:
+        yield server
+
+
+def _sqlite(tmp_path: Path) -> Backend:
+    path = tmp_path / "journal.db"
+
+    @contextmanager
+    def lock() -> Iterator[None]:
+        db = sqlite3.connect(path, isolation_level=None)
+        db.execute("BEGIN IMMEDIATE")  # the journal's next transaction waits for it
+        try:
+            yield
+        finally:
+            db.execute("ROLLBACK")
+            db.close()
+
+    def poison(event: bytes) -> None:
+        with sqlite3.connect(path, isolation_level=None) as db:
+            db.execute(
+                "CREATE TRIGGER poison BEFORE INSERT ON p2pshard_journal_events "
+                f"WHEN NEW.payload = X'{event.hex()}' "
+                "BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
+            )
+        db.close()
+
+    def cure() -> None:
+        with sqlite3.connect(path, isolation_level=None) as db:
+            db.execute("DROP TRIGGER poison")
+        db.close()
+
+    return Backend(
+        "sqlite",
+        lambda **tuning: SqliteJournal(path, **tuning),
+        str(path),
+        lock,
+        poison,
+        cure,
+        fresh_id("blocker"),
+    )
+
+
+def _postgres(server: PostgresServer) -> Backend:
+    blocker = fresh_id("blocker")
+
+    @contextmanager
+    def lock() -> Iterator[None]:
+        with psycopg.connect(server.dsn) as db, db.transaction():
+            db.execute(
+                "SELECT 1 FROM p2pshard_journal_streams WHERE persistence_id = %s FOR UPDATE",
+                (blocker,),
+            )
+            yield
+
+    def poison(event: bytes) -> None:
+        with psycopg.connect(server.dsn, autocommit=True) as db:
+            db.execute(
+                "CREATE OR REPLACE FUNCTION p2pshard_test_poison() RETURNS trigger AS $$ "
+                f"BEGIN IF NEW.payload = '\\x{event.hex()}'::bytea THEN "
+                "RAISE EXCEPTION 'injected failure'; END IF; RETURN NEW; END $$ "
+                "LANGUAGE plpgsql"
+            )
+            db.execute(
+                "CREATE OR REPLACE TRIGGER poison BEFORE INSERT ON p2pshard_journal_events "
+                "FOR EACH ROW EXECUTE FUNCTION p2pshard_test_poison()"
+            )
+
+    def cure() -> None:
+        with psycopg.connect(server.dsn, autocommit=True) as db:
+            db.execute("DROP TRIGGER poison ON p2pshard_journal_events")
+
+    return Backend(
+        "postgresql",
+        lambda **tuning: PostgresJournal(server.dsn, **tuning),
+        server.dsn,
+        lock,
+        poison,
+        cure,
+        blocker,
+    )
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    made = (
+        _sqlite(tmp_path)
+        if request.param == "sqlite"
+        else _postgres(request.getfixturevalue("postgres"))
+    )
+    yield made
+    for journal in made.journals:
+        await journal.aclose()
+
+
+Outcome = BaseException | None
+
+
+async def one_batch(
+    backend: Backend,
+    journal: SqlJournal,
+    calls: list[tuple[str, int, bytes, int | None]],
+) -> list[Outcome]:
+    """Make ``calls`` wait behind a blocked commit, so that they go out in one transaction.
+
+    Each is ``(persistence_id, first_seq, event, token)``; started one after another, so that
+    their order in the queue is theirs. Returns each one's outcome (None: acknowledged).
+    """
+    outcomes: list[Outcome] = [None] * len(calls)
+    seq = (await journal.recover(backend.blocker, None)).highest_seq + 1
+    await journal.append(backend.blocker, seq, [b"the stream row exists"], token=None)
+    blocked_seq = seq + 1
+
+    async def call(i: int) -> None:
+        pid, seq, event, token = calls[i]
+        try:
+            await journal.append(pid, seq, [event], token=token)
+        except JournalError as exc:
+            outcomes[i] = exc
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            with backend.lock():
+                nursery.start_soon(
+                    lambda: journal.append(backend.blocker, blocked_seq, [b"blocked"], token=None)
+                )
+                await trio.testing.wait_all_tasks_blocked()
+                before = journal.group_commit_statistics()
+                for i in range(len(calls)):
+                    nursery.start_soon(call, i)
+                    await trio.testing.wait_all_tasks_blocked()
+                assert journal.group_commit_statistics() == before  # all wait, none committed
+    after = journal.group_commit_statistics()
+    assert after.batches == before.batches + 1  # after the blocked one, all of them at once
+    assert after.largest_batch >= len(calls)
+    return outcomes
+
+
+async def test_a_fenced_and_an_out_of_sequence_append_fail_alone_in_their_batch(
+    backend: Backend,
+) -> None:
+    journal = backend.journal(operation_timeout=20.0)
+    fenced, behind, twice = fresh_id("fenced"), fresh_id("behind"), fresh_id("twice")
+    good = [fresh_id(f"good{i}") for i in range(5)]
+    good.append(fresh_id('odd "quotes", {braces}, \\back\\slashes, NULL and ünïcødé'))
+    await journal.append(fenced, 1, [b"f1"], token=3)
+    await journal.recover(fenced, 5)  # a newer holder took over
+    await journal.append(behind, 1, [b"b1"], token=None)
+    calls: list[tuple[str, int, bytes, int | None]] = [
+        (good[0], 1, b"g0", 1),
+        (fenced, 2, b"stale", 4),
+        (good[1], 1, b"g1", None),
+        (behind, 3, b"gap", None),
+        (twice, 1, b"t1", 2),
+        (twice, 2, b"t2", 2),  # the same stream twice in one batch, in order
+        *((pid, 1, pid.encode(), 7) for pid in good[2:]),
+    ]
+    outcomes = await one_batch(backend, journal, calls)
+    assert isinstance(outcomes[1], JournalFenced), outcomes[1]
+    assert "token 4 is lower than 5" in str(outcomes[1])
+    assert fenced in str(outcomes[1])
+    assert isinstance(outcomes[3], JournalConflict), outcomes[3]
+    assert "append at sequence number 3, but the highest stored is 1" in str(outcomes[3])
+    assert [i for i, o in enumerate(outcomes) if o is not None] == [1, 3]
+    check = backend.journal()
+    assert (await check.recover(fenced, None)).events == ((1, b"f1"),)
+    assert (await check.recover(behind, None)).events == ((1, b"b1"),)
+    assert (await check.recover(twice, None)).events == ((1, b"t1"), (2, b"t2"))
+    assert (await check.recover(good[0], None)).events == ((1, b"g0"),)
+    assert (await check.recover(good[1], None)).events == ((1, b"g1"),)
+    for pid in good[2:]:
+        assert (await check.recover(pid, None)).events == ((1, pid.encode()),)
+    with pytest.raises(JournalFenced):  # the batch raised good[2]'s fence to 7
+        await check.append(good[2], 2, [b"x"], token=6)
+
+
+async def test_a_storage_failure_fails_the_whole_batch_and_a_retry_writes_each_once(
+    backend: Backend,
+) -> None:
+    journal = backend.journal(operation_timeout=20.0)
+    pids = [fresh_id(f"s{i}") for i in range(6)]
+    calls: list[tuple[str, int, bytes, int | None]] = [
+        (pid, 1, f"event of {i}".encode(), None) for i, pid in enumerate(pids)
+    ]
+    await journal.append(pids[0], 1, [b"tables"], token=None)  # creates the tables
+    calls[0] = (pids[0], 2, b"event of 0", None)
+    calls.insert(3, (pids[3], 1, b"poison", None))  # in the middle of the batch
+    del calls[4]
+    backend.poison(b"poison")
+    outcomes = await one_batch(backend, journal, calls)
+    for outcome, (pid, _, _, _) in zip(outcomes, calls, strict=True):
+        assert isinstance(outcome, JournalError), outcome
+        assert not isinstance(outcome, JournalFenced | JournalConflict)
+        assert pid in str(outcome)
+        assert "injected failure" in str(outcome)
+        assert outcome.__cause__ is not None
+    for pid in pids:  # nothing of the batch was written
+        assert (await journal.recover(pid, None)).highest_seq == (1 if pid == pids[0] else 0)
+    backend.cure()
+    outcomes = await one_batch(backend, journal, calls)  # the retry
+    assert outcomes == [None] * len(calls)
+    check = backend.journal()
+    for pid, seq, event, _ in calls:
+        events = (await check.recover(pid, None)).events
+        assert events[-1] == (seq, event)
+        assert len(events) == seq
+
+
+async def test_a_batch_that_cannot_get_its_lock_fails_with_nothing_written(
+    backend: Backend,
+) -> None:
+    journal = backend.journal(operation_timeout=0.6)
+    await journal.append(backend.blocker, 1, [b"row"], token=None)
+    with backend.lock(), trio.fail_after(10):
+        with pytest.raises(JournalError, match=backend.blocker) as caught:
+            await journal.append(backend.blocker, 2, [b"locked out"], token=None)
+        assert not isinstance(caught.value, JournalFenced | JournalConflict)
+    await trio.sleep(1.0)  # long enough for an abandoned commit to have landed, were there one
+    assert (await journal.recover(backend.blocker, None)).highest_seq == 1
+    await journal.append(backend.blocker, 2, [b"after"], token=None)  # the journal goes on
+    assert journal.group_commit_statistics().failed == 1
+
+
+async def test_cancelled_appenders_stop_and_an_append_cancelled_while_waiting_writes_nothing(
+    backend: Backend,
+) -> None:
+    journal = backend.journal(operation_timeout=20.0)
+    prefix = fresh_id("loop")
+
+    async def closed_loop(t: int) -> None:
+        for n in itertools.count(1):
+            await journal.append(f"{prefix}-{t}", n, [b"e"], token=None)
+
+    with trio.fail_after(15):  # every task sees the cancellation, the committing one too
+        with trio.move_on_after(0.3):
+            async with trio.open_nursery() as nursery:
+                for t in range(32):
+                    nursery.start_soon(closed_loop, t)
+    assert journal.group_commit_statistics().largest_batch > 1
+
+    await journal.append(backend.blocker, 1, [b"row"], token=None)
+    cancelled, waiting = trio.CancelScope(), fresh_id("cancelled")
+
+    async def append_then_give_up() -> None:
+        with cancelled:
+            await journal.append(waiting, 1, [b"never"], token=None)
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            with backend.lock():
+                nursery.start_soon(lambda: journal.append(backend.blocker, 2, [b"b"], token=None))
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.start_soon(append_then_give_up)
+                await trio.testing.wait_all_tasks_blocked()
+                cancelled.cancel()
+                await trio.testing.wait_all_tasks_blocked()
+    assert cancelled.cancelled_caught
+    assert (await journal.recover(waiting, None)).highest_seq == 0
+    assert (await journal.recover(backend.blocker, None)).highest_seq == 2
+
+
+# --- processes ------------------------------------------------------------------------------------
+
+
+@attrs.define
+class Worker:
+    process: trio.Process
+    lines: list[str] = attrs.field(factory=list)
+
+    def count(self, kind: str) -> int:
+        return sum(1 for line in self.lines if line.startswith(kind + " "))
+
+    def pairs(self, kind: str) -> list[tuple[int, int]]:
+        return [
+            (int(line.split()[1]), int(line.split()[2]))
+            for line in self.lines
+            if line.startswith(kind + " ")
+        ]
+
+    def largest_batch(self) -> int:
+        stats = [line for line in self.lines if line.startswith("stats ")]
+        return max((int(line.split()[3]) for line in stats), default=0)
+
+
+async def read_lines(worker: Worker) -> None:
+    stdout = worker.process.stdout
+    assert stdout is not None
+    buffer = b""
+    async for chunk in stdout:
+        buffer += chunk
+        *complete, buffer = buffer.split(b"\n")
+        worker.lines.extend(line.decode() for line in complete)
+
+
+async def until(worker: Worker, what: Callable[[], bool], text: str) -> None:
+    while not what():
+        if worker.process.returncode is not None:
+            raise AssertionError(f"the worker exited ({worker.process.returncode}) before {text}")
+        await trio.sleep(0.05)
+
+
+async def check_stored(kind: str, where: str, worker: Worker, streams: int, size: int) -> None:
+    """Each stream holds 1..n in order, each event once, and every acknowledged one."""
+    acknowledged: dict[int, int] = {}
+    for stream, seq in worker.pairs("ok"):
+        acknowledged[stream] = max(acknowledged.get(stream, 0), seq)
+    journal = SqliteJournal(where) if kind == "sqlite" else PostgresJournal(where)
+    try:
+        for stream in range(streams):
+            events = (await journal.recover(f"GC|{stream}", None)).events
+            assert events == tuple(
+                (seq, payload(stream, seq, size)) for seq in range(1, len(events) + 1)
+            ), stream
+            assert len(events) >= acknowledged.get(stream, 0), (stream, acknowledged[stream])
+    finally:
+        await journal.aclose()
+
+
+async def run_worker(kind: str, where: str, streams: int, count: int, size: int) -> Worker:
+    command = [sys.executable, "-m", "tests._support.group_commit_worker", kind, where]
+    process = await trio.lowlevel.open_process(
+        [*command, str(streams), str(count), str(size)], stdout=-1
+    )
+    return Worker(process)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+async def test_kill_9_during_heavy_group_commits_loses_no_acknowledged_event(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    where = (
+        str(tmp_path / "journal.db")
+        if kind == "sqlite"
+        else request.getfixturevalue("postgres").dsn
+    )
+    streams, size = 64, 200
+    with trio.fail_after(60):
+        worker = await run_worker(kind, where, streams, 1_000_000, size)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_lines, worker)
+            await until(worker, lambda: worker.count("ok") >= 3000, "3000 acknowledgements")
+            worker.process.send_signal(signal.SIGKILL)
+            await worker.process.wait()
+    assert worker.process.returncode == -signal.SIGKILL
+    assert worker.largest_batch() > 1, "the appends were not group-committed"
+    await check_stored(kind, where, worker, streams, size)
+
+
+FILE_SIZE_LIMIT = 1
+"""RLIMIT_FSIZE for the writer while its writes must fail: every write past byte 1 fails."""
+
+
+@pytest.mark.skipif(not hasattr(resource, "prlimit"), reason="limits a process's file size")
+async def test_write_errors_in_a_writer_process_fail_batches_and_retries_store_each_once(
+    tmp_path: Path,
+) -> None:
+    """Python ignores SIGXFSZ: a write past the limit fails with EFBIG, a real I/O error."""
+    where, streams, count, size = str(tmp_path / "journal.db"), 16, 60, 300
+    with trio.fail_after(90):
+        worker = await run_worker("sqlite", where, streams, count, size)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_lines, worker)
+            await until(worker, lambda: worker.count("ok") >= 100, "100 acknowledgements")
+            pid = worker.process.pid
+            soft, hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)
+            resource.prlimit(pid, resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, hard))
+            try:
+                await until(worker, lambda: worker.count("fail") >= 50, "50 failed appends")
+            finally:
+                resource.prlimit(pid, resource.RLIMIT_FSIZE, (soft, hard))
+            assert await worker.process.wait() == 0
+    assert worker.count("ok") == streams * count
+    assert worker.largest_batch() > 1, "the appends were not group-committed"
+    failed = set(worker.pairs("fail"))
+    assert failed <= set(worker.pairs("ok"))  # each failed append was retried and acknowledged
+    await check_stored("sqlite", where, worker, streams, size)
