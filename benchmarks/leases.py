@@ -1048,7 +1048,7 @@ async def first_messages_per_shard(
             certs,
             LeaseSettings(backend="etcd", endpoints=(url,)),
             plan,
-            "etcd, a lease per shard,",
+            "etcd per-shard",
             progress,
             backend,
         )
@@ -1355,7 +1355,7 @@ def format_table(report: dict[str, Any]) -> str:
         *backend_rows("etcd", report["etcd"], counts),
         *first_rows("sqlite", report["first_message_sqlite"]),
         *first_rows("etcd", report["first_message_etcd"]),
-        *first_rows("etcd, a lease per shard,", report["first_message_etcd_per_shard"]),
+        *first_rows("etcd per-shard", report["first_message_etcd_per_shard"]),
         *scale_rows(report["scale"]),
     ]
     header = ("figure", "ours", "baseline (same run)", "ratio")
