@@ -28,7 +28,7 @@ Node leases (see ``p2pshard.leases._node_lease``): a node lease is one etcd leas
 the key put on that etcd lease instead of one of its own, so the token is again the key's
 ``create_revision``; one keep-alive of the etcd lease keeps every key on it, and revoking it
 deletes them all at once. A key whose etcd lease is gone cannot be put (etcd answers "requested
-lease not found"), which :class:`~p2pshard.leases._node_lease.NodeLeaseGone` reports. A renewal
+lease not found"), which :class:`~p2pshard.NodeLeaseGone` reports. A renewal
 of the node lease is a keep-alive only: the keys on it are not read back, since only their owner
 deletes them (a release, or a new grant to the same owner, which that owner's node lease knows).
 
