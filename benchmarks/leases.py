@@ -3,7 +3,7 @@
 How to run it (from the project root)::
 
     .venv/bin/python -m benchmarks.leases            # full run, a few minutes
-    .venv/bin/python -m benchmarks.leases --quick    # smaller counts, under a minute
+    .venv/bin/python -m benchmarks.leases --quick    # smaller counts, under two minutes
     .venv/bin/python -m benchmarks.leases --json     # one JSON object instead of the table
 
 Progress lines go to stderr unless ``--json``.
@@ -62,6 +62,23 @@ pair measured back to back (this shared machine's speed drifts).
    hundreds of leases alive into the next round; and each backend's first messages are measured
    before the load of part 1 is put on it.
 
+   The etcd node's shard leases are attached to its node lease (``Leases.shard_lease``); the
+   same again with a lease of its own per shard (the design before node leases, the backend
+   wrapped so that it offers no node leases) is the before figure, in the same run:
+   ``first_message_etcd_over_none`` and ``first_message_etcd_per_shard_over_none`` (p50 with
+   leases over p50 without, medians of per-round ratios).
+
+3. ``scale`` (etcd): one ``Leases`` of a node with the default ``LeaseSettings`` (ttl 15 s, renew
+   every 3 s) holds 100, 1,000 and 10,000 shard leases attached to its node lease, acquired 64 at a
+   time, growing from one size to the next; after each, for a window (4 s quick, 30 s full) this
+   process's CPU time over the wall time (``etcd_core_fraction_<n>_shards``, the fraction of one
+   core the node spends on its leases and everything else it runs, which is nothing else here),
+   etcd's own CPU (from ``/proc``), and the requests sent to etcd per second (counted by an
+   ``httpx`` transport). Baselines in the same run: the same process holding no lease
+   (``etcd_core_fraction_idle``) and 100 shard leases with a lease of their own each
+   (``etcd_core_fraction_per_shard_100``). Every case checks that all its leases are still held at
+   the end of the window and counts losses.
+
 Every wait has a time limit and every loop a bound; a part that misses its limit aborts the
 benchmark with an error naming it.
 """
@@ -108,6 +125,8 @@ from p2pshard import (
 from p2pshard._errors import AskTimeout, LeaseUnavailable
 from p2pshard.leases._etcd import EtcdLeaseBackend
 from p2pshard.leases._lease import Lease, LeaseBackend
+from p2pshard.leases._leases import Leases
+from p2pshard.leases._node_lease import AttachedLease
 from p2pshard.leases._sqlite import SqliteLeaseBackend
 from p2pshard.sharding._region import ShardRegion
 from p2pshard.testing import EtcdNotInstalled, running_etcd
@@ -124,6 +143,8 @@ MISSING_KEY = base64.b64encode(b"p2pshard/bench/missing-key").decode("ascii")
 SETUP_INFLIGHT = 16
 """Concurrent requests while setting up or tearing down the 1,000 leases (not measured)."""
 BOUNDED_INFLIGHT = 8
+SCALE_SETUP_INFLIGHT = 64
+"""Shard leases acquired at once while a scale case sets up (the backend sends at most 8)."""
 """etcd: the renewals (and no-ops) in flight at once in the bounded windows."""
 FIRST_PAUSE = 0.01
 """Seconds before each first-message sample, so that each starts from a quiet node."""
@@ -155,6 +176,10 @@ class Plan:
     """Seconds the 1,000 default leases are watched (0: no keep-alive run)."""
     first_shards: int
     first_rounds: int
+    scale_sizes: tuple[int, ...]
+    """Shard leases held by one node in the scale part."""
+    scale_window: float
+    """Seconds each scale case is watched (renewals every 3 s by default)."""
     part_limit: float
     """Seconds any one part (a backend, the first messages) may take."""
 
@@ -171,6 +196,8 @@ def make_plan(*, quick: bool) -> Plan:
         keepalive_seconds=0.0 if quick else 20.0,
         first_shards=60 if quick else 200,
         first_rounds=1 if quick else 3,
+        scale_sizes=(100, 1000, 10_000),
+        scale_window=4.0 if quick else 30.0,
         part_limit=120.0 if quick else 600.0,
     )
 
@@ -768,6 +795,123 @@ async def etcd_part(url: str, plan: Plan, progress: bool) -> dict[str, Any]:
     return await measure_backend(under_test, plan, progress)
 
 
+# ==== node leases at scale =======================================================================
+
+
+class CountingTransport(httpx.AsyncBaseTransport):
+    """The network, counting requests by path (what a node sends to etcd)."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.paths: dict[str, int] = {}
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.paths[request.url.path] = self.paths.get(request.url.path, 0) + 1
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds the process ``pid`` used so far (from ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def scale_cases(
+    url: str,
+    etcd_pid: int,
+    sizes: tuple[int, ...],
+    design: str,
+    window: float,
+    limit: float,
+    progress: bool,
+) -> list[dict[str, Any]]:
+    """A node (``Leases`` with the default ``LeaseSettings``) holding more and more shard leases.
+
+    ``design`` "node": attached to the node lease; "per-shard": each renewed on its own (the
+    backend wrapped so that it offers no node leases). For each of ``sizes`` (ascending), the
+    node acquires shard leases up to that many, then a window of ``window`` seconds: this
+    process's CPU, etcd's CPU, requests to etcd, renewals, losses.
+    """
+    counting = CountingTransport()
+    etcd = EtcdLeaseBackend([url], request_timeout=REQUEST_TIMEOUT, transport=counting)
+    backend: LeaseBackend = etcd if design == "node" else CountingBackend(etcd)
+    cases: list[dict[str, Any]] = []
+    try:
+        with trio.fail_after(limit), quiet_logs("p2pshard.lease"):
+            async with trio.open_nursery() as nursery:
+                leases = Leases(backend, OWNER, LeaseSettings(), "bench", nursery)
+                handles: list[Lease | AttachedLease] = []
+                refused: list[str] = []
+
+                async def acquire(handle: Lease | AttachedLease) -> None:
+                    if await handle.acquire() is None:
+                        refused.append(handle.name)
+
+                for shards in sizes:
+                    more = [
+                        leases.shard_lease("Scale", str(i)) for i in range(len(handles), shards)
+                    ]
+                    started = time.perf_counter()
+                    await bounded(more, acquire, SCALE_SETUP_INFLIGHT)
+                    handles += more
+                    out: dict[str, Any] = {"shards": shards, "design": design, "window_s": window}
+                    out["acquire_s"] = time.perf_counter() - started
+                    if refused:
+                        raise BenchmarkError(f"{len(refused)} new shard leases were refused")
+                    before, paths = leases.statistics(), dict(counting.paths)
+                    cpu, etcd_cpu = time.process_time(), cpu_seconds(etcd_pid)
+                    wall = time.perf_counter()
+                    await trio.sleep(window)
+                    wall = time.perf_counter() - wall
+                    cpu, etcd_cpu = time.process_time() - cpu, cpu_seconds(etcd_pid) - etcd_cpu
+                    after = leases.statistics()
+                    requests = {k: v - paths.get(k, 0) for k, v in counting.paths.items()}
+                    out.update(
+                        {
+                            "core_fraction": cpu / wall,
+                            "etcd_core_fraction": etcd_cpu / wall,
+                            "requests_per_s": sum(requests.values()) / wall,
+                            "requests": {k: v for k, v in requests.items() if v},
+                            "renewed": after.renewals["renewed"] - before.renewals["renewed"],
+                            "renewals_failed": (
+                                after.renewals["failed"] - before.renewals["failed"]
+                            ),
+                            "lost": after.lost - before.lost,
+                            "held": sum(1 for h in handles if h.check()),
+                        }
+                    )
+                    cases.append(out)
+                    progress_line(
+                        progress,
+                        f"scale: {shards:,} shards, {design} leases: "
+                        f"{out['core_fraction'] * 100:.2f} % of a core, etcd "
+                        f"{out['etcd_core_fraction'] * 100:.2f} %, "
+                        f"{out['requests_per_s']:.2f} requests/s, {out['held']:,} held, "
+                        f"{out['lost']} lost ({shards - len(handles) + len(more):,} acquired "
+                        f"in {out['acquire_s']:.1f} s)",
+                    )
+                await leases.release_all()
+                nursery.cancel_scope.cancel()
+    finally:
+        await etcd.aclose()
+    return cases
+
+
+async def scale_part(url: str, etcd_pid: int, plan: Plan, progress: bool) -> dict[str, Any]:
+    """Baselines (an idle node; the per-shard design at 100 shards), then the node lease at
+    each size."""
+    window, limit = plan.scale_window, plan.part_limit * 2
+    cases = [
+        *await scale_cases(url, etcd_pid, (0,), "node", window, limit, progress),
+        *await scale_cases(url, etcd_pid, (100,), "per-shard", window, limit, progress),
+        *await scale_cases(url, etcd_pid, plan.scale_sizes, "node", window, limit, progress),
+    ]
+    return {"cases": cases}
+
+
 # ==== first messages ==============================================================================
 
 
@@ -804,12 +948,20 @@ async def first_ask(region: ShardRegion, entity_id: str) -> float | None:
 
 
 async def first_messages(
-    certs: Path, lease: LeaseSettings, plan: Plan, label: str, progress: bool
+    certs: Path,
+    lease: LeaseSettings,
+    plan: Plan,
+    label: str,
+    progress: bool,
+    backend: LeaseBackend | None = None,
 ) -> dict[str, Any]:
-    """One node with ``lease``; per round, two fresh entity types (leases on, off) on it."""
+    """One node with ``lease``; per round, two fresh entity types (leases on, off) on it.
+
+    ``backend``: the node's lease backend instead of the one ``lease`` names (closed here).
+    """
     rounds: list[dict[str, Any]] = []
     with trio.fail_after(plan.part_limit), quiet_logs("membership", "crdt"):
-        async with open_node(node_config(certs, lease)) as node:
+        async with open_node(node_config(certs, lease), lease_backend=backend) as node:
             node.cluster.join(node.address.address)
             with trio.fail_after(30):
                 await node.cluster.wait_up()
@@ -885,6 +1037,25 @@ async def first_messages(
     }
 
 
+async def first_messages_per_shard(
+    certs: Path, url: str, plan: Plan, progress: bool
+) -> dict[str, Any]:
+    """:func:`first_messages` with etcd leases of the design before node leases: a lease of its
+    own per shard (the backend wrapped so that it offers no node leases)."""
+    backend = CountingBackend(EtcdLeaseBackend([url], request_timeout=REQUEST_TIMEOUT))
+    try:
+        return await first_messages(
+            certs,
+            LeaseSettings(backend="etcd", endpoints=(url,)),
+            plan,
+            "etcd per-shard",
+            progress,
+            backend,
+        )
+    finally:
+        await backend.aclose()
+
+
 # ==== the report ==================================================================================
 
 
@@ -909,6 +1080,8 @@ def run_all(plan: Plan, *, progress: bool) -> dict[str, Any]:
         sqlite = trio.run(sqlite_part, root, plan, progress)
         etcd: dict[str, Any] | None = None
         first_etcd: dict[str, Any] | None = None
+        first_etcd_per_shard: dict[str, Any] | None = None
+        scale: dict[str, Any] | None = None
         etcd_missing = ""
         try:
             etcd_dir = root / "etcd"
@@ -922,6 +1095,10 @@ def run_all(plan: Plan, *, progress: bool) -> dict[str, Any]:
                     "etcd",
                     progress,
                 )
+                first_etcd_per_shard = trio.run(
+                    first_messages_per_shard, certs, server.url, plan, progress
+                )
+                scale = trio.run(scale_part, server.url, server.pid, plan, progress)
                 etcd = trio.run(etcd_part, server.url, plan, progress)
         except EtcdNotInstalled as exc:
             etcd_missing = str(exc)
@@ -953,6 +1130,11 @@ def run_all(plan: Plan, *, progress: bool) -> dict[str, Any]:
         None if first_etcd is None else first_etcd["added_ms_p50"]
     )
     report["etcd_first_message_ratio_p50"] = None if first_etcd is None else first_etcd["ratio_p50"]
+    report["first_message_etcd_over_none"] = report["etcd_first_message_ratio_p50"]
+    report["first_message_etcd_per_shard_over_none"] = (
+        None if first_etcd_per_shard is None else first_etcd_per_shard["ratio_p50"]
+    )
+    report.update(scale_keys(scale))
     report.update(
         {
             "sqlite": sqlite,
@@ -960,6 +1142,8 @@ def run_all(plan: Plan, *, progress: bool) -> dict[str, Any]:
             "etcd_missing": etcd_missing,
             "first_message_sqlite": first_sqlite,
             "first_message_etcd": first_etcd,
+            "first_message_etcd_per_shard": first_etcd_per_shard,
+            "scale": scale,
             "counts": attrs.asdict(plan),
             "cpus": os.cpu_count(),
             "load_average_before": load_before,
@@ -967,6 +1151,66 @@ def run_all(plan: Plan, *, progress: bool) -> dict[str, Any]:
         }
     )
     return report
+
+
+def scale_keys(scale: dict[str, Any] | None) -> dict[str, Any]:
+    """The scale part's headline figures, flat (None when etcd was not measured)."""
+
+    def case(shards: int, design: str) -> dict[str, Any] | None:
+        if scale is None:
+            return None
+        found = [c for c in scale["cases"] if (c["shards"], c["design"]) == (shards, design)]
+        return found[0] if found else None
+
+    out: dict[str, Any] = {}
+    for shards in (100, 1000, 10_000):
+        c = case(shards, "node")
+        label = "10k" if shards == 10_000 else f"{shards}"
+        for key, field in (
+            ("etcd_core_fraction", "core_fraction"),
+            ("etcd_server_core_fraction", "etcd_core_fraction"),
+            ("etcd_requests_per_s", "requests_per_s"),
+        ):
+            out[f"{key}_{label}_shards"] = None if c is None else c[field]
+    for name, (shards, design) in (("idle", (0, "node")), ("per_shard_100", (100, "per-shard"))):
+        c = case(shards, design)
+        out[f"etcd_core_fraction_{name}"] = None if c is None else c["core_fraction"]
+        out[f"etcd_requests_per_s_{name}"] = None if c is None else c["requests_per_s"]
+    return out
+
+
+def scale_rows(scale: dict[str, Any] | None) -> list[tuple[str, ...]]:
+    """The table rows of the scale part."""
+    if scale is None:
+        return [("node leases at scale: not measured", "", "", "")]
+    cases = scale["cases"]
+    idle = next(c for c in cases if c["shards"] == 0)
+    per_shard = next(c for c in cases if c["design"] == "per-shard")
+    rows: list[tuple[str, ...]] = [
+        (
+            "etcd, node idle (no lease): % of a core / etcd % / requests/s",
+            f"{idle['core_fraction'] * 100:.2f} / {idle['etcd_core_fraction'] * 100:.2f} / "
+            f"{idle['requests_per_s']:.2f}",
+            "",
+            "",
+        )
+    ]
+    for c in cases:
+        if c["shards"] == 0:
+            continue
+        what = "a lease per shard" if c["design"] == "per-shard" else "node lease"
+        rows.append(
+            (
+                f"etcd, {c['shards']:,} shards, {what}: % of a core / etcd % / requests/s",
+                f"{c['core_fraction'] * 100:.2f} / {c['etcd_core_fraction'] * 100:.2f} / "
+                f"{c['requests_per_s']:.2f}",
+                f"{per_shard['core_fraction'] * 100:.2f} / "
+                f"{per_shard['etcd_core_fraction'] * 100:.2f} / "
+                f"{per_shard['requests_per_s']:.2f} at 100, a lease each",
+                f"{c['held']:,} held, {c['lost']} lost",
+            )
+        )
+    return rows
 
 
 def _failed(count: int) -> str:
@@ -1111,6 +1355,8 @@ def format_table(report: dict[str, Any]) -> str:
         *backend_rows("etcd", report["etcd"], counts),
         *first_rows("sqlite", report["first_message_sqlite"]),
         *first_rows("etcd", report["first_message_etcd"]),
+        *first_rows("etcd per-shard", report["first_message_etcd_per_shard"]),
+        *scale_rows(report["scale"]),
     ]
     header = ("figure", "ours", "baseline (same run)", "ratio")
     widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
@@ -1149,7 +1395,7 @@ def format_table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the arguments, run the benchmark, print the table or the JSON."""
-    parser = benchmark_parser(__doc__, quick="smaller counts; under a minute")
+    parser = benchmark_parser(__doc__, quick="smaller counts and windows; under two minutes")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING,

@@ -33,6 +33,7 @@ from ._errors import JournalConflict as JournalConflict
 from ._errors import JournalError as JournalError
 from ._errors import JournalFenced as JournalFenced
 from ._errors import LeaseUnavailable as LeaseUnavailable
+from ._errors import NodeLeaseGone as NodeLeaseGone
 from ._errors import RegionStopped as RegionStopped
 from ._errors import RemoteEntityError as RemoteEntityError
 from ._errors import ShardingError as ShardingError
@@ -41,6 +42,7 @@ from ._failover import FAST_LAN as FAST_LAN
 from ._failover import FailoverProfile as FailoverProfile
 from ._node import Node as Node
 from ._node import open_node as open_node
+from .leases import AttachedLease as AttachedLease
 from .leases import Lease as Lease
 from .leases import LeaseBackend as LeaseBackend
 from .leases import LeaseClock as LeaseClock
@@ -49,6 +51,7 @@ from .leases import Leases as Leases
 from .leases import LeaseSettings as LeaseSettings
 from .leases import LeaseStatistics as LeaseStatistics
 from .leases import MemoryLeaseBackend as MemoryLeaseBackend
+from .leases import NodeLeaseBackend as NodeLeaseBackend
 from .leases import SqliteLeaseBackend as SqliteLeaseBackend
 from .persistence import EventSourcedEntity as EventSourcedEntity
 from .persistence import GroupCommitStatistics as GroupCommitStatistics

@@ -53,6 +53,14 @@ class LeaseUnavailable(ClusterError):
     """
 
 
+class NodeLeaseGone(LeaseUnavailable):
+    """The node lease a name was to be attached to no longer exists in the backend.
+
+    Raised by a :class:`~p2pshard.NodeLeaseBackend`'s ``try_acquire_attached``; the node then
+    asks for a new node lease.
+    """
+
+
 class JournalError(ShardingError):
     """The journal of event-sourced entities could not do what was asked.
 

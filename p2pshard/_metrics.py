@@ -60,7 +60,7 @@ from membership import (
 )
 
 from ._config import NodeConfig
-from .leases._lease import Leases
+from .leases._leases import Leases
 from .persistence._journal import Journal
 from .persistence._journal_stats import journal_statistics
 from .sharding._region import RegionStatistics

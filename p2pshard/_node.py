@@ -62,7 +62,8 @@ from ._discovery import bootstrap
 from ._management import ManagementApp, serve_management
 from ._metrics import metrics_text
 from ._status import MemberCommandService, StatusService
-from .leases._lease import TRIO_CLOCK, LeaseBackend, LeaseClock, Leases, LeaseSettings
+from .leases._lease import TRIO_CLOCK, LeaseBackend, LeaseClock, LeaseSettings
+from .leases._leases import Leases
 from .leases._sqlite import SqliteLeaseBackend
 from .persistence._journal import Journal, JournalSettings
 from .persistence._open import open_journal

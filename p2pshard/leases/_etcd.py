@@ -23,6 +23,15 @@ and restarts of etcd (it is kept in etcd's write-ahead log), and no counter of o
 - :meth:`~EtcdLeaseBackend.release` deletes the key in a transaction guarded on the token and the
   owner, then revokes the grant's etcd lease.
 
+Node leases (see ``p2pshard.leases._node_lease``): a node lease is one etcd lease of the node;
+:meth:`~EtcdLeaseBackend.try_acquire_attached` runs the same create-if-absent transaction with
+the key put on that etcd lease instead of one of its own, so the token is again the key's
+``create_revision``; one keep-alive of the etcd lease keeps every key on it, and revoking it
+deletes them all at once. A key whose etcd lease is gone cannot be put (etcd answers "requested
+lease not found"), which :class:`~p2pshard.NodeLeaseGone` reports. A renewal
+of the node lease is a keep-alive only: the keys on it are not read back, since only their owner
+deletes them (a release, or a new grant to the same owner, which that owner's node lease knows).
+
 This mirrors Akka's ``akka-lease-kubernetes`` (a compare-and-swap on a resource version), with
 the expiry kept by the server instead of a timestamp written by the holder. etcd measures time on
 its leader's monotonic clock and, when a new leader is elected, gives every etcd lease its whole
@@ -57,7 +66,7 @@ import trio
 
 from membership import ConfigurationError
 
-from .._errors import LeaseUnavailable
+from .._errors import LeaseUnavailable, NodeLeaseGone
 
 logger = logging.getLogger("p2pshard.lease")
 
@@ -228,6 +237,7 @@ class EtcdLeaseBackend:
         self._in_flight = trio.Semaphore(MAX_IN_FLIGHT)
         self._preferred = 0
         self._grants: dict[tuple[str, str, int], _Grant] = {}
+        self._node_leases: dict[tuple[str, int], _Grant] = {}
         self._closed = False
 
     async def try_acquire(self, name: str, owner: str, ttl: float) -> int | None:
@@ -313,14 +323,8 @@ class EtcdLeaseBackend:
             )
         what = f"renewal of lease {name!r}"
 
-        def time_left(answer: _Json) -> int:
-            # The gateway streams keep-alives: each answer is wrapped in "result".
-            result = _field(answer, "result", dict, {})
-            _revision(result)
-            return _int(result, "TTL")
-
         keepalive = {"ID": str(grant.lease_id)}
-        if await self._post("/v3/lease/keepalive", keepalive, what, time_left) > 0:
+        if await self._post("/v3/lease/keepalive", keepalive, what, _time_left) > 0:
             kvs = await self._post("/v3/kv/range", {"key": _b64(self.prefix + name)}, what, _read)
             if kvs and (kvs[0].create_revision, kvs[0].owner, kvs[0].lease_id) == (
                 token,
@@ -357,12 +361,144 @@ class EtcdLeaseBackend:
         }
         kv = await self._post("/v3/kv/txn", release, what, deleted)
         # Even when the key was not deleted, this owner's etcd lease for the grant carries no
-        # other key (each grant has its own), so revoking it cannot end anyone else's grant.
+        # other key (each grant has its own), so revoking it cannot end anyone else's grant; a
+        # node lease carries others, and is left alone.
         grant = self._grants.pop((name, owner, token), None)
         lease_id = grant.lease_id if grant is not None else kv.lease_id if kv is not None else 0
-        if lease_id:
+        if lease_id and (owner, lease_id) not in self._node_leases:
             await self._revoke(lease_id, what)
         return kv is not None
+
+    async def grant_node_lease(self, owner: str, ttl: float) -> int:
+        """See :meth:`~p2pshard.leases._node_lease.NodeLeaseBackend.grant_node_lease`.
+
+        Raises:
+            ValueError: ``ttl`` is not positive or longer than etcd allows (9e9 s).
+            LeaseUnavailable: etcd could not be reached or answered with an error.
+        """
+        if not 0 < ttl <= _MAX_TTL:
+            raise ValueError(f"lease ttl {ttl!r} is invalid: must be in (0, {_MAX_TTL}] seconds")
+        asked = math.ceil(ttl)
+
+        def granted(answer: _Json) -> _Grant:
+            _revision(answer)
+            grant = _Grant(_int(answer, "ID"), _int(answer, "TTL"))
+            if grant.lease_id == 0 or grant.ttl < asked:
+                raise _BadAnswer(f"granted {grant}, asked for a TTL of {asked} s")
+            return grant
+
+        what = f"grant of the node lease of {owner!r}"
+        grant = await self._post("/v3/lease/grant", {"TTL": str(asked)}, what, granted)
+        self._node_leases[(owner, grant.lease_id)] = grant
+        return grant.lease_id
+
+    async def keep_node_lease(self, owner: str, lease_id: int, ttl: float) -> bool:
+        """See :meth:`~p2pshard.leases._node_lease.NodeLeaseBackend.keep_node_lease`.
+
+        Raises:
+            ValueError: ``ttl`` is longer than the TTL the etcd lease was granted with.
+            LeaseUnavailable: etcd could not be reached or answered with an error.
+        """
+        grant = self._node_leases.get((owner, lease_id))
+        if grant is None:  # not granted through this object, or already ended
+            return False
+        if ttl > grant.ttl:
+            raise ValueError(
+                f"node lease {lease_id}: cannot renew for ttl {ttl!r} s, longer than the "
+                f"{grant.ttl} s it was granted with; etcd cannot change a lease's TTL"
+            )
+        what = f"renewal of the node lease of {owner!r}"
+        if await self._post("/v3/lease/keepalive", {"ID": str(lease_id)}, what, _time_left) > 0:
+            return True
+        del self._node_leases[(owner, lease_id)]
+        return False
+
+    async def revoke_node_lease(self, owner: str, lease_id: int) -> bool:
+        """See :meth:`~p2pshard.leases._node_lease.NodeLeaseBackend.revoke_node_lease`.
+
+        Raises:
+            LeaseUnavailable: etcd could not be reached or answered with an error.
+        """
+        what = f"revoke of the node lease of {owner!r}"
+        answer = await self._post(
+            "/v3/lease/revoke", {"ID": str(lease_id)}, what, _gone_or_revoked, gone_ok=True
+        )
+        self._node_leases.pop((owner, lease_id), None)
+        return answer
+
+    async def try_acquire_attached(self, name: str, owner: str, lease_id: int) -> int | None:
+        """See :meth:`~p2pshard.leases._node_lease.NodeLeaseBackend.try_acquire_attached`.
+
+        Raises:
+            NodeLeaseGone: the etcd lease ``lease_id`` does not exist (any more).
+            LeaseUnavailable: etcd could not be reached or answered with an error.
+        """
+        what = f"acquire of lease {name!r}"
+        key = _b64(self.prefix + name)
+
+        def created(answer: _Json) -> int | _Kv | None:
+            if not answer:  # the etcd lease is gone
+                return None
+            if _succeeded(answer):
+                return _revision(answer)
+            kvs = _kvs(_first_response(answer, "response_range"))
+            if not kvs:
+                raise _BadAnswer("the key exists but reading it found nothing")
+            return kvs[0]
+
+        create = {
+            "compare": [
+                {"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+            ],
+            "success": [
+                {"request_put": {"key": key, "value": _b64(owner), "lease": str(lease_id)}}
+            ],
+            "failure": [{"request_range": {"key": key}}],
+        }
+        for attempt in (1, 2):
+            outcome = await self._post("/v3/kv/txn", create, what, created, gone_ok=True)
+            if outcome is None:
+                self._node_leases.pop((owner, lease_id), None)
+                raise NodeLeaseGone(f"etcd: {what} failed: node lease {lease_id} has ended")
+            if isinstance(outcome, int):
+                self._forget_older(name, outcome)
+                return outcome
+            if outcome.owner != owner or attempt == 2:
+                return None
+            # This owner's own earlier grant (a shard it took again, or one of a node lease it
+            # gave up): delete it unless it changed meanwhile, then create again.
+            delete = {
+                "compare": [
+                    {
+                        "key": key,
+                        "target": "MOD",
+                        "result": "EQUAL",
+                        "mod_revision": str(outcome.mod_revision),
+                    }
+                ],
+                "success": [{"request_delete_range": {"key": key}}],
+            }
+            await self._post("/v3/kv/txn", delete, what, _succeeded)
+            self._grants.pop((name, owner, outcome.create_revision), None)
+        return None  # pragma: no cover - the loop returns
+
+    async def release_attached(self, name: str, owner: str, lease_id: int, token: int) -> bool:
+        """See :meth:`~p2pshard.leases._node_lease.NodeLeaseBackend.release_attached`.
+
+        Raises:
+            LeaseUnavailable: etcd could not be reached or answered with an error.
+        """
+        what = f"release of lease {name!r}"
+        key = _b64(self.prefix + name)
+        release = {
+            "compare": [
+                {"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": str(token)},
+                {"key": key, "target": "VALUE", "result": "EQUAL", "value": _b64(owner)},
+                {"key": key, "target": "LEASE", "result": "EQUAL", "lease": str(lease_id)},
+            ],
+            "success": [{"request_delete_range": {"key": key}}],
+        }
+        return await self._post("/v3/kv/txn", release, what, _succeeded)
 
     async def holder(self, name: str) -> tuple[str, int] | None:
         """See :meth:`p2pshard.LeaseBackend.holder`.
@@ -445,6 +581,22 @@ def _read(answer: _Json) -> list[_Kv]:
 
 def _ignore(answer: _Json) -> None:
     return None
+
+
+def _gone_or_revoked(answer: _Json) -> bool:
+    """A revoke's answer: True if it revoked, False if the etcd lease was gone already."""
+    if not answer:
+        return False
+    _revision(answer)
+    return True
+
+
+def _time_left(answer: _Json) -> int:
+    """A keep-alive's answer: the TTL left (0 when the etcd lease is gone)."""
+    # The gateway streams keep-alives: each answer is wrapped in "result".
+    result = _field(answer, "result", dict, {})
+    _revision(result)
+    return _int(result, "TTL")
 
 
 def _describe(exc: Exception) -> str:

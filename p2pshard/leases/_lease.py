@@ -25,13 +25,17 @@ unknown, which is not the same as a refusal (``acquire`` returns None for that).
 
 A shard of an entity type started with ``ShardingSettings(use_lease=True)`` holds the lease
 ``<cluster>-shard-<type>-<shard>`` while its entities run (see ``p2pshard.sharding._shard``); the
-coordinator singleton and the lease-majority downing strategy can hold one too.
+coordinator singleton and the lease-majority downing strategy can hold one too. With a backend
+that offers node leases (all bundled ones do), a shard's lease is not renewed on its own: it is
+attached to one lease per node, kept alive by the same rule, and lost with it (see
+``p2pshard.leases._node_lease``); ``Leases.shard_lease`` (``p2pshard.leases._leases``) makes
+those.
 """
 
 from __future__ import annotations
 
 import logging
-import weakref
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -266,11 +270,69 @@ class LeaseCounters:
         )
 
 
-class _Held:
-    """One grant while its keep-alive task runs."""
+Action = Literal["renew", "lost"]
 
-    def __init__(self, grant: LeaseGrant) -> None:
+
+class KeepAliveCore:
+    """The renewal and expiry decisions of one lease (no I/O; times are holder clock readings).
+
+    Made when the grant request sent at ``sent`` succeeded; then at each :meth:`wake_at` the
+    driver asks :meth:`due`: ``"lost"`` when the deadline has passed, else ``"renew"``; it
+    reports the renewal as :meth:`renewed` (with the time it was sent), :meth:`failed` (no
+    answer: tried again after a quarter of ``renew_interval``, until the deadline) or
+    :meth:`refused` (the lease has ended).
+    """
+
+    __slots__ = ("deadline", "lost", "renew_at", "settings")
+
+    def __init__(self, settings: LeaseSettings, sent: float) -> None:
+        self.settings = settings
+        self.deadline = -math.inf
+        """Holder time from which the holder must not act under the lease any more."""
+        self.renew_at = sent
+        self.lost = False
+        self.renewed(sent)
+
+    def holds(self, now: float) -> bool:
+        """Whether the lease is held at ``now``."""
+        return not self.lost and now < self.deadline
+
+    def wake_at(self) -> float:
+        """When the driver should next call :meth:`due`."""
+        return min(self.renew_at, self.deadline)
+
+    def due(self, now: float) -> Action:
+        """What to do at ``now``: renew, or give up because the deadline passed."""
+        if self.lost or now >= self.deadline:
+            self.lost = True
+            return "lost"
+        return "renew"
+
+    def give_up_at(self, sent: float) -> float:
+        """The latest a renewal sent at ``sent`` may take: the timeout, or the deadline."""
+        return min(sent + self.settings.operation_timeout, self.deadline)
+
+    def renewed(self, sent: float) -> None:
+        """A renewal (or the grant) sent at ``sent`` succeeded: the deadline moves on."""
+        settings = self.settings
+        self.deadline = max(self.deadline, sent + settings.ttl - settings.safety_margin)
+        self.renew_at = sent + settings.renew_interval
+
+    def failed(self, now: float) -> None:
+        """A renewal had no answer at ``now``: try again soon."""
+        self.renew_at = now + self.settings.renew_interval * RETRY_FRACTION
+
+    def refused(self) -> None:
+        """The lease has ended (the backend said so, or the holder gave it up)."""
+        self.lost = True
+
+
+class _Held:
+    """One grant while its keep-alive task runs, and its renewal decisions."""
+
+    def __init__(self, grant: LeaseGrant, core: KeepAliveCore) -> None:
         self.grant = grant
+        self.core = core
         self.lost = trio.Event()
         self.scope = trio.CancelScope()
 
@@ -365,10 +427,9 @@ class Lease:
                 counts["refused"] += 1
                 return None
             counts["granted"] += 1
-            grant = LeaseGrant(
-                self.name, self.owner, token, sent + settings.ttl - settings.safety_margin
-            )
-            held = self._held = _Held(grant)
+            core = KeepAliveCore(settings, sent)
+            grant = LeaseGrant(self.name, self.owner, token, core.deadline)
+            held = self._held = _Held(grant, core)
             self._nursery.start_soon(self._keep_alive, held)
             logger.debug("lease %s granted to %s with token %d", self.name, self.owner, token)
             return grant
@@ -416,24 +477,23 @@ class Lease:
             held.lost.set()
 
     async def _keep_alive(self, held: _Held) -> None:
-        settings, clock, counters = self.settings, self.clock, self.counters
-        renew_at = clock.now() + settings.renew_interval
+        settings, clock, counters, core = self.settings, self.clock, self.counters, held.core
         reason = "its deadline passed without a successful renewal"
         with held.scope:
             while True:
                 # Readings of this lease's clock become trio times only to sleep: a clock whose
                 # rate changed meanwhile wakes this early or late, and the loop reads it again.
-                await trio.sleep_until(clock.trio_time(min(renew_at, held.grant.deadline)))
+                await trio.sleep_until(clock.trio_time(core.wake_at()))
                 sent = clock.now()
                 # Both readings: a skewed clock's conversion rounds, and after sleeping until
                 # the trio time of the deadline it may still read a hair below it. Then every
                 # renewal below would be cancelled at once, in a loop that never sleeps.
-                deadline_at = clock.trio_time(held.grant.deadline)
-                if sent >= held.grant.deadline or trio.current_time() >= deadline_at:
+                if core.due(sent) == "lost" or trio.current_time() >= clock.trio_time(
+                    core.deadline
+                ):
                     break
                 renewed: bool | None = None
-                give_up = min(sent + settings.operation_timeout, held.grant.deadline)
-                with trio.move_on_at(clock.trio_time(give_up)):
+                with trio.move_on_at(clock.trio_time(core.give_up_at(sent))):
                     try:
                         renewed = await self.backend.renew(
                             self.name, self.owner, held.grant.token, settings.ttl
@@ -444,7 +504,7 @@ class Lease:
                         logger.exception("lease %s: renewal failed", self.name)
                 if renewed is None:  # unknown: try again soon, until the deadline
                     counters.renewals["failed"] += 1
-                    renew_at = clock.now() + settings.renew_interval * RETRY_FRACTION
+                    core.failed(clock.now())
                     continue
                 if not renewed:
                     counters.renewals["refused"] += 1
@@ -452,9 +512,8 @@ class Lease:
                     break
                 counters.renewals["renewed"] += 1
                 counters.renewal_seconds.observe(clock.now() - sent)
-                deadline = sent + settings.ttl - settings.safety_margin
-                held.grant = attrs.evolve(held.grant, deadline=deadline)
-                renew_at = sent + settings.renew_interval
+                core.renewed(sent)
+                held.grant = attrs.evolve(held.grant, deadline=core.deadline)
             logger.warning("lease %s of %s lost: %s", self.name, self.owner, reason)
             counters.lost += 1
             held.lost.set()
@@ -467,96 +526,3 @@ is one."""
 
 ShardLeaseFactory = Callable[[str, ShardId], ShardLease]
 """Makes the lease of one shard from the entity type name and the shard id."""
-
-
-class Leases:
-    """This node's leases (``node.leases``): handles on names in the node's lease backend.
-
-    The owner of every lease taken through it is the node's incarnation (``str`` of its
-    :class:`~membership.UniqueAddress`: name, address and uid), not its address: a process
-    restarted at the same address is another owner, and waits until its previous incarnation
-    gave the lease back or the lease expired, for that one may still run (paused, or cut off
-    from the cluster but not from the lease store). Every lease still held when the node stops
-    is given back (:meth:`release_all`), after its entities and singletons stopped, so that a
-    failover does not wait out the ``ttl`` while the lease store is reachable.
-
-    Example:
-        >>> async def exclusive_job(node: Node) -> None:
-        ...     lease = node.leases.lease("nightly-report")
-        ...     if await lease.acquire() is not None:
-        ...         ...
-    """
-
-    def __init__(
-        self,
-        backend: LeaseBackend,
-        owner: str,
-        settings: LeaseSettings,
-        cluster_name: str,
-        nursery: trio.Nursery,
-        clock: LeaseClock = TRIO_CLOCK,
-    ) -> None:
-        self.backend = backend
-        self.owner = owner
-        self.settings = settings
-        self.cluster_name = cluster_name
-        self.clock = clock
-        """The clock this node's leases measure their deadlines on."""
-        self._nursery = nursery
-        self._handles: weakref.WeakSet[Lease] = weakref.WeakSet()
-        self._counters = LeaseCounters()
-
-    def lease(self, name: str) -> Lease:
-        """A handle on the lease ``name``, owned by this node, kept alive in the node's nursery."""
-        handle = Lease(
-            self.backend,
-            name,
-            self.owner,
-            self.settings,
-            nursery=self._nursery,
-            clock=self.clock,
-            counters=self._counters,
-        )
-        self._handles.add(handle)
-        return handle
-
-    def statistics(self) -> LeaseStatistics:
-        """What this node's leases counted: acquisitions, renewals and their time, losses."""
-        return self._counters.statistics()
-
-    def held(self) -> list[Lease]:
-        """The handles that hold a grant now (their deadline has not passed), by name."""
-        return sorted((h for h in self._handles if h.check()), key=lambda h: h.name)
-
-    def abandon_all(self) -> None:
-        """Forget every grant without giving it back: the process died (a simulated crash)."""
-        for handle in list(self._handles):
-            handle.abandon()
-
-    async def release_all(self) -> int:
-        """Give back every lease this node holds; returns how many the backend confirmed.
-
-        For a stopping node, once nothing it ran under a lease runs any more. Best effort:
-        all at once, each bounded by ``operation_timeout``; one that fails expires by itself.
-        """
-        released = 0
-
-        async def release(handle: Lease) -> None:
-            nonlocal released
-            try:
-                if await handle.release():
-                    released += 1
-            except LeaseUnavailable as exc:
-                logger.warning("lease %s not given back: %s", handle.name, exc)
-
-        async with trio.open_nursery() as nursery:
-            for handle in list(self._handles):
-                if handle.grant is not None:
-                    nursery.start_soon(release, handle)
-        if released:
-            logger.info("%s: gave back %d leases", self.owner, released)
-        return released
-
-    def shard_lease_name(self, type_name: str, shard_id: str) -> str:
-        """The lease a shard holds: ``<cluster>-shard-<type>-<shard>`` (as Akka names it)."""
-        return f"{self.cluster_name}-shard-{type_name}-{shard_id}"

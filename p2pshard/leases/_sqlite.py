@@ -1,9 +1,17 @@
 """Leases in a SQLite file: the embedded backend for every node of a cluster on one host.
 
-Theory of operation: one table ``leases(name, owner, token, expires, boot)``. Each operation is
-one ``BEGIN IMMEDIATE`` transaction, so concurrent processes take turns on the file's write lock
-and a compare-and-swap cannot interleave with another. A release keeps the row, so the next
-grant's token is still one more than the last (tokens never go back, even after a release).
+Theory of operation: one table ``leases(name, owner, token, expires, boot, node_lease)``. Each
+operation is one ``BEGIN IMMEDIATE`` transaction, so concurrent processes take turns on the file's
+write lock and a compare-and-swap cannot interleave with another. A release keeps the row, so the
+next grant's token is still one more than the last (tokens never go back, even after a release).
+
+Node leases (see ``p2pshard.leases._node_lease``) are the heartbeat rows of ``node_leases(id,
+owner, expires, boot)``, one per owner at a time: a lease row whose ``node_lease`` names one is
+held while that heartbeat row has not expired (its own ``expires`` is not read), so a node's
+keep-alive is one update of one row however many shard leases it holds. Revoking the node lease
+frees its rows and deletes the heartbeat row in one transaction. Heartbeat rows that expired are
+deleted when a node lease is granted. Schema version 2 added the table and the column; a file of
+version 1 gets them when opened.
 
 Expiry uses the host's monotonic clock (``time.monotonic``), the clock trio uses too, so a holder's
 deadline and the row's ``expires`` run at the same rate and a wall-clock step cannot extend a
@@ -30,24 +38,48 @@ from typing import TypeVar
 
 import trio
 
-from .._errors import LeaseUnavailable
+from .._errors import LeaseUnavailable, NodeLeaseGone
 from .._store_version import newer_schema
 
 _T = TypeVar("_T")
 
-LEASE_SCHEMA_VERSION = 1
-"""The layout of the lease table this release reads and writes (the file's ``user_version``; a
-file without a number is of this layout and gets it). A file a newer release wrote is refused."""
+LEASE_SCHEMA_VERSION = 2
+"""The layout of the lease tables this release reads and writes (the file's ``user_version``; a
+file without a number is of layout 1). Version 2 added node leases; a file of an older layout is
+migrated when opened, and one a newer release wrote is refused."""
 
-_SCHEMA = """
+_SCHEMA = (
+    """
 CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY,
     owner TEXT,
     token INTEGER NOT NULL,
     expires REAL NOT NULL,
+    boot TEXT NOT NULL,
+    node_lease INTEGER
+)
+""",
+    """
+CREATE TABLE IF NOT EXISTS node_leases (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    owner TEXT NOT NULL,
+    expires REAL NOT NULL,
     boot TEXT NOT NULL
 )
+""",
+    "CREATE INDEX IF NOT EXISTS leases_by_node_lease ON leases (node_lease)",
+)
+
+_HELD = """
+owner IS NOT NULL AND (
+    (node_lease IS NULL AND boot = :boot AND expires > :now)
+    OR EXISTS (
+        SELECT 1 FROM node_leases AS n
+        WHERE n.id = leases.node_lease AND n.boot = :boot AND n.expires > :now
+    )
+)
 """
+"""Whether a row of ``leases`` is held now: its own expiry, or its node lease's."""
 
 
 @functools.cache
@@ -95,7 +127,13 @@ class SqliteLeaseBackend:
             refusal = newer_schema("lease", where, found, LEASE_SCHEMA_VERSION)
             if refusal is not None:
                 raise LeaseUnavailable(refusal)
-            conn.execute(_SCHEMA)
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+            if "leases" in tables:
+                columns = {row[1] for row in conn.execute("PRAGMA table_info(leases)")}
+                if "node_lease" not in columns:  # a file of layout 1
+                    conn.execute("ALTER TABLE leases ADD COLUMN node_lease INTEGER")
+            for statement in _SCHEMA:
+                conn.execute(statement)
             if found < LEASE_SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {LEASE_SCHEMA_VERSION}")
             conn.execute("COMMIT")
@@ -135,22 +173,7 @@ class SqliteLeaseBackend:
         """See :meth:`p2pshard.LeaseBackend.try_acquire`."""
 
         def acquire(conn: sqlite3.Connection, now: float, boot: str) -> int | None:
-            row = conn.execute(
-                "SELECT owner, token, expires, boot FROM leases WHERE name = ?", (name,)
-            ).fetchone()
-            if row is None:
-                conn.execute(
-                    "INSERT INTO leases VALUES (?, ?, 1, ?, ?)", (name, owner, now + ttl, boot)
-                )
-                return 1
-            held_by, token, expires, row_boot = row
-            if held_by is not None and held_by != owner and row_boot == boot and expires > now:
-                return None
-            conn.execute(
-                "UPDATE leases SET owner = ?, token = ?, expires = ?, boot = ? WHERE name = ?",
-                (owner, token + 1, now + ttl, boot, name),
-            )
-            return int(token) + 1
+            return _grant(conn, name, owner, now, boot, now + ttl, None)
 
         return await self._run(f"acquire of {name!r}", acquire)
 
@@ -160,7 +183,7 @@ class SqliteLeaseBackend:
         def renew(conn: sqlite3.Connection, now: float, boot: str) -> bool:
             cursor = conn.execute(
                 "UPDATE leases SET expires = ? WHERE name = ? AND owner = ? AND token = ? "
-                "AND boot = ? AND expires > ?",
+                "AND boot = ? AND expires > ? AND node_lease IS NULL",
                 (now + ttl, name, owner, token, boot, now),
             )
             return cursor.rowcount == 1
@@ -172,7 +195,7 @@ class SqliteLeaseBackend:
 
         def release(conn: sqlite3.Connection, now: float, boot: str) -> bool:
             cursor = conn.execute(
-                "UPDATE leases SET owner = NULL, expires = 0 "
+                "UPDATE leases SET owner = NULL, expires = 0, node_lease = NULL "
                 "WHERE name = ? AND owner = ? AND token = ?",
                 (name, owner, token),
             )
@@ -185,16 +208,120 @@ class SqliteLeaseBackend:
 
         def holder(conn: sqlite3.Connection, now: float, boot: str) -> tuple[str, int] | None:
             row = conn.execute(
-                "SELECT owner, token FROM leases WHERE name = ? AND owner IS NOT NULL "
-                "AND boot = ? AND expires > ?",
-                (name, boot, now),
+                f"SELECT owner, token FROM leases WHERE name = :name AND {_HELD}",
+                {"name": name, "boot": boot, "now": now},
             ).fetchone()
             return None if row is None else (str(row[0]), int(row[1]))
 
         return await self._run(f"read of {name!r}", holder)
+
+    async def grant_node_lease(self, owner: str, ttl: float) -> int:
+        """See :meth:`~p2pshard.leases._node_lease.NodeLeaseBackend.grant_node_lease`."""
+
+        def grant(conn: sqlite3.Connection, now: float, boot: str) -> int:
+            conn.execute("DELETE FROM node_leases WHERE expires <= ? OR boot != ?", (now, boot))
+            cursor = conn.execute(
+                "INSERT INTO node_leases (owner, expires, boot) VALUES (?, ?, ?)",
+                (owner, now + ttl, boot),
+            )
+            assert cursor.lastrowid is not None
+            return cursor.lastrowid
+
+        return await self._run(f"grant of the node lease of {owner!r}", grant)
+
+    async def keep_node_lease(self, owner: str, lease_id: int, ttl: float) -> bool:
+        """See :meth:`~p2pshard.leases._node_lease.NodeLeaseBackend.keep_node_lease`."""
+
+        def keep(conn: sqlite3.Connection, now: float, boot: str) -> bool:
+            cursor = conn.execute(
+                "UPDATE node_leases SET expires = ? WHERE id = ? AND owner = ? AND boot = ? "
+                "AND expires > ?",
+                (now + ttl, lease_id, owner, boot, now),
+            )
+            return cursor.rowcount == 1
+
+        return await self._run(f"renewal of the node lease of {owner!r}", keep)
+
+    async def revoke_node_lease(self, owner: str, lease_id: int) -> bool:
+        """See :meth:`~p2pshard.leases._node_lease.NodeLeaseBackend.revoke_node_lease`."""
+
+        def revoke(conn: sqlite3.Connection, now: float, boot: str) -> bool:
+            cursor = conn.execute(
+                "DELETE FROM node_leases WHERE id = ? AND owner = ?", (lease_id, owner)
+            )
+            if cursor.rowcount != 1:
+                return False
+            conn.execute(
+                "UPDATE leases SET owner = NULL, expires = 0, node_lease = NULL "
+                "WHERE node_lease = ?",
+                (lease_id,),
+            )
+            return True
+
+        return await self._run(f"revoke of the node lease of {owner!r}", revoke)
+
+    async def try_acquire_attached(self, name: str, owner: str, lease_id: int) -> int | None:
+        """See :meth:`~p2pshard.leases._node_lease.NodeLeaseBackend.try_acquire_attached`."""
+
+        def acquire(conn: sqlite3.Connection, now: float, boot: str) -> int | None:
+            alive = conn.execute(
+                "SELECT 1 FROM node_leases WHERE id = ? AND owner = ? AND boot = ? AND expires > ?",
+                (lease_id, owner, boot, now),
+            ).fetchone()
+            if alive is None:
+                raise NodeLeaseGone(
+                    f"sqlite lease file {self.path}: node lease {lease_id} of {owner!r} has ended"
+                )
+            return _grant(conn, name, owner, now, boot, 0.0, lease_id)
+
+        return await self._run(f"acquire of {name!r}", acquire)
+
+    async def release_attached(self, name: str, owner: str, lease_id: int, token: int) -> bool:
+        """See :meth:`~p2pshard.leases._node_lease.NodeLeaseBackend.release_attached`."""
+
+        def release(conn: sqlite3.Connection, now: float, boot: str) -> bool:
+            cursor = conn.execute(
+                "UPDATE leases SET owner = NULL, expires = 0, node_lease = NULL "
+                "WHERE name = ? AND owner = ? AND token = ? AND node_lease = ?",
+                (name, owner, token, lease_id),
+            )
+            return cursor.rowcount == 1
+
+        return await self._run(f"release of {name!r}", release)
 
     async def aclose(self) -> None:
         """Close the connection that keeps the write-ahead log open."""
         keeper, self._keeper = self._keeper, None
         if keeper is not None:
             keeper.close()
+
+
+def _grant(
+    conn: sqlite3.Connection,
+    name: str,
+    owner: str,
+    now: float,
+    boot: str,
+    expires: float,
+    node_lease: int | None,
+) -> int | None:
+    """Grant ``name`` to ``owner`` unless another owner holds it: the new token, or None."""
+    row = conn.execute(
+        f"SELECT token, owner IS NOT NULL AND owner != :owner AND {_HELD} FROM leases "
+        "WHERE name = :name",
+        {"name": name, "owner": owner, "boot": boot, "now": now},
+    ).fetchone()
+    if row is None:
+        conn.execute(
+            "INSERT INTO leases VALUES (?, ?, 1, ?, ?, ?)", (name, owner, expires, boot, node_lease)
+        )
+        return 1
+    token, held_by_another = row
+    if held_by_another:
+        return None
+    conn.execute(
+        "UPDATE leases SET owner = ?, token = ?, expires = ?, boot = ?, node_lease = ? "
+        "WHERE name = ?",
+        (owner, token + 1, expires, boot, node_lease, name),
+    )
+    return int(token) + 1

@@ -44,7 +44,8 @@ from membership import (
 )
 
 from .._tracing import tracing_for
-from ..leases._lease import Leases, ShardLease, ShardLeaseFactory
+from ..leases._lease import ShardLease, ShardLeaseFactory
+from ..leases._leases import Leases
 from ._allocation import (
     LeastShardAllocationStrategy,
     ShardAllocationStrategy,
@@ -259,7 +260,7 @@ class Sharding:
             leases = self._need_leases(type_name, "use_lease")
 
             def shard_lease(type_name: str, shard_id: ShardId) -> ShardLease:
-                return leases.lease(leases.shard_lease_name(type_name, shard_id))
+                return leases.shard_lease(type_name, shard_id)
 
         margin = settings.down_removal_margin
         if margin is None:

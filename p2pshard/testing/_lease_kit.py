@@ -9,7 +9,9 @@ another owner could already have acquired it.
 
 The checks run on the real clock with short leases (:data:`KIT_LEASE_SETTINGS`: a 2 s TTL), so
 each takes a few seconds. Each check uses a new backend from the factory and lease names no
-other check uses, so one storage (an etcd, a database) can serve all of them.
+other check uses, so one storage (an etcd, a database) can serve all of them. With
+``attached=True`` the same checks run on shard leases attached to a node lease of each owner
+(``p2pshard.leases._node_lease``), for a backend that offers node leases.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import trio
 
 from .._errors import LeaseUnavailable
 from ..leases import Lease, LeaseBackend, LeaseSettings
+from ..leases._lease import TRIO_CLOCK, LeaseCounters
+from ..leases._node_lease import AttachedLease, NodeLease, node_lease_backend
 from ._expect import expect_raises
 
 KIT_LEASE_SETTINGS = LeaseSettings(
@@ -43,21 +47,44 @@ class _Run:
     backend: LeaseBackend
     settings: LeaseSettings
     cut_off: CutOff | None
+    attached: bool = False
+    node_leases: list[tuple[str, trio.Nursery, NodeLease]] = attrs.field(factory=list)
 
     @staticmethod
     def fresh_name() -> str:
         return f"conformance-{os.getpid()}-{next(_names)}"
+
+    def lease(self, name: str, owner: str, nursery: trio.Nursery) -> Lease | AttachedLease:
+        """A lease of its own, or one attached to the node lease of ``owner`` in ``nursery``.
+
+        The node lease's keep-alive runs in ``nursery``, and dies with it.
+        """
+        if not self.attached:
+            return Lease(self.backend, name, owner, self.settings, nursery=nursery)
+        for known_owner, known_nursery, node in self.node_leases:
+            if known_owner == owner and known_nursery is nursery:
+                return node.handle(name)
+        backend = node_lease_backend(self.backend)
+        assert backend is not None, f"{type(self.backend).__name__} offers no node leases"
+        node = NodeLease(
+            backend,
+            owner,
+            self.settings,
+            nursery=nursery,
+            clock=TRIO_CLOCK,
+            counters=LeaseCounters(),
+        )
+        self.node_leases.append((owner, nursery, node))
+        return node.handle(name)
 
 
 async def _one_of_many_concurrent_acquirers_gets_the_lease(run: _Run) -> None:
     name, backend = run.fresh_name(), run.backend
     grants: dict[str, int | None] = {}
     async with trio.open_nursery() as nursery:
-        leases = [
-            Lease(backend, name, f"owner-{i}", run.settings, nursery=nursery) for i in range(12)
-        ]
+        leases = [run.lease(name, f"owner-{i}", nursery) for i in range(12)]
 
-        async def try_once(lease: Lease) -> None:
+        async def try_once(lease: Lease | AttachedLease) -> None:
             grant = await lease.acquire()
             grants[lease.owner] = None if grant is None else grant.token
 
@@ -72,11 +99,11 @@ async def _one_of_many_concurrent_acquirers_gets_the_lease(run: _Run) -> None:
 
 
 async def _an_abandoned_lease_expires_and_is_taken_over_with_a_larger_token(run: _Run) -> None:
-    name, backend, settings = run.fresh_name(), run.backend, run.settings
+    name, settings = run.fresh_name(), run.settings
     async with trio.open_nursery() as nursery:
-        taker = Lease(backend, name, "taker", settings, nursery=nursery)
+        taker = run.lease(name, "taker", nursery)
         async with trio.open_nursery() as crashed:  # its keep-alive dies with this nursery
-            first = await Lease(backend, name, "crashed", settings, nursery=crashed).acquire()
+            first = await run.lease(name, "crashed", crashed).acquire()
             assert first is not None
             crashed.cancel_scope.cancel()
         abandoned = time.monotonic()
@@ -91,10 +118,10 @@ async def _an_abandoned_lease_expires_and_is_taken_over_with_a_larger_token(run:
 
 
 async def _a_held_lease_is_renewed_past_its_ttl(run: _Run) -> None:
-    name, backend, settings = run.fresh_name(), run.backend, run.settings
+    name, settings = run.fresh_name(), run.settings
     async with trio.open_nursery() as nursery:
-        holder = Lease(backend, name, "holder", settings, nursery=nursery)
-        other = Lease(backend, name, "other", settings, nursery=nursery)
+        holder = run.lease(name, "holder", nursery)
+        other = run.lease(name, "other", nursery)
         grant = await holder.acquire()
         assert grant is not None
         await trio.sleep(settings.ttl * 2)
@@ -107,10 +134,10 @@ async def _a_held_lease_is_renewed_past_its_ttl(run: _Run) -> None:
 
 
 async def _tokens_only_grow_across_grants_and_releases(run: _Run) -> None:
-    name, backend, settings = run.fresh_name(), run.backend, run.settings
+    name = run.fresh_name()
     tokens = []
     async with trio.open_nursery() as nursery:
-        owners = [Lease(backend, name, f"o{i}", settings, nursery=nursery) for i in range(3)]
+        owners = [run.lease(name, f"o{i}", nursery) for i in range(3)]
         for lease in owners * 3:
             grant = await lease.acquire()
             assert grant is not None
@@ -127,10 +154,10 @@ async def _tokens_only_grow_across_grants_and_releases(run: _Run) -> None:
 
 
 async def _release_frees_the_lease_at_once_and_only_for_its_holder(run: _Run) -> None:
-    name, backend, settings = run.fresh_name(), run.backend, run.settings
+    name, backend = run.fresh_name(), run.backend
     async with trio.open_nursery() as nursery:
-        a = Lease(backend, name, "a", settings, nursery=nursery)
-        b = Lease(backend, name, "b", settings, nursery=nursery)
+        a = run.lease(name, "a", nursery)
+        b = run.lease(name, "b", nursery)
         grant = await a.acquire()
         assert grant is not None
         assert not await b.release()  # b holds nothing
@@ -152,7 +179,7 @@ async def _a_holder_cut_off_from_the_backend_sees_lost_before_anyone_else_can_ac
     name, backend, settings = run.fresh_name(), run.backend, run.settings
     assert run.cut_off is not None
     async with trio.open_nursery() as nursery:
-        holder = Lease(backend, name, "holder", settings, nursery=nursery)
+        holder = run.lease(name, "holder", nursery)
         grant = await holder.acquire()
         assert grant is not None
         with run.cut_off(backend, "holder"):
@@ -163,7 +190,7 @@ async def _a_holder_cut_off_from_the_backend_sees_lost_before_anyone_else_can_ac
             with expect_raises(LeaseUnavailable):
                 await holder.acquire()
         # Back in touch: another owner gets it only after the holder had let go.
-        other = Lease(backend, name, "other", settings, nursery=nursery)
+        other = run.lease(name, "other", nursery)
         with trio.fail_after(settings.ttl * 3 + 2):
             while True:
                 sent = time.monotonic()
@@ -184,8 +211,8 @@ async def _a_holder_never_believes_it_holds_after_another_could_acquire(run: _Ru
     believed: list[float] = []
     rival_sent: list[float] = []
     async with trio.open_nursery() as nursery:
-        holder = Lease(backend, name, "holder", settings, nursery=nursery)
-        rival = Lease(backend, name, "rival", settings, nursery=nursery)
+        holder = run.lease(name, "holder", nursery)
+        rival = run.lease(name, "rival", nursery)
         assert await holder.acquire() is not None
 
         async def watch_holder() -> None:
@@ -252,6 +279,7 @@ async def check_lease_backend(
     cut_off: CutOff | None = None,
     checks: Collection[str] | None = None,
     settings: LeaseSettings = KIT_LEASE_SETTINGS,
+    attached: bool = False,
 ) -> None:
     """Check that a lease backend keeps the promises :class:`p2pshard.Lease` relies on.
 
@@ -269,6 +297,8 @@ async def check_lease_backend(
             after another owner could take it, is then not checked.
         checks: the names (from :data:`LEASE_CHECKS`) of the checks to run; all by default.
         settings: the lease settings of the checks; short TTLs keep the kit quick.
+        attached: check shard leases attached to a node lease of each owner instead of leases
+            of their own (the backend must offer node leases).
 
     Raises:
         AssertionError: the backend broke a promise.
@@ -292,7 +322,7 @@ async def check_lease_backend(
     for name in names:
         backend = make_backend()
         try:
-            await _CHECKS[name](_Run(backend, settings, cut_off))
+            await _CHECKS[name](_Run(backend, settings, cut_off, attached))
         finally:
             with trio.CancelScope(shield=True):
                 await backend.aclose()

@@ -118,9 +118,14 @@ def kit(request: pytest.FixtureRequest, tmp_path: Path) -> Kit:
     )
 
 
+@pytest.mark.parametrize("attached", [False, True], ids=["own", "attached"])
 @pytest.mark.parametrize("check", LEASE_CHECKS)
-async def test_the_backend_passes_the_conformance_kit(kit: Kit, check: str) -> None:
-    await check_lease_backend(kit.make_backend, cut_off=kit.cut_off, checks=[check])
+async def test_the_backend_passes_the_conformance_kit(kit: Kit, check: str, attached: bool) -> None:
+    """``attached``: shard leases attached to a node lease of each owner (one keep-alive per
+    owner), as ``Leases.shard_lease`` makes them, instead of leases renewed on their own."""
+    await check_lease_backend(
+        kit.make_backend, cut_off=kit.cut_off, checks=[check], attached=attached
+    )
 
 
 async def test_processes_take_turns_and_tokens_grow_in_time_order(kit: Kit, tmp_path: Path) -> None:

@@ -21,9 +21,11 @@ import pytest
 import trio
 
 from membership import ConfigurationError
-from p2pshard._errors import LeaseUnavailable
+from p2pshard._errors import LeaseUnavailable, NodeLeaseGone
 from p2pshard.leases._etcd import EtcdLeaseBackend
 from p2pshard.leases._lease import Lease, LeaseSettings
+from p2pshard.leases._leases import Leases
+from p2pshard.leases._node_lease import AttachedLease
 from p2pshard.testing import EtcdServer, running_etcd, start_etcd
 
 TEST_LIMIT = 10.0
@@ -241,6 +243,122 @@ async def test_no_endpoint_to_connect_to_names_them_all() -> None:
     assert "read of lease 'orders' failed: could not connect to any endpoint" in message
     assert first in message
     assert second in message
+
+
+class CountingTransport(httpx.AsyncBaseTransport):
+    """The network, counting the requests of each path."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.paths: dict[str, int] = {}
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.paths[request.url.path] = self.paths.get(request.url.path, 0) + 1
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+SHORT = LeaseSettings(ttl=2.0, renew_interval=0.3, operation_timeout=1.0, safety_margin=0.3)
+
+
+async def create_revision(url: str, key: str) -> int:
+    """The key's create_revision, asked directly (0: no such key)."""
+    async with httpx.AsyncClient(trust_env=False) as client:
+        answer = (await client.post(url + "/v3/kv/range", json={"key": b64(key)})).json()
+    kvs = answer.get("kvs", [])
+    return int(kvs[0]["create_revision"]) if kvs else 0
+
+
+async def token_of(handle: Lease | AttachedLease) -> int:
+    """Acquire: the token (the name must be free)."""
+    grant = await handle.acquire()
+    assert grant is not None
+    return grant.token
+
+
+async def test_a_node_lease_keeps_many_shard_keys_with_one_keep_alive_per_interval(
+    etcd: EtcdServer,
+) -> None:
+    counting = CountingTransport()
+    backend = EtcdLeaseBackend([etcd.url], request_timeout=1.0, transport=counting)
+    try:
+        with trio.fail_after(TEST_LIMIT):
+            async with trio.open_nursery() as nursery:
+                leases = Leases(backend, "n1", SHORT, "c", nursery)
+                handles = [leases.shard_lease("T", str(shard)) for shard in range(40)]
+                grants = [await h.acquire() for h in handles]
+                assert all(isinstance(h, AttachedLease) for h in handles)
+                paths = counting.paths
+                assert (paths["/v3/lease/grant"], paths["/v3/kv/txn"]) == (1, 40), paths
+                await trio.sleep(SHORT.ttl * 1.5)  # renewed past the ttl
+                assert all(h.check() for h in handles)
+                keepalives = counting.paths["/v3/lease/keepalive"]
+                assert 5 <= keepalives <= 20, counting.paths  # about 3 s / 0.3 s, not 40 each
+                assert set(counting.paths) == {
+                    "/v3/lease/grant",
+                    "/v3/kv/txn",
+                    "/v3/lease/keepalive",
+                }
+                assert await etcd_leases(etcd.url) == 1  # one etcd lease for the 40 keys
+                for shard, grant in enumerate(grants):
+                    assert grant is not None
+                    # The fencing token is the key's create_revision.
+                    assert await create_revision(
+                        etcd.url, f"p2pshard/leases/c-shard-T-{shard}"
+                    ) == (grant.token)
+                assert await handles[0].release()  # a hand-off frees one key only
+                assert await backend.holder("c-shard-T-0") is None
+                assert await backend.holder("c-shard-T-1") == ("n1", handles[1].token)
+                assert await leases.release_all() == 39  # one revoke frees the rest
+                assert await etcd_leases(etcd.url) == 0
+                assert [await backend.holder(f"c-shard-T-{s}") for s in range(40)] == [None] * 40
+                nursery.cancel_scope.cancel()
+    finally:
+        await backend.aclose()
+
+
+async def test_an_expired_node_lease_frees_every_key_for_another_node_with_larger_tokens(
+    etcd: EtcdServer,
+) -> None:
+    crashed_backend = EtcdLeaseBackend([etcd.url], request_timeout=1.0)
+    taker_backend = EtcdLeaseBackend([etcd.url], request_timeout=1.0)
+    try:
+        with trio.fail_after(TEST_LIMIT):
+            async with trio.open_nursery() as nursery:
+                crashed = Leases(crashed_backend, "n1", SHORT, "c", nursery)
+                old = [crashed.shard_lease("T", str(s)) for s in range(10)]
+                old_tokens = [await token_of(h) for h in old]
+                crashed.abandon_all()  # its keep-alives stop; nothing is given back
+                assert not any(h.check() for h in old)
+                began = trio.current_time()
+                taker = Leases(taker_backend, "n2", SHORT, "c", nursery)
+                new = [taker.shard_lease("T", str(s)) for s in range(10)]
+                while await new[0].acquire() is None:  # noqa: ASYNC110 - polls etcd
+                    await trio.sleep(0.05)
+                assert trio.current_time() - began >= SHORT.ttl - SHORT.safety_margin - 0.5
+                new_tokens = [await token_of(h) for h in new]
+                assert all(a < b for a, b in zip(old_tokens, new_tokens, strict=True))
+                nursery.cancel_scope.cancel()
+    finally:
+        await crashed_backend.aclose()
+        await taker_backend.aclose()
+
+
+async def test_a_key_cannot_be_attached_to_an_etcd_lease_that_is_gone(
+    backend: EtcdLeaseBackend,
+) -> None:
+    with trio.fail_after(TEST_LIMIT):
+        lease_id = await backend.grant_node_lease("n1", 5)
+        assert await backend.try_acquire_attached("a", "n1", lease_id) is not None
+        assert await backend.try_acquire_attached("a", "n2", lease_id) is None  # n1 holds it
+        assert await backend.revoke_node_lease("n1", lease_id)
+        assert await backend.holder("a") is None  # the revoke deleted the key
+        with pytest.raises(NodeLeaseGone, match=r"node lease .* has ended"):
+            await backend.try_acquire_attached("b", "n1", lease_id)
+        assert not await backend.keep_node_lease("n1", lease_id, 5)
+        assert not await backend.revoke_node_lease("n1", lease_id)
 
 
 def test_the_sync_server_stops_and_removes_its_data(tmp_path: Path) -> None:

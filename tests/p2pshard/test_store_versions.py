@@ -159,7 +159,7 @@ def test_a_lease_file_a_newer_release_wrote_is_refused_and_an_old_one_is_numbere
 ) -> None:
     newer, older = tmp_path / "newer.db", tmp_path / "older.db"
     with sqlite3.connect(newer) as db:
-        db.execute("PRAGMA user_version = 2")
+        db.execute("PRAGMA user_version = 3")
     with sqlite3.connect(older) as db:  # the unnumbered layout, with a lease held
         db.execute(
             "CREATE TABLE leases (name TEXT PRIMARY KEY, owner TEXT, token INTEGER NOT NULL, "
@@ -172,13 +172,19 @@ def test_a_lease_file_a_newer_release_wrote_is_refused_and_an_old_one_is_numbere
         with pytest.raises(LeaseUnavailable) as caught:
             await backend.try_acquire("shard-1", "n2:2", 10.0)
         assert (
-            f"sqlite lease file {newer} holds lease schema version 2, written by a newer "
-            "p2pshard; this release reads version 1 and older" in str(caught.value)
+            f"sqlite lease file {newer} holds lease schema version 3, written by a newer "
+            "p2pshard; this release reads version 2 and older" in str(caught.value)
         )
         backend = SqliteLeaseBackend(older)
         assert await backend.try_acquire("shard-1", "n2:2", 10.0) is None  # n1 still holds it
         assert await backend.try_acquire("shard-2", "n2:2", 10.0) == 1
+        # Migrated to layout 2: a node lease of n2 can hold names too, beside n1's own lease.
+        node_lease = await backend.grant_node_lease("n2:2", 10.0)
+        assert await backend.try_acquire_attached("shard-1", "n2:2", node_lease) is None
+        assert await backend.try_acquire_attached("shard-3", "n2:2", node_lease) == 1
+        assert await backend.holder("shard-1") == ("n1:1", 7)
+        await backend.aclose()
 
     trio.run(main)
-    assert user_version(newer) == 2
-    assert user_version(older) == 1
+    assert user_version(newer) == 3
+    assert user_version(older) == 2
