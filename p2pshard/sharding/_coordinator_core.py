@@ -38,6 +38,15 @@ hand-off ends. A worker gives up after ``handoff_timeout`` (the shard stays wher
 Akka, a worker whose owner region disappears completes at once (akka#29034, #27259): the region's
 termination deallocates its shards.
 
+*Catch-up rounds.* Unlike Akka, once every shard a round moved has a new home (or stayed, its
+hand-off given up), the next round comes ``CATCH_UP_ROUND_DELAY`` later instead of at the next
+interval. A round moves at most the strategy's limit (15 % of the shards by default), so when
+ten nodes join ten, half the shards must move and Akka's rhythm takes four intervals; rounds that
+follow each other as soon as the previous one has settled keep that limit on what moves at once
+and fill the new nodes within one or two. Until the moved shards are asked for again (and so
+allocated again) no catch-up round comes: counted without them, the regions they left would look
+fuller than they are, and a round could move more than it should.
+
 *Regions leaving.* A region's node that is removed or downed terminates the region: its shards
 are deallocated (remembered as unallocated with remember-entities, to start elsewhere at once). A
 region in graceful shutdown gets no new shards and all of its shards are handed off.
@@ -114,6 +123,10 @@ MAX_EVENTS_PER_WRITE = 1000
 
 NEW_REGION_REBALANCE_DELAY = 1.0
 """Seconds after a new region registered before a rebalance round (if the interval is longer)."""
+
+CATCH_UP_ROUND_DELAY = 1.0
+"""Seconds after every shard a round moved has a new home before the next round (if the
+interval is longer; see the module docstring)."""
 
 
 HANDOFF_OUTCOMES: tuple[str, ...] = ("completed", "timed_out", "region_gone")
@@ -261,6 +274,8 @@ class ShardCoordinatorCore:
         self._next_rebalance = now + settings.rebalance_interval
         self._queue: list[_Pending] = []  # events decided, for the next write
         self._early_round = False  # a new region registered: a round soon, when one may run
+        self._round_moving: set[ShardId] = set()  # moved by rounds, not allocated again yet
+        self._catching_up = False  # the last round moved shards: the next when they settled
         self.removal_margin = removal_margin
         self._departing: set[UniqueAddress] = set()  # seen Leaving or Exiting: no margin
         self._downed_at: dict[UniqueAddress, float] = {}  # gone by downing, within the margin
@@ -536,7 +551,17 @@ class ShardCoordinatorCore:
                 and not self._held(self.state.shards[shard])
             ):
                 effects += self._start_worker(shard, now)
+                self._round_moving.add(shard)
+                self._catching_up = True
         return effects
+
+    def _settled(self, shard: ShardId, now: float) -> None:
+        """``shard`` has a home after a round moved it (or stayed): maybe a round soon."""
+        self._round_moving.discard(shard)
+        if self._catching_up and not self._round_moving and not self._workers:
+            self._catching_up = False
+            soon = now + min(CATCH_UP_ROUND_DELAY, self.settings.rebalance_interval)
+            self._next_rebalance = min(self._next_rebalance, soon)
 
     def _start_worker(self, shard: ShardId, now: float) -> list[CoordinatorEffect]:
         owner = self.state.shards[shard]
@@ -602,6 +627,8 @@ class ShardCoordinatorCore:
         del self._workers[shard]
         # ok: the owner's region was terminated meanwhile, and the shard deallocated with it.
         self.counters.handoffs["region_gone" if ok else "timed_out"] += 1
+        if not ok:
+            self._settled(shard, now)  # it stays where it was
         return self._answer_deferred(shard, now)
 
     def _answer_deferred(self, shard: ShardId, now: float) -> list[CoordinatorEffect]:
@@ -652,6 +679,7 @@ class ShardCoordinatorCore:
                 effects.append(self._ack(region))
             case ShardHomeAllocated(shard=shard, region=region):
                 self._await_start(shard, now + self.settings.shard_start_timeout)
+                self._settled(shard, now)
                 # The asker's answer first: HostShard to a region on this node is handled in
                 # the sending call, and the answer would wait for it.
                 if pending.reply_to is not None and pending.reply_to != region:

@@ -33,6 +33,7 @@ from p2pshard.sharding._allocation import (
     ShardId,
 )
 from p2pshard.sharding._coordinator_core import (
+    CATCH_UP_ROUND_DELAY,
     NEW_REGION_REBALANCE_DELAY,
     CoordinatorEffect,
     CoordinatorPhase,
@@ -1060,6 +1061,36 @@ def test_an_automatic_rebalance_evens_the_regions_out() -> None:
     assert sorted(len(s) for s in d.core.state.regions.values()) == [2, 2]
     assert len(d.core.state.shards) == 4
     check_state(d.core.state)
+
+
+def test_once_a_rounds_shards_have_new_homes_the_next_round_comes_soon() -> None:
+    shards = [f"s{k}" for k in range(1, 7)]
+    d = running({N1: shards, N2: []}, [P9], settings=REBALANCE)
+    d.tick(10.0)
+    assert len(d.writes) == 1  # one shard moved (the legacy strategy's threshold), deallocated
+    assert d.core.next_deadline() == 20.0  # not asked for again yet: no round before 20
+    for shard in shards:
+        d.send(P9, ask(shard))  # the moved shard is allocated again, to n2
+    assert d.core.next_deadline() == 10.0 + CATCH_UP_ROUND_DELAY
+    d.tick(10.0 + CATCH_UP_ROUND_DELAY)  # the next shard moves
+    assert sorted(len(s) for s in d.core.state.regions.values()) == [1, 4]
+    for shard in shards:
+        d.send(P9, ask(shard))
+    assert sorted(len(s) for s in d.core.state.regions.values()) == [2, 4]
+    d.tick(10.0 + 2 * CATCH_UP_ROUND_DELAY)
+    for shard in shards:
+        d.send(P9, ask(shard))
+    assert sorted(len(s) for s in d.core.state.regions.values()) == [3, 3]
+    # Balanced: the round after that moves nothing, and the rhythm is the interval's again.
+    assert d.tick(10.0 + 3 * CATCH_UP_ROUND_DELAY) == []
+    assert d.core.next_deadline() == 20.0 + 3 * CATCH_UP_ROUND_DELAY
+
+
+def test_a_round_whose_hand_off_timed_out_is_caught_up_too() -> None:
+    d, shard = rebalancing()
+    d.tick(15.0)  # the hand-off times out: the shard stays on n1
+    assert d.core.state.shards[ShardId(shard)] == N1
+    assert d.core.next_deadline() == 15.0 + CATCH_UP_ROUND_DELAY
 
 
 # -- 6. regions leaving ---------------------------------------------------------------------
