@@ -792,6 +792,8 @@ class ShardCoordinatorCore:
         self, regions: Mapping[UniqueAddress, Sequence[ShardId]]
     ) -> dict[UniqueAddress, Sequence[ShardId]]:
         """Of ``regions``, those that may get shards: not shutting down, not held."""
+        if not (self._shutting_down or self._downed_at or self._removing):
+            return dict(regions)  # all of them (the usual case, for every allocation)
         return {
             r: shards
             for r, shards in regions.items()
