@@ -38,7 +38,8 @@ For each cluster size N (nodes 1..N; node 1 is the oldest, so it runs the coordi
    only when a message asks for it, so one entity of every unhosted shard is told every 0.05 s
    (at most once a second per shard), as steady traffic would.
 3. **Crashes.** ``crashes`` nodes (never node 1 or 2, drawn from the seed) crash at once. Every
-   shard is asked (one entity each, from node 1, 1 s timeout, asked again until it answers);
+   shard is asked (one entity each, from the running nodes in turn, 1 s timeout, asked again
+   until it answers);
    the time until every shard answered, and until each shard that was on a crashed node did
    (p50, max). Baseline in the same run: when node 1 saw every crashed node Down. The split
    brain resolver runs with the library's defaults (``stable_after`` 20 s; ``SimCluster``'s
@@ -92,6 +93,7 @@ from p2pshard import (
     HashExtractor,
     LeastShardAllocationStrategy,
     Node,
+    ShardingError,
     ShardingSettings,
 )
 from p2pshard.sharding._allocation import ClusterView, ShardId
@@ -468,14 +470,23 @@ async def crashes(run: ScaleRun) -> dict[str, Any]:
     for i in victims:
         sim.crash(i)
     answered: dict[str, float] = {}
+    failures: dict[str, int] = {}
     down_at: float | None = None
-    region = sim.regions[1]
+    # Each shard is asked from one of the nodes still running, in turn, as clients spread over
+    # the cluster would ask (one node asking for every shard at once fills its send queue to
+    # each crashed node: the transport then fails those asks at once, "send queue full").
+    askers = [sim.regions[i] for i in sorted(sim.regions) if i not in victims]
 
-    async def ask_until_answered(shard: str, entity_id: str) -> None:
+    async def ask_until_answered(k: int, shard: str, entity_id: str) -> None:
+        region = askers[k % len(askers)]
         while True:
             try:
                 await region.entity_ref(entity_id).ask(worker.Add(1), timeout=ASK_TIMEOUT)
-            except AskTimeout:
+            except ShardingError as error:
+                reason = type(error).__name__
+                failures[reason] = failures.get(reason, 0) + 1
+                if not isinstance(error, AskTimeout):
+                    await trio.sleep(ASK_TIMEOUT)  # failed at once: try again as a client would
                 continue
             answered[shard] = trio.current_time() - crashed_at
             return
@@ -492,8 +503,8 @@ async def crashes(run: ScaleRun) -> dict[str, Any]:
     reason = ""
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch_down)
-        for shard, entity_id in sorted(run.by_shard.items()):
-            nursery.start_soon(ask_until_answered, shard, entity_id)
+        for k, (shard, entity_id) in enumerate(sorted(run.by_shard.items())):
+            nursery.start_soon(ask_until_answered, k, shard, entity_id)
         deadline = crashed_at + plan.crash_bound
         while len(answered) < len(run.by_shard) or down_at is None:
             if trio.current_time() >= deadline:
@@ -512,6 +523,7 @@ async def crashes(run: ScaleRun) -> dict[str, Any]:
         "crashed_shards_p50_s": statistics.median(hit) if hit else None,
         "crashed_shards_max_s": hit[-1] if len(hit) == len(affected) and hit else None,
         "answered": len(answered),
+        "failed_asks": failures,
         "down_seen_s": down_at,
         "reason": reason,
     }
