@@ -61,6 +61,11 @@ class ClusterView:
 
     def one_app_version(self, nodes: Iterable[UniqueAddress]) -> bool:
         """Whether every one of ``nodes`` runs the same application version (no rollout)."""
+        nodes = list(nodes)
+        # Equal texts are equal versions: parsed only when they differ (the coordinator asks
+        # this for every allocation, with every region).
+        if len({self.app_versions.get(node, "") for node in nodes}) <= 1:
+            return True
         return len({self.app_version(node) for node in nodes}) <= 1
 
     def good_time_to_rebalance(self) -> bool:

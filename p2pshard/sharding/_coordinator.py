@@ -5,8 +5,8 @@ oldest member of the role. The decisions are :class:`ShardCoordinatorCore`'s; th
 the regions' commands (they come through the singleton proxy, handled as they arrive with no pass
 through a task, so a first message to a new shard waits only for its GetShardHome), the
 cluster's changes and the time, and carries out its effects: messages go straight to the
-regions' nodes, and each domain event is written to the replicator under
-``sharding/<type>/coordinator`` with a WriteMajorityPlus, retried until it succeeds (each failure
+regions' nodes, and each batch of domain events is written to the replicator under
+``sharding/<type>/coordinator`` in one WriteMajorityPlus, retried until it succeeds (each failure
 logged). Before anything else the state is read with a ReadMajorityPlus.
 """
 
@@ -44,7 +44,7 @@ from ._coordinator_core import (
     ShardCoordinatorCore,
     UpdateState,
 )
-from ._coordinator_state import CoordinatorState, DomainEvent, apply_event
+from ._coordinator_state import CoordinatorState, DomainEvent, apply_events, describe_events
 from ._protocol import COORDINATOR_COMMANDS
 from ._retry import until_done
 from ._services import ShardingEvent, ShardingListener, tell_listeners
@@ -207,8 +207,8 @@ class ShardCoordinator:
                     )
             elif isinstance(effect, UpdateState):
                 assert self._nursery is not None
-                started = self._start_write(effect.event)
-                self._nursery.start_soon(self._write_event, effect.event, started)
+                started = self._start_write(effect.events)
+                self._nursery.start_soon(self._write_events, effect.events, started)
         self._timer.poke()  # something may be due sooner than the timer sleeps
         if self._listeners:
             self._note_moves(cause)
@@ -258,17 +258,19 @@ class ShardCoordinator:
         for event in events:
             tell_listeners(self._listeners, event)
 
-    def _start_write(self, event: DomainEvent) -> PendingUpdate[None] | None:
-        # Begun here, not in _write_event's task: the change leaves without waiting for a
+    def _start_write(self, events: tuple[DomainEvent, ...]) -> PendingUpdate[None] | None:
+        # Begun here, not in _write_events' task: the change leaves without waiting for a
         # scheduler pass (a first message to a new shard waits for this write).
         try:
             return self._replicator.start_update(
-                self._key, lambda doc: apply_event(doc, event), self._write
+                self._key, lambda doc: apply_events(doc, events), self._write
             )
         except ReplicationError:
-            return None  # _write_event tries again, as after any failed write
+            return None  # _write_events tries again, as after any failed write
 
-    async def _write_event(self, event: DomainEvent, started: PendingUpdate[None] | None) -> None:
+    async def _write_events(
+        self, events: tuple[DomainEvent, ...], started: PendingUpdate[None] | None
+    ) -> None:
         confirmed = False
         failure: Exception | None = None
 
@@ -278,7 +280,7 @@ class ShardCoordinator:
             nonlocal confirmed, failure
             confirmed = True
             try:
-                self._apply(self.core.state_updated(event, True, trio.current_time()))
+                self._apply(self.core.state_updated(events, True, trio.current_time()))
             except Exception as exc:  # raised here instead, ending the coordinator
                 failure = exc
 
@@ -290,14 +292,15 @@ class ShardCoordinator:
                     first.on_success(on_confirmed)
                 return first.result()
             return self._replicator.update(
-                self._key, lambda doc: apply_event(doc, event), self._write
+                self._key, lambda doc: apply_events(doc, events), self._write
             )
 
-        await until_done(attempt, f"coordinator {self.type_name}: writing {event}", logger)
+        what = f"coordinator {self.type_name}: writing {describe_events(events)}"
+        await until_done(attempt, what, logger)
         if failure is not None:
             raise failure
         if not confirmed:
-            self._apply(self.core.state_updated(event, True, trio.current_time()))
+            self._apply(self.core.state_updated(events, True, trio.current_time()))
 
 
 def _shards(ids: Sequence[ShardId], most: int = 12) -> str:

@@ -11,7 +11,18 @@ meanwhile wait in order (Akka's stash). A failed write is tried again.
 
 ::
 
-    LOADING ──state_loaded──▶ ACTIVE ⇄ UPDATING (one event being written, commands wait)
+    LOADING ──state_loaded──▶ ACTIVE ⇄ UPDATING (one write in flight, commands wait)
+
+*Batched writes.* Unlike Akka, which writes one event at a time, a write carries every event
+decided since the previous one began (up to :data:`MAX_EVENTS_PER_WRITE`): when a write ends,
+the waiting commands are handled in order, and their events go out together in the next write.
+A cold start of ten thousand shards takes a few majority writes, not ten thousand in a row.
+A waiting command is handled into the batch only if its answer cannot depend on an event of the
+batch (a GetShardHome or ShardStopped for a shard no event of the batch touches, a ShardStarted,
+a BeginHandOffAck); the first one that could waits, with everything behind it, for the batch's
+write. Decisions are made against the state the pending events will make (a
+:class:`StateDraft`, kept up to date event by event), so the allocation strategy sees the shards
+allocated earlier in the same batch.
 
 *Allocation.* GetShardHome for an unallocated shard allocates it once ``min_nr_of_members``
 regions registered, among regions not shutting down; then the owner gets HostShard (resent every
@@ -26,6 +37,15 @@ deallocates the shard; whoever has not answered gets its BeginHandOff or HandOff
 hand-off ends. A worker gives up after ``handoff_timeout`` (the shard stays where it was). Unlike
 Akka, a worker whose owner region disappears completes at once (akka#29034, #27259): the region's
 termination deallocates its shards.
+
+*Catch-up rounds.* Unlike Akka, once every shard a round moved has a new home (or stayed, its
+hand-off given up), the next round comes ``CATCH_UP_ROUND_DELAY`` later instead of at the next
+interval. A round moves at most the strategy's limit (15 % of the shards by default), so when
+ten nodes join ten, half the shards must move and Akka's rhythm takes four intervals; rounds that
+follow each other as soon as the previous one has settled keep that limit on what moves at once
+and fill the new nodes within one or two. Until the moved shards are asked for again (and so
+allocated again) no catch-up round comes: counted without them, the regions they left would look
+fuller than they are, and a round could move more than it should.
 
 *Regions leaving.* A region's node that is removed or downed terminates the region: its shards
 are deallocated (remembered as unallocated with remember-entities, to start elsewhere at once). A
@@ -48,8 +68,10 @@ usually zero: a lease keeps a shard from running twice.
 from __future__ import annotations
 
 import enum
+import heapq
 import logging
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TypeAlias
 
 import attrs
@@ -67,6 +89,8 @@ from ._coordinator_state import (
     ShardRegionProxyTerminated,
     ShardRegionRegistered,
     ShardRegionTerminated,
+    StateDraft,
+    describe_events,
 )
 from ._protocol import (
     BeginHandOff,
@@ -93,8 +117,16 @@ logger = logging.getLogger("p2pshard.coordinator")
 _GONE = frozenset({MemberStatus.DOWN, MemberStatus.REMOVED})
 _DEPARTING = frozenset({MemberStatus.LEAVING, MemberStatus.EXITING})
 
+MAX_EVENTS_PER_WRITE = 1000
+"""Most domain events one write of the coordinator's state carries (a bound on its size: about
+50 bytes each in the replicated document)."""
+
 NEW_REGION_REBALANCE_DELAY = 1.0
 """Seconds after a new region registered before a rebalance round (if the interval is longer)."""
+
+CATCH_UP_ROUND_DELAY = 1.0
+"""Seconds after every shard a round moved has a new home before the next round (if the
+interval is longer; see the module docstring)."""
 
 
 HANDOFF_OUTCOMES: tuple[str, ...] = ("completed", "timed_out", "region_gone")
@@ -167,9 +199,9 @@ class SendTo:
 
 @attrs.frozen
 class UpdateState:
-    """Effect: write ``event`` to the replicated state, then call ``state_updated``."""
+    """Effect: write ``events``, in order and in one write, then call ``state_updated``."""
 
-    event: DomainEvent
+    events: tuple[DomainEvent, ...]
 
 
 CoordinatorEffect: TypeAlias = SendTo | UpdateState
@@ -224,18 +256,26 @@ class ShardCoordinatorCore:
         self.phase = CoordinatorPhase.LOADING
         self.state = CoordinatorState(remember_entities=settings.remember_entities)
         self.cluster = ClusterView()
-        self._stash: list[tuple[UniqueAddress, CoordinatorCommand]] = []
-        self._pending: _Pending | None = None
+        self._stash: deque[tuple[UniqueAddress, CoordinatorCommand]] = deque()
+        self._pending: list[_Pending] = []  # the events of the write in flight
+        # The state once the write in flight and the queued events are written.
+        self._projection = StateDraft.of(self.state)
         self._workers: dict[ShardId, _Worker] = {}
         self._deferred: dict[ShardId, list[UniqueAddress]] = {}
         self._unstarted: dict[ShardId, float] = {}  # HostShard sent, ShardStarted awaited
+        # The same deadlines as a heap, so that the next one costs no pass over thousands of
+        # shards (the shell reads it after every input); an entry no longer in _unstarted, or
+        # for an older deadline, is dropped when it comes to the top.
+        self._unstarted_heap: list[tuple[float, ShardId]] = []
         self._shutting_down: set[UniqueAddress] = set()
         # Hand-off ids start from the clock, so a late answer to a previous coordinator's
         # hand-off (same shard, maybe the same count) does not match a new one's.
         self._handoffs = int(now * 1_000_000)
         self._next_rebalance = now + settings.rebalance_interval
-        self._queue: list[_Pending] = []  # events decided while another was being written
+        self._queue: list[_Pending] = []  # events decided, for the next write
         self._early_round = False  # a new region registered: a round soon, when one may run
+        self._round_moving: set[ShardId] = set()  # moved by rounds, not allocated again yet
+        self._catching_up = False  # the last round moved shards: the next when they settled
         self.removal_margin = removal_margin
         self._departing: set[UniqueAddress] = set()  # seen Leaving or Exiting: no margin
         self._downed_at: dict[UniqueAddress, float] = {}  # gone by downing, within the margin
@@ -248,12 +288,13 @@ class ShardCoordinatorCore:
         if self.phase is not CoordinatorPhase.LOADING:
             return []
         self.state = attrs.evolve(state, remember_entities=self.settings.remember_entities)
+        self._projection = StateDraft.of(self.state)
         self.phase = CoordinatorPhase.ACTIVE
         logger.info("coordinator %s: state loaded: %s", self.type_name, self.state.summary())
         effects = self._terminate_gone(now)
         effects += self._allocate_remembered(now)
         effects += self._unstash(now)
-        return effects
+        return effects + self._flush()
 
     def set_cluster(self, cluster: ClusterView, now: float) -> list[CoordinatorEffect]:
         """The cluster changed: regions whose node is down or removed terminate."""
@@ -262,11 +303,11 @@ class ShardCoordinatorCore:
             return []
         if self._early_round:
             self._bring_round_forward(now)  # the new region's node may be Up now
-        return self._terminate_gone(now)
+        return self._terminate_gone(now) + self._flush()
 
     def _note_departures(self) -> None:
         """Remember which regions' nodes leave gracefully: they need no removal margin."""
-        state = self._projected()
+        state = self._projection
         for node, status in self.cluster.members.items():
             if status in _DEPARTING and (node in state.regions or node in state.region_proxies):
                 self._departing.add(node)
@@ -284,29 +325,33 @@ class ShardCoordinatorCore:
         if self.phase is not CoordinatorPhase.ACTIVE:
             self._stash.append((sender, message))
             return []
-        return self._handle(sender, message, now)
+        return self._handle(sender, message, now) + self._flush()
 
-    def state_updated(self, event: DomainEvent, ok: bool, now: float) -> list[CoordinatorEffect]:
-        """The write of ``event`` ended; a failed one is tried again."""
-        pending = self._pending
-        if pending is None or pending.event != event:
+    def state_updated(
+        self, events: Sequence[DomainEvent], ok: bool, now: float
+    ) -> list[CoordinatorEffect]:
+        """The write of an :class:`UpdateState`'s ``events`` ended; a failed one is tried again."""
+        batch = self._pending
+        written = tuple(events)
+        if not batch or tuple(p.event for p in batch) != written:
             return []
         if not ok:
-            logger.warning("coordinator %s: writing %s failed; retrying", self.type_name, event)
-            return [UpdateState(event)]
-        self.state = self.state.updated(event)
+            logger.warning(
+                "coordinator %s: writing %s failed; retrying",
+                self.type_name,
+                describe_events(written),
+            )
+            return [UpdateState(written)]
+        self.state = self.state.updated_all(written)
+        self._pending = []
+        self.phase = CoordinatorPhase.ACTIVE
+        # What the events' answers decide joins the queue behind the events decided meanwhile.
         effects: list[CoordinatorEffect] = []
-        if self._queue:  # decided before anything _after decides: written first
-            self._pending = self._queue.pop(0)
-            effects.append(UpdateState(self._pending.event))
-        else:
-            self._pending = None
-            self.phase = CoordinatorPhase.ACTIVE
-        effects += self._after(event, pending, now)
+        for pending in batch:
+            effects += self._after(pending.event, pending, now)
         effects += self._allocate_remembered(now)
-        if self.phase is CoordinatorPhase.ACTIVE:
-            effects += self._unstash(now)
-        return effects
+        effects += self._unstash(now)
+        return effects + self._flush()
 
     def tick(self, now: float) -> list[CoordinatorEffect]:
         """Resend HostShard, time out hand-offs, rebalance when due."""
@@ -318,7 +363,7 @@ class ShardCoordinatorCore:
             if region is None:
                 del self._unstarted[shard]
             elif now >= due:
-                self._unstarted[shard] = now + self.settings.shard_start_timeout
+                self._await_start(shard, now + self.settings.shard_start_timeout)
                 effects.append(self._send(region, HostShard(type_name=self.type_name, shard=shard)))
         for worker in self._workers.values():
             if now >= worker.resend_at:
@@ -340,17 +385,30 @@ class ShardCoordinatorCore:
                 self._early_round = False
             effects += self._rebalance(now)
         effects += self._allocate_remembered(now)
-        return effects + self._unstash(now)
+        effects += self._unstash(now)
+        return effects + self._flush()
 
     def next_deadline(self) -> float:
         """When :meth:`tick` has something to do next (never, while the state is loading)."""
         if self.phase is CoordinatorPhase.LOADING:
             return float("inf")  # tick does nothing yet: a past deadline would spin the timer
-        deadlines = [self._next_rebalance, *self._unstarted.values()]
+        deadlines = [self._next_rebalance, self._next_unstarted()]
         deadlines += [min(w.deadline, w.resend_at) for w in self._workers.values()]
         if self._downed_at:
             deadlines.append(min(self._downed_at.values()) + self.removal_margin)
         return min(deadlines)
+
+    def _await_start(self, shard: ShardId, due: float) -> None:
+        """HostShard went to ``shard``'s region: resend it at ``due`` unless it starts."""
+        self._unstarted[shard] = due
+        heapq.heappush(self._unstarted_heap, (due, shard))
+
+    def _next_unstarted(self) -> float:
+        """When the first HostShard is due again (never, if none is awaited)."""
+        heap = self._unstarted_heap
+        while heap and self._unstarted.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else float("inf")
 
     def rebalance_in_progress(self) -> frozenset[ShardId]:
         """Shards being handed off."""
@@ -436,7 +494,7 @@ class ShardCoordinatorCore:
         if region is not None:
             return [self._send(sender, self._home(shard, region))]
         candidates = self._allocation_candidates()
-        if len(self.state.regions) < self.settings.min_nr_of_members or not candidates:
+        if len(self._projection.regions) < self.settings.min_nr_of_members or not candidates:
             return []  # the region asks again; min_nr_of_members gates the first allocation
         requester = sender if sender in candidates else next(iter(candidates))
         chosen = self.strategy.allocate_shard(requester, shard, candidates, self.cluster)
@@ -456,7 +514,11 @@ class ShardCoordinatorCore:
 
         Its entities restart there. One write at a time; the next when it is done.
         """
-        if self.phase is not CoordinatorPhase.ACTIVE or not self.state.remember_entities:
+        if (
+            self.phase is not CoordinatorPhase.ACTIVE
+            or self._queue
+            or not self.state.remember_entities
+        ):
             return []
         waiting = sorted(s for s in self.state.unallocated_shards if s not in self._workers)
         candidates = self._allocation_candidates()
@@ -476,7 +538,7 @@ class ShardCoordinatorCore:
     # -- rebalance --------------------------------------------------------------------------
 
     def _rebalance(self, now: float) -> list[CoordinatorEffect]:
-        candidates = self._candidates()
+        candidates = self._candidates(self.state.regions)
         if not candidates or not self.cluster.one_app_version(candidates):
             return []  # nothing to move, or a rolling upgrade is under way
         self.counters.rebalance_rounds += 1
@@ -489,7 +551,17 @@ class ShardCoordinatorCore:
                 and not self._held(self.state.shards[shard])
             ):
                 effects += self._start_worker(shard, now)
+                self._round_moving.add(shard)
+                self._catching_up = True
         return effects
+
+    def _settled(self, shard: ShardId, now: float) -> None:
+        """``shard`` has a home after a round moved it (or stayed): maybe a round soon."""
+        self._round_moving.discard(shard)
+        if self._catching_up and not self._round_moving and not self._workers:
+            self._catching_up = False
+            soon = now + min(CATCH_UP_ROUND_DELAY, self.settings.rebalance_interval)
+            self._next_rebalance = min(self._next_rebalance, soon)
 
     def _start_worker(self, shard: ShardId, now: float) -> list[CoordinatorEffect]:
         owner = self.state.shards[shard]
@@ -555,6 +627,8 @@ class ShardCoordinatorCore:
         del self._workers[shard]
         # ok: the owner's region was terminated meanwhile, and the shard deallocated with it.
         self.counters.handoffs["region_gone" if ok else "timed_out"] += 1
+        if not ok:
+            self._settled(shard, now)  # it stays where it was
         return self._answer_deferred(shard, now)
 
     def _answer_deferred(self, shard: ShardId, now: float) -> list[CoordinatorEffect]:
@@ -571,25 +645,26 @@ class ShardCoordinatorCore:
     def _update(
         self, event: DomainEvent, reply_to: UniqueAddress | None = None
     ) -> list[CoordinatorEffect]:
+        """Decide ``event``: it goes out with the next write (see :meth:`_flush`)."""
         try:
-            (self.state if self._pending is None else self._projected()).updated(event)
+            self._projection.apply(event)
         except ValueError as error:  # a command that no longer fits: drop it, loudly
             logger.error("coordinator %s: %s", self.type_name, error)
             return []
-        if self._pending is not None:
-            self._queue.append(_Pending(event, reply_to))
-            return []
-        self._pending = _Pending(event, reply_to)
-        self.phase = CoordinatorPhase.UPDATING
-        return [UpdateState(event)]
+        self._queue.append(_Pending(event, reply_to))
+        return []
 
-    def _projected(self) -> CoordinatorState:
-        state = self.state
-        if self._pending is not None:
-            state = state.updated(self._pending.event)
-        for queued in self._queue:
-            state = state.updated(queued.event)
-        return state
+    def _flush(self) -> list[CoordinatorEffect]:
+        """Write the events decided so far, in one write, unless a write is in flight.
+
+        Every input ends with this, so the events one input decides leave together.
+        """
+        if self._pending or not self._queue:
+            return []
+        self._pending = self._queue[:MAX_EVENTS_PER_WRITE]
+        del self._queue[:MAX_EVENTS_PER_WRITE]
+        self.phase = CoordinatorPhase.UPDATING
+        return [UpdateState(tuple(p.event for p in self._pending))]
 
     def _after(self, event: DomainEvent, pending: _Pending, now: float) -> list[CoordinatorEffect]:
         effects: list[CoordinatorEffect] = []
@@ -603,7 +678,8 @@ class ShardCoordinatorCore:
             case ShardRegionProxyRegistered(proxy=region):
                 effects.append(self._ack(region))
             case ShardHomeAllocated(shard=shard, region=region):
-                self._unstarted[shard] = now + self.settings.shard_start_timeout
+                self._await_start(shard, now + self.settings.shard_start_timeout)
+                self._settled(shard, now)
                 # The asker's answer first: HostShard to a region on this node is handled in
                 # the sending call, and the answer would wait for it.
                 if pending.reply_to is not None and pending.reply_to != region:
@@ -650,7 +726,7 @@ class ShardCoordinatorCore:
     def _terminate_gone(self, now: float) -> list[CoordinatorEffect]:
         self._note_departures()
         effects: list[CoordinatorEffect] = []
-        state = self._projected()  # not again for a termination already being written
+        state = self._projection  # not again for a termination already being written
         for region in _ordered(state.regions):
             if self._is_gone(region) and self._margin_over(region, now):
                 effects += self._update(ShardRegionTerminated(region))
@@ -683,11 +759,26 @@ class ShardCoordinatorCore:
         return region in self._downed_at or region in self._removing
 
     def _unstash(self, now: float) -> list[CoordinatorEffect]:
+        """Handle the waiting commands in order, while their events can join one write."""
         effects: list[CoordinatorEffect] = []
         while self._stash and self.phase is CoordinatorPhase.ACTIVE:
-            sender, message = self._stash.pop(0)
+            sender, message = self._stash[0]
+            if self._queue and not self._independent(message):
+                break  # its answer may depend on the events decided: after their write
+            self._stash.popleft()
             effects += self._handle(sender, message, now)
         return effects
+
+    def _independent(self, message: CoordinatorCommand) -> bool:
+        """Whether no event waiting to be written can change how ``message`` is handled."""
+        match message:
+            case GetShardHome(shard=shard) | ShardStopped(shard=shard):
+                shard_id = ShardId(shard)
+                return self._projection.shards.get(shard_id) == self.state.shards.get(shard_id)
+            case ShardStarted() | BeginHandOffAck():
+                return True
+            case _:
+                return False
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -697,21 +788,25 @@ class ShardCoordinatorCore:
     def _is_gone(self, node: UniqueAddress) -> bool:
         return not self._is_member(node)
 
-    def _candidates(self) -> dict[UniqueAddress, tuple[ShardId, ...]]:
-        """Regions that may get shards: registered and not shutting down."""
+    def _candidates(
+        self, regions: Mapping[UniqueAddress, Sequence[ShardId]]
+    ) -> dict[UniqueAddress, Sequence[ShardId]]:
+        """Of ``regions``, those that may get shards: not shutting down, not held."""
+        if not (self._shutting_down or self._downed_at or self._removing):
+            return dict(regions)  # all of them (the usual case, for every allocation)
         return {
             r: shards
-            for r, shards in self.state.regions.items()
+            for r, shards in regions.items()
             if r not in self._shutting_down and not self._held(r)
         }
 
-    def _allocation_candidates(self) -> dict[UniqueAddress, tuple[ShardId, ...]]:
+    def _allocation_candidates(self) -> dict[UniqueAddress, Sequence[ShardId]]:
         """Regions a new shard may go to: during a rolling upgrade, those of the newest version.
 
         The newest among regions that stay and are reachable (a shard allocated to a leaving or
         unreachable region would not start soon), or among all when there are none such.
         """
-        candidates = self._candidates()
+        candidates = self._candidates(self._projection.regions)  # with the pending allocations
         view = self.cluster
         if view.one_app_version(candidates):
             return candidates

@@ -25,6 +25,7 @@ import attrs
 import pytest
 
 from membership import Address, ConfigurationError, MemberStatus, UniqueAddress
+from p2pshard.sharding import _coordinator_core as core_module
 from p2pshard.sharding._allocation import (
     ClusterView,
     LeastShardAllocationStrategy,
@@ -32,6 +33,7 @@ from p2pshard.sharding._allocation import (
     ShardId,
 )
 from p2pshard.sharding._coordinator_core import (
+    CATCH_UP_ROUND_DELAY,
     NEW_REGION_REBALANCE_DELAY,
     CoordinatorEffect,
     CoordinatorPhase,
@@ -177,7 +179,7 @@ class Step:
     """One call into the core, as observers see it."""
 
     kind: str  # "load", "receive", "write", "tick" or "cluster"
-    event: DomainEvent | None = None  # "write": the event answered ...
+    events: tuple[DomainEvent, ...] = ()  # "write": the events answered ...
     ok: bool = True  # ... and how
     sender: UniqueAddress | None = None  # "receive": who sent ...
     message: CoordinatorCommand | None = None  # ... what
@@ -221,7 +223,7 @@ class Driver:
         )
         self.sent: list[SendTo] = []
         self.writes: list[DomainEvent] = []  # every UpdateState, retries included
-        self.held: list[DomainEvent] = []
+        self.held: list[tuple[DomainEvent, ...]] = []  # one batch per write
         self.hold = False
         self.fail_writes = 0
         self.manual: set[UniqueAddress] = set(manual)
@@ -273,11 +275,11 @@ class Driver:
 
     def release(self, ok: bool = True) -> list[SendTo]:
         """Answer the oldest held write."""
-        event = self.held.pop(0)
+        events = self.held.pop(0)
         self.in_flight -= 1
         return self._call(
-            Step("write", event=event, ok=ok),
-            lambda: self.core.state_updated(event, ok, self.now),
+            Step("write", events=events, ok=ok),
+            lambda: self.core.state_updated(events, ok, self.now),
         )
 
     def deliver(self, index: int = 0) -> list[SendTo]:
@@ -297,7 +299,7 @@ class Driver:
         while queue:
             effect = queue.popleft()
             if isinstance(effect, UpdateState):
-                queue.extend(self._write(effect.event))
+                queue.extend(self._write(effect.events))
             else:
                 self.sent.append(_without_id(effect))
                 reply = self._answer(effect)
@@ -307,17 +309,17 @@ class Driver:
                     queue.extend(self._observe(step, call))
         return self.sent[first:]
 
-    def _write(self, event: DomainEvent) -> list[CoordinatorEffect]:
-        self.writes.append(event)
+    def _write(self, events: tuple[DomainEvent, ...]) -> list[CoordinatorEffect]:
+        self.writes.extend(events)
         if self.hold:
-            self.held.append(event)
+            self.held.append(events)
             return []
         ok = self.fail_writes == 0
         self.fail_writes = max(0, self.fail_writes - 1)
         self.in_flight -= 1
         return self._observe(
-            Step("write", event=event, ok=ok),
-            partial(self.core.state_updated, event, ok, self.now),
+            Step("write", events=events, ok=ok),
+            partial(self.core.state_updated, events, ok, self.now),
         )
 
     def _observe(
@@ -420,14 +422,16 @@ def test_loading_terminates_regions_and_proxies_whose_nodes_are_gone(
     d.send(N1, ask("b"))  # waits for the load, then for the terminations
     loaded = state_of({N1: ["a"], N2: ["b"], N3: ["c"], N4: []}, [P9])
     assert d.load(loaded) == []
-    assert d.held == [ShardRegionTerminated(N2)]  # one write at a time
+    # One write carries every termination the load decided.
+    assert d.held == [
+        (
+            ShardRegionTerminated(N2),
+            ShardRegionTerminated(N3),
+            ShardRegionTerminated(N4),
+            ShardRegionProxyTerminated(P9),
+        )
+    ]
     assert d.phase() is CoordinatorPhase.UPDATING
-    d.release()
-    assert d.held == [ShardRegionTerminated(N3)]
-    d.release()
-    assert d.held == [ShardRegionTerminated(N4)]
-    d.release()
-    assert d.held == [ShardRegionProxyTerminated(P9)]
     d.hold = False
     sent = d.release()
     assert d.core.state.region_proxies == frozenset()
@@ -475,10 +479,10 @@ def test_registration_is_acknowledged_only_once_written(
     d.cluster_changed()
     d.hold = True
     assert d.send(N2, message) == []
-    assert d.held == [event]
+    assert d.held == [(event,)]
     assert d.to(N2) == []
     assert d.release(ok=False) == []  # the failed write is tried again, still no ack
-    assert d.held == [event]
+    assert d.held == [(event,)]
     assert d.release() == [SendTo(N2, ACK)]
     assert d.writes == [event, event]
 
@@ -599,10 +603,10 @@ def test_a_failed_write_changes_nothing_and_sends_nothing() -> None:
     d = running({N1: [], N2: []})
     d.hold = True
     d.send(N2, ask("a"))
-    assert d.held == [ShardHomeAllocated(ShardId("a"), N1)]
+    assert d.held == [(ShardHomeAllocated(ShardId("a"), N1),)]
     for _ in range(3):
         assert d.release(ok=False) == []
-        assert d.held == [ShardHomeAllocated(ShardId("a"), N1)]
+        assert d.held == [(ShardHomeAllocated(ShardId("a"), N1),)]
         assert d.core.state.shards == {}
     assert d.release() == [SendTo(N2, home("a", N1)), SendTo(N1, host("a"))]
 
@@ -620,7 +624,7 @@ def test_commands_during_a_write_wait_and_run_in_order_once_it_succeeds() -> Non
     assert d.send(N2, ask("b")) == []
     assert d.send(N1, ask("a")) == []
     assert d.release(ok=False) == []  # still waiting
-    assert d.held == [ShardRegionRegistered(N1)]
+    assert d.held == [(ShardRegionRegistered(N1),)]
     d.hold = False
     sent = d.release()
     assert d.writes == [
@@ -633,9 +637,11 @@ def test_commands_during_a_write_wait_and_run_in_order_once_it_succeeds() -> Non
     assert sent == [
         SendTo(N1, ACK),
         SendTo(N1, host("a")),
+        # The second ask finds a allocated; no event waiting to be written can change that
+        # answer, so it goes while n2's registration and b's allocation wait for their write.
+        SendTo(N1, home("a", N1)),
         SendTo(N2, ACK),
         SendTo(N2, host("b")),
-        SendTo(N1, home("a", N1)),  # the second ask finds a allocated
     ]
 
 
@@ -644,18 +650,18 @@ def test_events_decided_during_a_write_are_written_after_it_in_order() -> None:
     d.set_status(N4, MemberStatus.UP)
     d.hold = True
     d.send(N4, register())
-    assert d.held == [ShardRegionRegistered(N4)]
+    assert d.held == [(ShardRegionRegistered(N4),)]
     d.members[N1] = MemberStatus.DOWN
     d.members.pop(N2)
     assert d.cluster_changed() == []
-    assert d.held == [ShardRegionRegistered(N4)]  # one write at a time
+    assert d.held == [(ShardRegionRegistered(N4),)]  # one write at a time
     assert d.release() == [SendTo(N4, ACK)]
-    assert d.held == [ShardRegionTerminated(N1)]
+    # The events decided meanwhile go out together, in order, in the next write.
+    both = (ShardRegionTerminated(N1), ShardRegionTerminated(N2))
+    assert d.held == [both]
+    assert d.core.state.shards == {"a": N1, "b": N2}
     assert d.release(ok=False) == []
-    assert d.held == [ShardRegionTerminated(N1)]
-    d.release()
-    assert d.held == [ShardRegionTerminated(N2)]
-    assert d.core.state.shards == {"b": N2}
+    assert d.held == [both]
     d.release()
     assert d.held == []
     assert d.phase() is CoordinatorPhase.ACTIVE
@@ -668,9 +674,87 @@ def test_a_write_answer_for_another_event_is_ignored() -> None:
     d = running({N1: []})
     d.hold = True
     d.send(N1, ask("a"))
-    assert d.core.state_updated(ShardHomeAllocated(ShardId("z"), N1), True, d.now) == []
+    assert d.core.state_updated((ShardHomeAllocated(ShardId("z"), N1),), True, d.now) == []
     assert d.core.state.shards == {}
     assert d.phase() is CoordinatorPhase.UPDATING
+
+
+def test_asks_that_wait_for_a_write_are_allocated_together_in_the_next_one() -> None:
+    d = running({N1: [], N2: []})
+    d.hold = True
+    d.send(N1, ask("a"))
+    for shard in ("b", "c", "d"):
+        assert d.send(N2, ask(shard)) == []
+    assert d.held == [(ShardHomeAllocated(ShardId("a"), N1),)]
+    # Nothing about b, c or d is sent before their write; the strategy sees the allocations
+    # decided before each (b goes to n2, which had fewer, c to n1 again, d to n2).
+    assert d.release() == [SendTo(N1, host("a"))]
+    assert d.held == [
+        (
+            ShardHomeAllocated(ShardId("b"), N2),
+            ShardHomeAllocated(ShardId("c"), N1),
+            ShardHomeAllocated(ShardId("d"), N2),
+        )
+    ]
+    assert d.core.state.shards == {"a": N1}
+    assert d.release() == [
+        SendTo(N2, host("b")),
+        SendTo(N2, home("c", N1)),
+        SendTo(N1, host("c")),
+        SendTo(N2, host("d")),
+    ]
+    assert d.phase() is CoordinatorPhase.ACTIVE
+    check_state(d.core.state)
+
+
+def test_a_command_that_depends_on_the_batch_waits_for_its_write() -> None:
+    d = running({N1: ["a"], N2: []})
+    d.hold = True
+    d.send(N1, ask("b"))
+    assert d.send(N2, ask("c")) == []
+    assert d.send(N1, ask("c")) == []  # c is in the next batch by then: answered after it
+    assert d.send(N2, ask("a")) == []  # behind it, in order
+    d.release()
+    assert d.held == [(ShardHomeAllocated(ShardId("c"), N1),)]
+    assert d.release() == [
+        SendTo(N2, home("c", N1)),
+        SendTo(N1, host("c")),
+        SendTo(N1, home("c", N1)),
+        SendTo(N2, home("a", N1)),
+    ]
+
+
+def test_a_known_home_is_answered_while_a_batch_gathers() -> None:
+    d = running({N1: ["a"], N2: []})
+    d.hold = True
+    d.send(N1, ask("b"))
+    assert d.send(N2, ask("c")) == []
+    assert d.send(N2, ask("a")) == []  # a's home is not touched by the next batch
+    assert d.release() == [
+        SendTo(N1, home("b", N2)),
+        SendTo(N2, host("b")),
+        SendTo(N2, home("a", N1)),
+    ]
+    assert d.held == [(ShardHomeAllocated(ShardId("c"), N1),)]
+
+
+def test_a_write_carries_at_most_max_events_per_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(core_module, "MAX_EVENTS_PER_WRITE", 2)
+    d = running({N1: []})
+    d.hold = True
+    d.send(N1, ask("a"))
+    for shard in "bcdef":
+        d.send(N1, ask(shard))
+    d.release()
+    assert [len(batch) for batch in d.held] == [2]
+    d.release()
+    assert [len(batch) for batch in d.held] == [2]
+    d.release()
+    assert [len(batch) for batch in d.held] == [1]
+    d.release()
+    assert d.held == []
+    assert sorted(d.core.state.shards) == list("abcdef")
+    assert d.writes == [ShardHomeAllocated(ShardId(s), N1) for s in "abcdef"]
 
 
 # -- 5. rebalance ---------------------------------------------------------------------------
@@ -774,7 +858,7 @@ def test_shard_stopped_deallocates_the_shard() -> None:
     assert d.send(N2, stopped(shard)) == []  # not the owner
     assert d.held == []
     assert d.send(N1, stopped(shard)) == []
-    assert d.held == [ShardHomeDeallocated(ShardId(shard))]
+    assert d.held == [(ShardHomeDeallocated(ShardId(shard)),)]
     assert d.core.rebalance_in_progress() == {shard}  # until written
     assert d.core.counters.handoffs["completed"] == 0
     d.now = 12.5  # the round began at 10 s
@@ -865,7 +949,7 @@ def test_hand_off_is_resent_until_shard_stopped_and_not_after() -> None:
     assert d.tick(12.0) == [SendTo(N1, hand_off(shard))]  # HandOff or ShardStopped was lost
     d.hold = True
     d.send(N1, stopped(shard))
-    assert d.held == [ShardHomeDeallocated(ShardId(shard))]
+    assert d.held == [(ShardHomeDeallocated(ShardId(shard)),)]
     assert d.tick(14.0) == []  # stopped: nothing more to ask while the deallocation is written
     assert d.core.next_deadline() > 14.0
 
@@ -977,6 +1061,36 @@ def test_an_automatic_rebalance_evens_the_regions_out() -> None:
     assert sorted(len(s) for s in d.core.state.regions.values()) == [2, 2]
     assert len(d.core.state.shards) == 4
     check_state(d.core.state)
+
+
+def test_once_a_rounds_shards_have_new_homes_the_next_round_comes_soon() -> None:
+    shards = [f"s{k}" for k in range(1, 7)]
+    d = running({N1: shards, N2: []}, [P9], settings=REBALANCE)
+    d.tick(10.0)
+    assert len(d.writes) == 1  # one shard moved (the legacy strategy's threshold), deallocated
+    assert d.core.next_deadline() == 20.0  # not asked for again yet: no round before 20
+    for shard in shards:
+        d.send(P9, ask(shard))  # the moved shard is allocated again, to n2
+    assert d.core.next_deadline() == 10.0 + CATCH_UP_ROUND_DELAY
+    d.tick(10.0 + CATCH_UP_ROUND_DELAY)  # the next shard moves
+    assert sorted(len(s) for s in d.core.state.regions.values()) == [1, 4]
+    for shard in shards:
+        d.send(P9, ask(shard))
+    assert sorted(len(s) for s in d.core.state.regions.values()) == [2, 4]
+    d.tick(10.0 + 2 * CATCH_UP_ROUND_DELAY)
+    for shard in shards:
+        d.send(P9, ask(shard))
+    assert sorted(len(s) for s in d.core.state.regions.values()) == [3, 3]
+    # Balanced: the round after that moves nothing, and the rhythm is the interval's again.
+    assert d.tick(10.0 + 3 * CATCH_UP_ROUND_DELAY) == []
+    assert d.core.next_deadline() == 20.0 + 3 * CATCH_UP_ROUND_DELAY
+
+
+def test_a_round_whose_hand_off_timed_out_is_caught_up_too() -> None:
+    d, shard = rebalancing()
+    d.tick(15.0)  # the hand-off times out: the shard stays on n1
+    assert d.core.state.shards[ShardId(shard)] == N1
+    assert d.core.next_deadline() == 15.0 + CATCH_UP_ROUND_DELAY
 
 
 # -- 6. regions leaving ---------------------------------------------------------------------
@@ -1152,7 +1266,7 @@ def test_region_stopped_terminates_the_region() -> None:
     assert d.send(N3, REGION_STOPPED) == []  # unknown
     assert d.held == []
     d.send(N1, REGION_STOPPED)
-    assert d.held == [ShardRegionTerminated(N1)]
+    assert d.held == [(ShardRegionTerminated(N1),)]
     d.release()
     assert d.core.state.regions == {N2: ()}
     assert d.core.state.shards == {}
@@ -1229,7 +1343,7 @@ def test_the_margin_timer_does_not_spin_while_the_termination_is_written() -> No
     d.set_status(N2, MemberStatus.DOWN)
     d.hold = True
     d.tick(MARGIN)
-    assert d.held == [ShardRegionTerminated(N2)]
+    assert d.held == [(ShardRegionTerminated(N2),)]
     assert d.core.next_deadline() > MARGIN
     assert d.send(N1, ask("b")) == []  # still held until the termination is written
     d.hold = False
@@ -1282,8 +1396,8 @@ class Invariants:
         effects: list[CoordinatorEffect],
     ) -> None:
         if step.kind == "write" and step.ok:
-            assert step.event is not None
-            assert after == before.updated(step.event), f"{step.event} applied wrongly"
+            assert step.events
+            assert after == before.updated_all(step.events), f"{step.events} applied wrongly"
         elif step.kind != "load":
             assert after == before, f"the state changed without a write, by {step}"
         check_state(after)

@@ -22,7 +22,9 @@ from p2pshard.sharding._coordinator_state import (
     ShardRegionProxyTerminated,
     ShardRegionRegistered,
     ShardRegionTerminated,
+    StateDraft,
     apply_event,
+    apply_events,
     decode_region,
     encode_region,
 )
@@ -151,3 +153,52 @@ def test_the_document_reads_back_as_the_folded_state(
     }
     assert read.region_proxies == state.region_proxies
     assert read.unallocated_shards == state.unallocated_shards
+
+
+@settings(max_examples=200, deadline=None)
+@given(histories(), st.booleans(), st.integers(0, 60))
+def test_a_batch_folds_as_its_events_one_by_one(
+    events: list[DomainEvent], remember: bool, cut: int
+) -> None:
+    start = CoordinatorState(remember_entities=remember)
+    for event in events[:cut]:
+        start = start.updated(event)
+    one_by_one = start
+    draft = StateDraft.of(start)
+    for event in events[cut:]:
+        one_by_one = one_by_one.updated(event)
+        draft.apply(event)
+        assert draft.frozen() == one_by_one
+    assert start.updated_all(events[cut:]) == one_by_one
+    check_invariants(one_by_one)
+    doc: Doc[Any] = Doc(client_id=1)
+    with doc.transaction():
+        apply_events(doc, events)
+    read = CoordinatorState.from_document(doc, remember_entities=remember)
+    assert dict(read.shards) == dict(one_by_one.shards)
+
+
+def test_a_batch_with_an_event_that_does_not_fit_changes_nothing() -> None:
+    state = CoordinatorState().updated(ShardRegionRegistered(R1))
+    batch: list[DomainEvent] = [
+        ShardHomeAllocated(ShardId("1"), R1),
+        ShardHomeAllocated(ShardId("2"), R1),
+        ShardHomeAllocated(ShardId("1"), R1),  # allocated already, earlier in the batch
+    ]
+    with pytest.raises(IllegalCoordinatorEvent, match="already allocated"):
+        state.updated_all(batch)
+    assert state == CoordinatorState().updated(ShardRegionRegistered(R1))
+    draft = StateDraft.of(state)
+    draft.apply(batch[0])
+    with pytest.raises(IllegalCoordinatorEvent, match="not registered"):
+        draft.apply(ShardHomeAllocated(ShardId("3"), R2))
+    assert draft.frozen() == state.updated(batch[0])
+
+
+def test_a_region_keeps_its_shards_in_allocation_order() -> None:
+    state = CoordinatorState().updated(ShardRegionRegistered(R1))
+    state = state.updated_all(
+        [ShardHomeAllocated(ShardId(s), R1) for s in ("9", "3", "5")]
+        + [ShardHomeDeallocated(ShardId("3")), ShardHomeAllocated(ShardId("1"), R1)]
+    )
+    assert state.regions[R1] == ("9", "5", "1")
