@@ -64,13 +64,13 @@ from p2pshard.testing import (
 )
 from tests._support.rollout import assert_rolled_out
 
-CI_SEEDS = range(115)
-CI_SLOW_SEEDS = range(115, 200)  # left the default run on 2026-11-26: CI's 15 minutes
+CI_SEEDS = range(80)
+CI_SLOW_SEEDS = range(80, 200)  # left the default run on 2026-11-26: CI's 15 minutes
 CI_SETTINGS = ChaosSettings(duration=15.0, quiet=30.0, message_interval=0.3)
 FAN_OUT_SEEDS = range(200, 212)
 FAN_OUT_SLOW_SEEDS = range(212, 400)  # 212-223 in the default run until 2026-11-26
 FAN_OUT_SETTINGS = attrs.evolve(CI_SETTINGS, workloads=("fan-out",))
-ROLLOUT_SHARE = 0.03  # 3 of the CI seeds, 4 of the slow ones, none of the others
+ROLLOUT_SHARE = 0.03  # 2 of the CI seeds, 5 of the slow ones, none of the others
 REALISTIC_CI_SETTINGS = attrs.evolve(
     REALISTIC,
     duration=CI_SETTINGS.duration,
@@ -117,13 +117,13 @@ def test_every_invariant_holds_over_the_ci_seeds() -> None:
     partitions, seed partitions, the intruder among the faults, and in a few seeds a rolling
     upgrade with its own crash and partition."""
     reports = run_and_check(CI_SEEDS, REALISTIC_CI_SETTINGS)
-    assert [r.seed for r in reports if r.rollout is not None] == [15, 51, 112]
+    assert [r.seed for r in reports if r.rollout is not None] == [15, 51]
 
 
 @pytest.mark.slow
 def test_every_invariant_holds_over_more_realistic_seeds() -> None:
     reports = run_and_check(CI_SLOW_SEEDS, REALISTIC_CI_SETTINGS)
-    assert [r.seed for r in reports if r.rollout is not None] == [122, 159, 189, 198]
+    assert [r.seed for r in reports if r.rollout is not None] == [112, 122, 159, 189, 198]
 
 
 def test_every_invariant_holds_over_fan_out_seeds() -> None:
