@@ -287,19 +287,7 @@ class EtcdLeaseBackend:
             if outcome.owner != owner or attempt == 2:
                 break
             # Our own earlier grant: delete it unless it changed meanwhile, then create again.
-            delete = {
-                "compare": [
-                    {
-                        "key": key,
-                        "target": "MOD",
-                        "result": "EQUAL",
-                        "mod_revision": str(outcome.mod_revision),
-                    }
-                ],
-                "success": [{"request_delete_range": {"key": key}}],
-            }
-            await self._post("/v3/kv/txn", delete, what, _succeeded)
-            self._grants.pop((name, owner, outcome.create_revision), None)
+            await self._delete_own_grant(name, owner, key, outcome, what)
         await self._revoke(grant.lease_id, what)
         return None
 
@@ -467,19 +455,7 @@ class EtcdLeaseBackend:
                 return None
             # This owner's own earlier grant (a shard it took again, or one of a node lease it
             # gave up): delete it unless it changed meanwhile, then create again.
-            delete = {
-                "compare": [
-                    {
-                        "key": key,
-                        "target": "MOD",
-                        "result": "EQUAL",
-                        "mod_revision": str(outcome.mod_revision),
-                    }
-                ],
-                "success": [{"request_delete_range": {"key": key}}],
-            }
-            await self._post("/v3/kv/txn", delete, what, _succeeded)
-            self._grants.pop((name, owner, outcome.create_revision), None)
+            await self._delete_own_grant(name, owner, key, outcome, what)
         return None  # pragma: no cover - the loop returns
 
     async def release_attached(self, name: str, owner: str, lease_id: int, token: int) -> bool:
@@ -519,6 +495,24 @@ class EtcdLeaseBackend:
         """A new grant of ``name`` ends every older one this object still remembers."""
         for stale in [k for k in self._grants if k[0] == name and k[2] < token]:
             del self._grants[stale]
+
+    async def _delete_own_grant(
+        self, name: str, owner: str, key: str, current: _Kv, what: str
+    ) -> None:
+        """Delete ``key``, this owner's earlier grant, unless it changed since ``current``."""
+        delete = {
+            "compare": [
+                {
+                    "key": key,
+                    "target": "MOD",
+                    "result": "EQUAL",
+                    "mod_revision": str(current.mod_revision),
+                }
+            ],
+            "success": [{"request_delete_range": {"key": key}}],
+        }
+        await self._post("/v3/kv/txn", delete, what, _succeeded)
+        self._grants.pop((name, owner, current.create_revision), None)
 
     async def _revoke(self, lease_id: int, what: str) -> None:
         """Revoke an etcd lease that holds no grant any more, if etcd answers.
