@@ -15,7 +15,7 @@ import textwrap
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import msgpack
 import pytest
@@ -25,7 +25,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import NoOpTracerProvider, SpanContext, SpanKind, StatusCode
+from opentelemetry.trace import NoOpTracerProvider, SpanContext, SpanKind, StatusCode, Tracer
 
 from membership import Address, MemberStatus, SimNetwork
 from membership.internal import wire
@@ -89,6 +89,31 @@ async def traced_nodes(
         yield nodes
 
 
+class ProbePair(NamedTuple):
+    """Two traced nodes running the Probe type, the first node's region, and the spans."""
+
+    nodes: list[Node]
+    sender: ShardRegion
+    exporter1: InMemorySpanExporter
+    exporter2: InMemorySpanExporter
+    app: Tracer
+
+
+@asynccontextmanager
+async def probe_pair(tmp_path: Path) -> AsyncIterator[ProbePair]:
+    """Two nodes, each recording its spans, with Probe started on both, within ``LIMIT``."""
+    configs = prepare(tmp_path, 2)
+    (provider1, exporter1), (provider2, exporter2) = recording(), recording()
+    Probe.seen = []
+    async with traced_nodes(configs, [provider1, provider2]) as nodes:
+        with trio.fail_after(LIMIT):
+            regions = [
+                await node.sharding.start("Probe", Probe, extractor=EXTRACTOR) for node in nodes
+            ]
+            app = provider1.get_tracer("tests.tracing")
+            yield ProbePair(list(nodes), regions[0], exporter1, exporter2, app)
+
+
 def recording() -> tuple[TracerProvider, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
@@ -121,37 +146,28 @@ def parent_id(span: ReadableSpan) -> int:
 async def test_the_entity_span_is_the_child_of_the_senders_across_two_nodes(
     tmp_path: Path,
 ) -> None:
-    configs = prepare(tmp_path, 2)
-    (provider1, exporter1), (provider2, exporter2) = recording(), recording()
-    app = provider1.get_tracer("tests.tracing")
-    Probe.seen = []
-    async with traced_nodes(configs, [provider1, provider2]) as nodes:
-        with trio.fail_after(LIMIT):
-            regions = [
-                await node.sharding.start("Probe", Probe, extractor=EXTRACTOR) for node in nodes
-            ]
-            sender = regions[0]
-            cold = [f"cold-{i}" for i in range(20)]
-            # Asks to shards with no home yet: each waits in the region's buffer, then goes to
-            # whichever node the coordinator picks, with its context.
-            asked: dict[str, int] = {}
-            for entity_id in cold:
-                with app.start_as_current_span(f"app ask {entity_id}") as app_span:
-                    answer = await sender.entity_ref(entity_id).ask("hello", timeout=10)
-                    asked[entity_id] = app_span.get_span_context().span_id
-                assert isinstance(answer, int)
-            remote = [e for e in cold if home_of(sender, e) == nodes[1].address]
-            local = [e for e in cold if home_of(sender, e) == nodes[0].address]
-            assert remote, "the coordinator gave every shard to node 1"
-            assert local, "the coordinator gave every shard to node 2"
-            # Tells to shards whose home is known: straight to the entity's node.
-            told: dict[str, int] = {}
-            for entity_id in cold:
-                with app.start_as_current_span(f"app tell {entity_id}") as app_span:
-                    await sender.entity_ref(entity_id).tell("tell")
-                    told[entity_id] = app_span.get_span_context().span_id
-            while len(Probe.seen) < 2 * len(cold):  # noqa: ASYNC110 - the entities' own record
-                await trio.sleep(0.01)
+    async with probe_pair(tmp_path) as (nodes, sender, exporter1, exporter2, app):
+        cold = [f"cold-{i}" for i in range(20)]
+        # Asks to shards with no home yet: each waits in the region's buffer, then goes to
+        # whichever node the coordinator picks, with its context.
+        asked: dict[str, int] = {}
+        for entity_id in cold:
+            with app.start_as_current_span(f"app ask {entity_id}") as app_span:
+                answer = await sender.entity_ref(entity_id).ask("hello", timeout=10)
+                asked[entity_id] = app_span.get_span_context().span_id
+            assert isinstance(answer, int)
+        remote = [e for e in cold if home_of(sender, e) == nodes[1].address]
+        local = [e for e in cold if home_of(sender, e) == nodes[0].address]
+        assert remote, "the coordinator gave every shard to node 1"
+        assert local, "the coordinator gave every shard to node 2"
+        # Tells to shards whose home is known: straight to the entity's node.
+        told: dict[str, int] = {}
+        for entity_id in cold:
+            with app.start_as_current_span(f"app tell {entity_id}") as app_span:
+                await sender.entity_ref(entity_id).tell("tell")
+                told[entity_id] = app_span.get_span_context().span_id
+        while len(Probe.seen) < 2 * len(cold):  # noqa: ASYNC110 - the entities' own record
+            await trio.sleep(0.01)
 
     sent = by_id(exporter1.get_finished_spans())
     processed = [s for s in exporter1.get_finished_spans() if s.name == "process Probe"]
@@ -188,39 +204,30 @@ async def test_the_entity_span_is_the_child_of_the_senders_across_two_nodes(
 async def test_messages_gathered_into_batches_carry_each_its_own_context(
     tmp_path: Path,
 ) -> None:
-    configs = prepare(tmp_path, 2)
-    (provider1, exporter1), (provider2, exporter2) = recording(), recording()
-    app = provider1.get_tracer("tests.tracing")
-    Probe.seen = []
-    async with traced_nodes(configs, [provider1, provider2]) as nodes:
-        with trio.fail_after(LIMIT):
-            regions = [
-                await node.sharding.start("Probe", Probe, extractor=EXTRACTOR) for node in nodes
-            ]
-            sender = regions[0]
-            ids = [f"e-{i}" for i in range(40)]
-            for entity_id in ids:  # untraced: outside any span, so nothing is recorded
-                await sender.entity_ref(entity_id).ask("warm", timeout=10)
-            assert exporter1.get_finished_spans() == ()
-            assert exporter2.get_finished_spans() == ()
-            remote = [e for e in ids if home_of(sender, e) == nodes[1].address]
-            assert remote
-            # Tells without a yield between them fill the link's queue: the rest are gathered.
-            # Every other one is sent outside a span: a batch mixes traced and untraced ones.
-            rounds = 0
-            while sender.statistics().batches_sent == 0:
-                rounds += 1
-                assert rounds <= 20, "no tell was ever gathered into a batch"
-                for n in range(200):
-                    entity_id = remote[n % len(remote)]
-                    if n % 2:
-                        await sender.entity_ref(entity_id).tell(("plain", rounds, n))
-                    else:
-                        with app.start_as_current_span(f"app {rounds} {n}"):
-                            await sender.entity_ref(entity_id).tell(("traced", rounds, n))
-            expected = len(ids) + 200 * rounds
-            while len(Probe.seen) < expected:  # noqa: ASYNC110 - the entities' own record
-                await trio.sleep(0.01)
+    async with probe_pair(tmp_path) as (nodes, sender, exporter1, exporter2, app):
+        ids = [f"e-{i}" for i in range(40)]
+        for entity_id in ids:  # untraced: outside any span, so nothing is recorded
+            await sender.entity_ref(entity_id).ask("warm", timeout=10)
+        assert exporter1.get_finished_spans() == ()
+        assert exporter2.get_finished_spans() == ()
+        remote = [e for e in ids if home_of(sender, e) == nodes[1].address]
+        assert remote
+        # Tells without a yield between them fill the link's queue: the rest are gathered.
+        # Every other one is sent outside a span: a batch mixes traced and untraced ones.
+        rounds = 0
+        while sender.statistics().batches_sent == 0:
+            rounds += 1
+            assert rounds <= 20, "no tell was ever gathered into a batch"
+            for n in range(200):
+                entity_id = remote[n % len(remote)]
+                if n % 2:
+                    await sender.entity_ref(entity_id).tell(("plain", rounds, n))
+                else:
+                    with app.start_as_current_span(f"app {rounds} {n}"):
+                        await sender.entity_ref(entity_id).tell(("traced", rounds, n))
+        expected = len(ids) + 200 * rounds
+        while len(Probe.seen) < expected:  # noqa: ASYNC110 - the entities' own record
+            await trio.sleep(0.01)
 
     sent = by_id(exporter1.get_finished_spans())
     processed = [s for s in exporter2.get_finished_spans() if s.name == "process Probe"]
