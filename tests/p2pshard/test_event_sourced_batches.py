@@ -248,7 +248,7 @@ class Owner:
     """The shard an entity driven without a cluster belongs to."""
 
     lease_token: int | None = None
-    shard_id: ShardId = ShardId("0")
+    shard_id: ShardId = attrs.field(factory=lambda: ShardId("0"))
     type_name: str = "Tally"
     sender: Any = None
     passivated: int = 0
