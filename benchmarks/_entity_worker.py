@@ -75,7 +75,7 @@ async def window(journal: Journal, entities: int, seconds: float, every: int | N
 
     async def loop(i: int) -> None:
         nonlocal done
-        ctx = EntityContext(EntityId(f"{run}-{i}"), _Owner(1), 0.0)  # type: ignore[arg-type]
+        ctx = EntityContext(EntityId(f"{run}-{i}"), _Owner(1), 0.0)
         entity = cls(ctx, journal)
         for _ in itertools.count():
             await entity.receive("go", ctx)
