@@ -3,9 +3,10 @@
 Theory of operation: the tables of the SQLite backend (``p2pshard.persistence._sqlite``):
 ``p2pshard_journal_streams(persistence_id, highest, fence)``, ``p2pshard_journal_events`` with
 the primary key ``(persistence_id, seq)`` and ``p2pshard_journal_snapshots``, created if missing
-(under an advisory lock, as concurrent ``CREATE TABLE IF NOT EXISTS`` can clash). Every call is
-one transaction that first locks the stream's row with ``SELECT ... FOR UPDATE`` (inserting the
-row of a new stream first), so calls on one stream from any number of hosts take turns, the
+(under an advisory lock, as concurrent ``CREATE TABLE IF NOT EXISTS`` can clash). Every append
+and snapshot is one transaction that first locks the stream's row with ``SELECT ... FOR UPDATE``
+(inserting the row of a new stream first; a recovery's fence raise locks it too, below), so
+calls on one stream from any number of hosts take turns, the
 fence and sequence checks of ``p2pshard.persistence._journal`` see the latest committed row, and
 calls on other streams go on in parallel. The unique key is a second guard: a duplicate sequence
 number can never be stored.
