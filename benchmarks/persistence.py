@@ -34,6 +34,21 @@ sequence checks) and, for PostgreSQL, the extra round trips of those statements;
 is the commit: appends that arrive while one is committed go out together in the next
 (``p2pshard.persistence._group_commit``).
 
+The entity side (``--entity`` runs only these):
+
+- ``recovery``: 1,000 streams (five events, a snapshot at the third) recover at once with a new
+  fencing token, as remembered entities do after a rebalance or a crash: gathered into batched
+  reads (``p2pshard.persistence._gather``, what ``EventSourcedEntity`` does) against one
+  ``recover`` call per stream, all issued at once (what it did before). One of each per round,
+  the order alternating; milliseconds for the 1,000, medians, and the median of per-round ratios
+  (one at a time over batched). ``transactions``: the reads the batched rounds took.
+- ``snapshot-heavy commands/s``: 64 event-sourced entities, each a closed loop of commands that
+  persist one event, a 1 KiB snapshot every 2 events (``benchmarks/_entity_worker.py``, in a
+  process of its own per window). With ``--before TREE`` (a checkout of an earlier release, e.g.
+  ``git worktree add --detach /tmp/before v0.x``) each round runs a window of that tree and one of
+  this one, the order alternating: ``ratio`` is the median of per-round ratios (this one over the
+  earlier one). A window without snapshots, of this tree, is given for scale.
+
 ``--json`` adds the figures a script checks, for ``sqlite`` and ``postgres``:
 ``<backend>_appends_256_ratio`` (appends/s at 256 streams over the raw single-insert rate at 256
 tasks), ``<backend>_append_p99_ms_256`` (p99 of an append at 256 streams) and
@@ -49,6 +64,7 @@ import math
 import os
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -63,6 +79,7 @@ import trio
 
 from benchmarks._report import benchmark_parser, quantiles_ms
 from p2pshard import Journal, PostgresJournal, SqliteJournal
+from p2pshard.persistence._gather import JournalBatcher
 from p2pshard.testing import PostgresNotInstalled, running_postgres
 
 EVENT = b"e" * 100
@@ -306,37 +323,194 @@ async def measure(
     return result
 
 
+RECOVERING = 1000
+"""Streams that recover at once in the recovery figure."""
+ENTITIES = 64
+"""Event-sourced entities of the snapshot-heavy windows."""
+SNAPSHOT_EVERY = 2
+"""Events between snapshots in the snapshot-heavy windows."""
+RECOVERY_TIMEOUT = 60.0
+"""``operation_timeout`` of the recovery figure's journals: 1,000 recoveries issued one call
+each queue for the connections, and on a loaded machine the last can wait past the default 5 s
+(then the call fails); the figure measures the time, so it lets them finish."""
+
+
+async def recovery(journal: Journal, plan: Plan, show: bool) -> dict[str, Any]:
+    """1,000 streams recovering at once: batched reads against one ``recover`` per stream."""
+    pids = [f"Bench|recover-{i}" for i in range(RECOVERING)]
+
+    async def fill(pid: str) -> None:
+        await journal.append(pid, 1, [EVENT] * 5, token=1)
+        await journal.save_snapshot(pid, 3, EVENT * 10, token=1)
+
+    async with trio.open_nursery() as nursery:
+        for pid in pids:
+            nursery.start_soon(fill, pid)
+    batcher = JournalBatcher(journal)
+
+    async def all_at_once(recover: Callable[[str, int], Awaitable[object]], token: int) -> float:
+        start = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for pid in pids:
+                nursery.start_soon(recover, pid, token)
+        return time.perf_counter() - start
+
+    batched, alone, ratios, transactions = [], [], [], []
+    token = 1
+    for r in range(plan.rounds):
+        before = batcher.statistics().recovery_batches
+        runs = [("batched", batcher.recover), ("alone", journal.recover)]
+        times: dict[str, float] = {}
+        for name, recover in runs if r % 2 == 0 else runs[::-1]:
+            token += 1
+            times[name] = await all_at_once(recover, token)
+        transactions.append(batcher.statistics().recovery_batches - before)
+        batched.append(times["batched"])
+        alone.append(times["alone"])
+        ratios.append(times["alone"] / times["batched"])
+        progress(
+            show,
+            f"  round {r + 1}: {RECOVERING} recoveries in {times['batched'] * 1e3:.0f} ms batched "
+            f"({transactions[-1]} reads), {times['alone'] * 1e3:.0f} ms one at a time",
+        )
+    return {
+        "recoveries": RECOVERING,
+        "batched_ms": statistics.median(batched) * 1e3,
+        "alone_ms": statistics.median(alone) * 1e3,
+        "ratio": statistics.median(ratios),
+        "transactions": statistics.median(transactions),
+    }
+
+
+def entity_window(tree: Path, backend: str, where: str, seconds: float, every: int | None) -> float:
+    """Commands per second of one snapshot-heavy window of the code in ``tree``."""
+    worker = Path(__file__).with_name("_entity_worker.py")
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-P",
+            str(worker),
+            backend,
+            where,
+            str(ENTITIES),
+            str(seconds),
+            "none" if every is None else str(every),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=seconds + 120,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the entity worker of {tree} failed: {done.stderr.strip()}")
+    rate: float = json.loads(done.stdout)["commands_per_s"]
+    return rate
+
+
+def snapshot_heavy(
+    backend: str, where: Callable[[int], str], plan: Plan, before: Path | None, show: bool
+) -> dict[str, Any]:
+    """Snapshot-heavy windows of this tree (and of ``before``, alternately), and one without."""
+    here = Path(__file__).resolve().parent.parent
+    ours, theirs, ratios, plain = [], [], [], []
+    windows = itertools.count()
+    for r in range(plan.rounds):
+        runs = [("ours", here)] + ([("before", before)] if before is not None else [])
+        rates: dict[str, float] = {}
+        for name, tree in runs if r % 2 == 0 else runs[::-1]:
+            rates[name] = entity_window(
+                tree, backend, where(next(windows)), plan.window, SNAPSHOT_EVERY
+            )
+        ours.append(rates["ours"])
+        if before is not None:
+            theirs.append(rates["before"])
+            ratios.append(rates["ours"] / rates["before"])
+        plain.append(entity_window(here, backend, where(next(windows)), plan.window, None))
+        progress(
+            show,
+            f"  round {r + 1}: {rates['ours']:,.0f} commands/s"
+            + (f", before {rates['before']:,.0f}" if before is not None else "")
+            + f"; without snapshots {plain[-1]:,.0f}",
+        )
+    return {
+        "entities": ENTITIES,
+        "snapshot_every": SNAPSHOT_EVERY,
+        "commands_per_s": statistics.median(ours),
+        "before_commands_per_s": statistics.median(theirs) if theirs else None,
+        "ratio": statistics.median(ratios) if ratios else None,
+        "no_snapshot_commands_per_s": statistics.median(plain),
+    }
+
+
+async def measure_recovery(label: str, journal: Journal, plan: Plan, show: bool) -> dict[str, Any]:
+    progress(show, f"{label}: {RECOVERING} recoveries at once, batched and one at a time")
+    try:
+        return await recovery(journal, plan, show)
+    finally:
+        await journal.aclose()
+
+
 @contextlib.contextmanager
 def temporary_directory() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="p2pshard-bench-") as name:
         yield Path(name)
 
 
-def run_all(plan: Plan, show: bool) -> dict[str, Any]:
+def run_all(
+    plan: Plan, show: bool, *, appends: bool = True, before: Path | None = None
+) -> dict[str, Any]:
     started = time.perf_counter()
     report: dict[str, Any] = {
         "plan": attrs.asdict(plan),
         "cpus": os.cpu_count(),
         "load_average_before": os.getloadavg()[0],
     }
+    entity: dict[str, Any] = {"before": None if before is None else str(before)}
+    report["entity"] = entity
     with temporary_directory() as tmp:
-        report["sqlite"] = trio.run(
-            measure,
+        if appends:
+            report["sqlite"] = trio.run(
+                measure,
+                "sqlite",
+                SqliteJournal(tmp / "journal.db"),
+                sqlite_baseline(tmp / "baseline.db"),
+                plan,
+                show,
+            )
+        entity["sqlite_recovery"] = trio.run(
+            measure_recovery,
             "sqlite",
-            SqliteJournal(tmp / "journal.db"),
-            sqlite_baseline(tmp / "baseline.db"),
+            SqliteJournal(tmp / "recovery.db", operation_timeout=RECOVERY_TIMEOUT),
             plan,
             show,
         )
+        progress(show, f"sqlite: snapshot-heavy commands, {ENTITIES} entities")
+        entity["sqlite_snapshot_heavy"] = snapshot_heavy(
+            "sqlite", lambda i: str(tmp / f"entity-{i}.db"), plan, before, show
+        )
     try:
         with running_postgres(fsync=True) as server:
-            report["postgresql"] = trio.run(
-                measure,
+            if appends:
+                report["postgresql"] = trio.run(
+                    measure,
+                    "postgresql",
+                    PostgresJournal(server.dsn),
+                    postgres_baseline(server.dsn),
+                    plan,
+                    show,
+                )
+            entity["postgresql_recovery"] = trio.run(
+                measure_recovery,
                 "postgresql",
-                PostgresJournal(server.dsn),
-                postgres_baseline(server.dsn),
+                PostgresJournal(server.dsn, operation_timeout=RECOVERY_TIMEOUT),
                 plan,
                 show,
+            )
+            progress(show, f"postgresql: snapshot-heavy commands, {ENTITIES} entities")
+            entity["postgresql_snapshot_heavy"] = snapshot_heavy(
+                "postgresql", lambda i: server.dsn, plan, before, show
             )
     except PostgresNotInstalled as exc:
         report["postgresql"] = None
@@ -359,7 +533,8 @@ def format_table(report: dict[str, Any]) -> str:
     for label in ("sqlite", "postgresql"):
         r = report.get(label)
         if r is None:
-            rows.append((f"{label}: not measured", "", "", ""))
+            if label in report:
+                rows.append((f"{label}: not measured", "", "", ""))
             continue
         rows += [
             (
@@ -392,7 +567,36 @@ def format_table(report: dict[str, Any]) -> str:
                 ),
             ]
     header = ("figure", "ours", "raw insert (same run)", "ratio")
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(4)]
+    entity_rows: list[tuple[str, str, str, str]] = []
+    entity = report.get("entity", {})
+    for label in ("sqlite", "postgresql"):
+        rec, heavy = entity.get(f"{label}_recovery"), entity.get(f"{label}_snapshot_heavy")
+        if rec is not None:
+            entity_rows.append(
+                (
+                    f"{label} {rec['recoveries']:,} recoveries at once, ms "
+                    f"({rec['transactions']:g} batched reads)",
+                    f(rec["batched_ms"]),
+                    f(rec["alone_ms"]),
+                    f(rec["ratio"]),
+                )
+            )
+        if heavy is not None:
+            was = heavy["before_commands_per_s"]
+            entity_rows += [
+                (
+                    f"{label} commands/s, {heavy['entities']} entities, snapshot every "
+                    f"{heavy['snapshot_every']}",
+                    f(heavy["commands_per_s"]),
+                    "-" if was is None else f(was),
+                    "-" if heavy["ratio"] is None else f(heavy["ratio"]),
+                ),
+                ("    without snapshots", f(heavy["no_snapshot_commands_per_s"]), "", ""),
+            ]
+    entity_header = ("entity side", "batched / ours", "one at a time / before", "ratio")
+    widths = [
+        max(len(row[i]) for row in (header, entity_header, *rows, *entity_rows)) for i in range(4)
+    ]
 
     def line(cells: tuple[str, ...]) -> str:
         rest = "  ".join(c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True))
@@ -406,9 +610,14 @@ def format_table(report: dict[str, Any]) -> str:
         f"per-round ratios; throughput: one window of {plan['window']:g} s each per round, "
         "medians",
         "",
-        line(header),
+        *(
+            [line(header), line(tuple("-" * w for w in widths)), *(line(row) for row in rows), ""]
+            if rows
+            else []
+        ),
+        line(entity_header),
         line(tuple("-" * w for w in widths)),
-        *(line(row) for row in rows),
+        *(line(row) for row in entity_rows),
         "",
         f"total {report['elapsed_s']:.0f} s on {report['cpus']} CPUs; 1-minute load average "
         f"before the run {report['load_average_before']:.2f}",
@@ -434,8 +643,20 @@ def format_table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = benchmark_parser(__doc__, quick="smaller counts")
+    parser.add_argument(
+        "--entity", action="store_true", help="only the entity side: recoveries, snapshots"
+    )
+    parser.add_argument(
+        "--before",
+        type=Path,
+        metavar="TREE",
+        help="a checkout of an earlier release: its snapshot-heavy windows, alternately",
+    )
     args = parser.parse_args(argv)
-    report = run_all(make_plan(quick=args.quick), show=not args.json)
+    before = None if args.before is None else args.before.resolve()
+    report = run_all(
+        make_plan(quick=args.quick), show=not args.json, appends=not args.entity, before=before
+    )
     print(json.dumps(report, indent=2) if args.json else format_table(report))
     return 0
 

@@ -53,6 +53,7 @@ from .leases import LeaseStatistics as LeaseStatistics
 from .leases import MemoryLeaseBackend as MemoryLeaseBackend
 from .leases import NodeLeaseBackend as NodeLeaseBackend
 from .leases import SqliteLeaseBackend as SqliteLeaseBackend
+from .persistence import BatchJournal as BatchJournal
 from .persistence import EventSourcedEntity as EventSourcedEntity
 from .persistence import GroupCommitStatistics as GroupCommitStatistics
 from .persistence import Journal as Journal
@@ -61,6 +62,7 @@ from .persistence import JournalStatistics as JournalStatistics
 from .persistence import MemoryJournal as MemoryJournal
 from .persistence import MemoryJournalStatistics as MemoryJournalStatistics
 from .persistence import Recovery as Recovery
+from .persistence import SnapshotWrite as SnapshotWrite
 from .persistence import SqliteJournal as SqliteJournal
 from .persistence import journal_statistics as journal_statistics
 from .persistence import open_journal as open_journal

@@ -5,9 +5,11 @@ entity base.
 """
 
 from ._event_sourced import EventSourcedEntity as EventSourcedEntity
+from ._journal import BatchJournal as BatchJournal
 from ._journal import Journal as Journal
 from ._journal import JournalSettings as JournalSettings
 from ._journal import Recovery as Recovery
+from ._journal import SnapshotWrite as SnapshotWrite
 from ._journal_stats import JournalStatistics as JournalStatistics
 from ._journal_stats import journal_statistics as journal_statistics
 from ._memory import MemoryJournal as MemoryJournal

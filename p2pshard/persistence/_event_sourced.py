@@ -16,7 +16,20 @@ which calls ``persist`` for each change). ``receive`` is implemented here:
    sequence number with the token taken at recovery, and only then makes the new state current.
    Applying first means a bug in ``apply_event`` writes nothing.
 3. After the command, every ``snapshot_every`` events the state is saved as a snapshot, so that a
-   later recovery reads the snapshot and replays only the events after it.
+   later recovery reads the snapshot and replays only the events after it. The command does not
+   wait for that write: the state is encoded at once and handed to the journal's snapshot
+   writer (``p2pshard.persistence._gather``), one trio system task per journal object, not per
+   entity, which writes the waiting snapshots of many entities in one transaction, and the next
+   commands run meanwhile (their appends may be stored before the snapshot: a snapshot at N is
+   the state after event N whatever follows). A stream has at most one snapshot write in
+   flight; one that becomes due meanwhile waits for the next batch, replacing any older one
+   still waiting (only the newest matters to recovery).
+
+Recoveries, too, go through the journal's batcher: those that arrive while a batched read is in
+flight (remembered entities woken after a rebalance or a crash, a burst of first messages) are
+read together by the next, in one transaction (``BatchJournal.recover_many``); each entity gets
+its own recovery, or its own error. A journal without the batch methods is called once per
+recovery and per snapshot, as before.
 
 Failure semantics. An event that cannot be encoded (:class:`p2pshard.SerializationError`) or is
 too large (:class:`p2pshard.EventTooLarge`) fails that ``persist`` before anything is written;
@@ -28,8 +41,12 @@ caught the error, and the entity restarts as any entity that raised does, after
 ``entity_restart_backoff``, with the messages that came meanwhile going to a fresh incarnation
 that recovers from the journal. Whatever the journal acknowledged is in that recovery; an append
 whose outcome was unknown (a timeout) is in it too if it committed. A failed snapshot is only
-logged, except a refusal (fenced, conflict): the command that took it still succeeds (its events
-are stored) and the next message ends the incarnation.
+logged (and tried again after the next command), except a refusal (fenced, conflict): the
+command that made it due has already succeeded (its events are stored), and the first message
+that comes after the refusal is known ends the incarnation. An entity that stops does not wait
+for its snapshot: the writer still writes it (a stale holder's is refused by the fence), and a
+write cut short is one transaction, written whole or not at all, so recovery reads either it or
+the previous snapshot with a longer tail.
 
 The incarnation recovers on its first *message*: a remembered entity woken after a hand-off or
 a crash (``remember_entities``) is made at once, but reads its journal when a message comes.
@@ -49,6 +66,7 @@ from membership.internal import decode_value, encode_value
 
 from .._errors import JournalConflict, JournalError, JournalFenced
 from ..sharding._entity import EntityContext
+from ._gather import SnapshotTicket, journal_batcher
 from ._journal import Journal, Recovery
 from ._journal_stats import journal_counters
 
@@ -106,6 +124,11 @@ class EventSourcedEntity(abc.ABC, Generic[S]):
         self._recovered = False
         self._seq = 0
         self._snapshot_seq = 0
+        """The sequence number of the latest snapshot stored or handed to the writer."""
+        self._snapshot_stored = 0
+        """The sequence number of the latest snapshot known to be stored."""
+        self._snapshot_refused: JournalError | None = None
+        self._batcher = journal_batcher(journal)
         self._token: int | None = None
         self._failed: JournalError | None = None
         self._appending = False
@@ -250,6 +273,8 @@ class EventSourcedEntity(abc.ABC, Generic[S]):
 
         Not to be overridden: write ``handle_command``.
         """
+        if self._failed is None and self._snapshot_refused is not None:
+            self._failed = self._snapshot_refused
         if self._failed is not None:
             raise self._failed
         if not self._recovered:
@@ -257,7 +282,7 @@ class EventSourcedEntity(abc.ABC, Generic[S]):
         result = await self.handle_command(message, ctx)
         if self._failed is not None:  # a persist failed and the handler went on anyway
             raise self._failed
-        await self._snapshot_if_due()
+        self._snapshot_if_due()
         return result
 
     # -- recovery and snapshots ---------------------------------------------------------------
@@ -265,10 +290,11 @@ class EventSourcedEntity(abc.ABC, Generic[S]):
     async def _recover(self, ctx: EntityContext) -> None:
         pid = self.persistence_id
         token = ctx.lease_token  # kept: after a lost lease the context's token is None
-        recovery = await self._journal.recover(pid, token)
+        recovery = await self._batcher.recover(pid, token)
         state, seq = self._fold(recovery)
         self._state, self._seq, self._token = state, seq, token
         self._snapshot_seq = 0 if recovery.snapshot is None else recovery.snapshot[0]
+        self._snapshot_stored = self._snapshot_seq
         self._recovered = True
         self._logger.debug(
             "%s recovered to %d: snapshot at %d and %d events (token %s)",
@@ -315,25 +341,37 @@ class EventSourcedEntity(abc.ABC, Generic[S]):
         every: int | None = getattr(type(self), "snapshot_every", self._journal.snapshot_every)
         return every
 
-    async def _snapshot_if_due(self) -> None:
+    def _snapshot_if_due(self) -> None:
+        """Hand a snapshot to the journal's writer if one is due; never waits for the write."""
         every = self._snapshot_interval()
         if every is None or self._seq - self._snapshot_seq < every:
             return
         pid, seq = self.persistence_id, self._seq
         try:
             data = encode_value(self._state)
-            await self._journal.save_snapshot(pid, seq, data, token=self._token)
+            self._batcher.save_snapshot_later(
+                pid, seq, data, token=self._token, on_done=self._snapshot_done
+            )
         except SerializationError as exc:  # EventTooLarge included: recovery replays instead
             self._logger.warning("%s: no snapshot at %d: %s", pid, seq, exc)
-            self._snapshot_seq = seq  # not again before another snapshot_every events
+        self._snapshot_seq = seq  # not again before another snapshot_every events
+
+    def _snapshot_done(self, ticket: SnapshotTicket) -> None:
+        """The writer's word on a snapshot of this incarnation (called in the writer's task)."""
+        pid, seq, exc = self.persistence_id, ticket.write.seq, ticket.error
+        if ticket.superseded:
             return
-        except (JournalFenced, JournalConflict) as exc:
+        if exc is None:
+            self._snapshot_stored = max(self._snapshot_stored, seq)
+        elif isinstance(exc, JournalFenced | JournalConflict):
             self._logger.warning(
-                "%s: snapshot at %d refused; the incarnation ends: %s", pid, seq, exc
+                "%s: snapshot at %d refused; the incarnation ends at its next message: %s",
+                pid,
+                seq,
+                exc,
             )
-            self._failed = exc
-            return
-        except JournalError as exc:
+            self._snapshot_refused = exc
+        else:
             self._logger.warning("%s: snapshot at %d failed (tried again later): %s", pid, seq, exc)
-            return
-        self._snapshot_seq = seq
+            if self._snapshot_seq == seq:  # no newer one asked for: due again after a command
+                self._snapshot_seq = self._snapshot_stored

@@ -47,7 +47,7 @@ import attrs
 from membership import ConfigurationError
 from membership.internal import in_range
 
-from .._errors import EventTooLarge, JournalConflict, JournalFenced
+from .._errors import EventTooLarge, JournalConflict, JournalError, JournalFenced
 
 DEFAULT_MAX_EVENT_SIZE = 1 << 20
 """Bytes an encoded event or snapshot may take by default (1 MiB)."""
@@ -204,6 +204,26 @@ class Recovery:
     """The highest stored sequence number (0 for a new stream): the next append starts after it."""
 
 
+@attrs.frozen
+class SnapshotWrite:
+    """One snapshot of a batch (:meth:`BatchJournal.save_snapshots`).
+
+    The state of ``persistence_id`` after event ``seq``, written with ``token``.
+    """
+
+    persistence_id: str
+    """The stream."""
+
+    seq: int
+    """The sequence number of the last event in the state."""
+
+    data: bytes
+    """The encoded state."""
+
+    token: int | None
+    """The fencing token, as for :meth:`Journal.save_snapshot`."""
+
+
 class Journal(Protocol):
     """Where event-sourced entities keep their events: one stream per persistence id.
 
@@ -273,6 +293,51 @@ class Journal(Protocol):
         ...
 
 
+class BatchJournal(Journal, Protocol):
+    """A :class:`Journal` that also reads many recoveries, and writes many snapshots, at once.
+
+    Optional: :class:`p2pshard.EventSourcedEntity` gathers the recoveries and snapshot writes
+    of many entities into batches when its journal has these two methods (the bundled ones do),
+    and otherwise calls :meth:`Journal.recover` and :meth:`Journal.save_snapshot` one at a
+    time, so a journal written for an earlier release keeps working unchanged. Each element of
+    a batch has the outcome it would have had alone, in the batch's order; a storage failure
+    may fail the whole batch.
+
+    Example:
+        >>> async def wake(journal: BatchJournal) -> list[Recovery | JournalError]:
+        ...     return await journal.recover_many([("Room|a", 7), ("Room|b", 7)])
+    """
+
+    async def recover_many(
+        self, requests: Sequence[tuple[str, int | None]]
+    ) -> list[Recovery | JournalError]:
+        """:meth:`Journal.recover` for each ``(persistence_id, token)``, in one transaction.
+
+        Returns, in the order of ``requests``, each stream's :class:`Recovery` or its own
+        :class:`p2pshard.JournalError` (a :class:`p2pshard.JournalFenced` for a stale token),
+        naming that stream. Two requests for one stream are answered as if the higher token
+        came first.
+
+        Raises:
+            ValueError: a persistence id is not a non-empty string (nothing read).
+            TypeError: a token is not an int or None (nothing read).
+        """
+        ...
+
+    async def save_snapshots(self, snapshots: Sequence[SnapshotWrite]) -> list[JournalError | None]:
+        """:meth:`Journal.save_snapshot` for each of ``snapshots``, in one transaction.
+
+        Returns, in order, None for each snapshot kept (or ignored as older than the stored
+        one) and its own :class:`p2pshard.JournalError` for each refused or failed one.
+
+        Raises:
+            ValueError: a sequence number below 1 (nothing written).
+            TypeError: data that is not bytes, or a bad token (nothing written).
+            EventTooLarge: data above ``max_event_size`` (nothing written).
+        """
+        ...
+
+
 # --- the rules every backend applies inside its transaction -------------------------------------
 
 
@@ -308,6 +373,25 @@ def check_append(
         raise ValueError(f"an append to {persistence_id!r} needs at least one event")
     for i, event in enumerate(batch):
         check_size(persistence_id, f"event {first_seq + i}", event, max_event_size)
+    return batch
+
+
+def check_recoveries(requests: Sequence[tuple[str, int | None]]) -> list[tuple[str, int | None]]:
+    """The requests of a batched recovery, checked before any I/O, as a list."""
+    checked = [(check_persistence_id(pid), check_token(token)) for pid, token in requests]
+    return checked
+
+
+def check_snapshots(snapshots: Sequence[SnapshotWrite], max_event_size: int) -> list[SnapshotWrite]:
+    """The snapshots of a batched write, checked before any I/O, as a list."""
+    batch = list(snapshots)
+    for snapshot in batch:
+        pid = check_persistence_id(snapshot.persistence_id)
+        check_size(pid, f"snapshot at {snapshot.seq}", snapshot.data, max_event_size)
+        check_token(snapshot.token)
+        seq = snapshot.seq
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+            raise ValueError(f"a snapshot's sequence number must be an integer from 1, not {seq!r}")
     return batch
 
 

@@ -24,22 +24,35 @@ from typing import Any, Generic, TypeVar
 import attrs
 import trio
 
-from .._errors import JournalError
+from .._errors import JournalError, JournalFenced
+from ._batching import StreamRead, assemble_recoveries, fence_raises, plan_snapshots
+from ._gather import drain_snapshots
+from ._group_commit import StreamRow
 from ._journal import (
     DEFAULT_MAX_EVENT_SIZE,
     DEFAULT_SNAPSHOT_EVERY,
     JournalSettings,
     Recovery,
+    SnapshotWrite,
     admit_token,
     check_append,
     check_next,
     check_persistence_id,
-    check_size,
-    check_snapshot_seq,
+    check_recoveries,
+    check_snapshots,
     check_token,
 )
 
 _T = TypeVar("_T")
+
+
+def _each(pid: str, exc: JournalError) -> JournalError:
+    """The failure of a whole batch, as the error of its member ``pid``."""
+    if exc.persistence_id == pid:
+        return exc
+    error = JournalError(pid, str(exc).split(": ", 1)[-1])
+    error.__cause__ = exc
+    return error
 
 
 @attrs.define
@@ -69,6 +82,10 @@ class MemoryJournalStatistics:
     """Calls failed by :meth:`MemoryJournal.fail_next`."""
     in_flight: int
     """Delayed requests that have not arrived yet."""
+    recovery_batches: int = 0
+    """``recover_many`` calls answered (``recover`` not included): the batched reads."""
+    snapshot_batches: int = 0
+    """``save_snapshots`` calls answered (``save_snapshot`` not included)."""
 
 
 class _InFlight(Generic[_T]):
@@ -121,7 +138,18 @@ class MemoryJournal:
         self._order = itertools.count()
         self._closed = False
         self._counts = dict.fromkeys(
-            ("appends", "events", "snapshots", "recoveries", "fenced", "conflicts", "failures"), 0
+            (
+                "appends",
+                "events",
+                "snapshots",
+                "recoveries",
+                "fenced",
+                "conflicts",
+                "failures",
+                "recovery_batches",
+                "snapshot_batches",
+            ),
+            0,
         )
 
     @property
@@ -171,7 +199,8 @@ class MemoryJournal:
     def statistics(self) -> MemoryJournalStatistics:
         """What this journal has done, for tests."""
         self._land()
-        return MemoryJournalStatistics(**self._counts, in_flight=len(self._in_flight))
+        counts = dict(self._counts)
+        return MemoryJournalStatistics(**counts, in_flight=len(self._in_flight))
 
     # -- the Journal interface --------------------------------------------------------------
 
@@ -181,17 +210,72 @@ class MemoryJournal:
         check_token(token)
 
         def recover() -> Recovery:
-            stream = self._streams.setdefault(persistence_id, _Stream())
-            stream.fence = self._admit(persistence_id, stream.fence, token)
-            self._counts["recoveries"] += 1
-            start = 0 if stream.snapshot is None else stream.snapshot[0]
-            return Recovery(
-                stream.snapshot,
-                tuple((seq, data) for seq, data in enumerate(stream.events[start:], start + 1)),
-                len(stream.events),
-            )
+            (answer,) = self._recover_now([(persistence_id, token)])
+            if isinstance(answer, JournalError):
+                raise answer
+            return answer
 
         return await self._call(persistence_id, token, recover)
+
+    async def recover_many(
+        self, requests: Sequence[tuple[str, int | None]]
+    ) -> list[Recovery | JournalError]:
+        """See :meth:`p2pshard.BatchJournal.recover_many`.
+
+        Requests whose token is delayed (:meth:`delay_token`) travel alone, as with
+        :meth:`recover`; the others are answered together, in one step.
+        """
+        batch = check_recoveries(requests)
+        delayed = [i for i, (_, token) in enumerate(batch) if self._delayed(token)]
+        answers: list[Recovery | JournalError | None] = [None] * len(batch)
+
+        async def alone(i: int) -> None:
+            pid, token = batch[i]
+            try:
+                answers[i] = await self.recover(pid, token)
+            except JournalError as exc:
+                answers[i] = exc
+
+        together = [i for i in range(len(batch)) if i not in set(delayed)]
+        async with trio.open_nursery() as nursery:
+            for i in delayed:
+                nursery.start_soon(alone, i)
+            if together:
+                self._counts["recovery_batches"] += 1
+                first = batch[together[0]][0]
+                try:
+                    read = await self._call(
+                        first, None, lambda: self._recover_now([batch[i] for i in together])
+                    )
+                except JournalError as exc:
+                    read = [_each(batch[i][0], exc) for i in together]
+                for i, answer in zip(together, read, strict=True):
+                    answers[i] = answer
+        return [a for a in answers if a is not None]
+
+    def _recover_now(
+        self, batch: Sequence[tuple[str, int | None]]
+    ) -> list[Recovery | JournalError]:
+        """Raise the fences the batch asks for, then read each stream (the SQL backends' way)."""
+        for pid, token in fence_raises(batch).items():
+            stream = self._streams.setdefault(pid, _Stream())
+            if stream.fence is None or stream.fence < token:
+                stream.fence = token
+        reads: dict[str, StreamRead] = {}
+        for pid, _ in batch:
+            found = self._streams.get(pid)
+            if found is None:
+                continue
+            start = 0 if found.snapshot is None else found.snapshot[0]
+            reads[pid] = StreamRead(
+                StreamRow(len(found.events), found.fence),
+                found.snapshot,
+                list(enumerate(found.events[start:], start + 1)),
+            )
+        answers = assemble_recoveries(batch, reads)
+        for answer in answers:
+            self._counts["fenced" if isinstance(answer, JournalError) else "recoveries"] += 1
+        return answers
 
     async def append(
         self, persistence_id: str, first_seq: int, events: Sequence[bytes], *, token: int | None
@@ -221,32 +305,64 @@ class MemoryJournal:
         self, persistence_id: str, seq: int, data: bytes, *, token: int | None
     ) -> None:
         """See :meth:`p2pshard.Journal.save_snapshot`."""
-        check_persistence_id(persistence_id)
-        check_size(persistence_id, f"snapshot at {seq}", data, self._max_event_size)
-        check_token(token)
-        stored = bytes(data)
+        (write,) = check_snapshots(
+            [SnapshotWrite(persistence_id, seq, data, token)], self._max_event_size
+        )
 
         def save() -> None:
-            stream = self._streams.setdefault(persistence_id, _Stream())
-            fence = self._admit(persistence_id, stream.fence, token)
-            try:
-                check_snapshot_seq(persistence_id, seq, len(stream.events))
-            except JournalError:
-                self._counts["conflicts"] += 1
-                raise
-            stream.fence = fence
-            if stream.snapshot is None or stream.snapshot[0] < seq:
-                stream.snapshot = (seq, stored)
-                self._counts["snapshots"] += 1
+            (refusal,) = self._save_now([write])
+            if refusal is not None:
+                raise refusal
 
         await self._call(persistence_id, token, save)
 
+    async def save_snapshots(self, snapshots: Sequence[SnapshotWrite]) -> list[JournalError | None]:
+        """See :meth:`p2pshard.BatchJournal.save_snapshots` (one step; delays as the first's)."""
+        batch = check_snapshots(snapshots, self._max_event_size)
+        if not batch:
+            return []
+        self._counts["snapshot_batches"] += 1
+        first = batch[0]
+        try:
+            return await self._call(
+                first.persistence_id, first.token, lambda: self._save_now(batch)
+            )
+        except JournalError as exc:
+            return [_each(s.persistence_id, exc) for s in batch]
+
+    def _save_now(self, batch: Sequence[SnapshotWrite]) -> list[JournalError | None]:
+        rows = {
+            s.persistence_id: StreamRow(len(stream.events), stream.fence)
+            for s in batch
+            if (stream := self._streams.get(s.persistence_id)) is not None
+        }
+        plan = plan_snapshots(batch, rows)
+        for pid, fence in plan.fences.items():
+            self._streams[pid].fence = fence
+        for pid, (seq, data) in plan.writes.items():
+            stream = self._streams[pid]
+            if stream.snapshot is None or stream.snapshot[0] < seq:
+                stream.snapshot = (seq, data)
+                self._counts["snapshots"] += 1
+        for refusal in plan.refusals:
+            if refusal is not None:
+                self._counts["fenced" if isinstance(refusal, JournalFenced) else "conflicts"] += 1
+        return plan.refusals
+
     async def aclose(self) -> None:
-        """Refuse further calls; requests in flight are dropped."""
+        """Refuse further calls; requests in flight are dropped.
+
+        Snapshots queued for this journal by its entities are written first (up to a second).
+        """
+        if not self._closed:
+            await drain_snapshots(self, 1.0)
         self._closed = True
         self._in_flight.clear()
 
     # -- the request model --------------------------------------------------------------------
+
+    def _delayed(self, token: int | None) -> bool:
+        return token is not None and token in self._delays
 
     def _admit(self, persistence_id: str, fence: int | None, token: int | None) -> int | None:
         try:

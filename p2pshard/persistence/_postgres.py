@@ -3,9 +3,10 @@
 Theory of operation: the tables of the SQLite backend (``p2pshard.persistence._sqlite``):
 ``p2pshard_journal_streams(persistence_id, highest, fence)``, ``p2pshard_journal_events`` with
 the primary key ``(persistence_id, seq)`` and ``p2pshard_journal_snapshots``, created if missing
-(under an advisory lock, as concurrent ``CREATE TABLE IF NOT EXISTS`` can clash). Every call is
-one transaction that first locks the stream's row with ``SELECT ... FOR UPDATE`` (inserting the
-row of a new stream first), so calls on one stream from any number of hosts take turns, the
+(under an advisory lock, as concurrent ``CREATE TABLE IF NOT EXISTS`` can clash). Every append
+and snapshot is one transaction that first locks the stream's row with ``SELECT ... FOR UPDATE``
+(inserting the row of a new stream first; a recovery's fence raise locks it too, below), so
+calls on one stream from any number of hosts take turns, the
 fence and sequence checks of ``p2pshard.persistence._journal`` see the latest committed row, and
 calls on other streams go on in parallel. The unique key is a second guard: a duplicate sequence
 number can never be stored.
@@ -16,6 +17,13 @@ pipeline mode: BEGIN, the insert of missing stream rows and the locking ``SELECT
 of all the batch's stream rows (in persistence id order, so that two writers' batches cannot
 deadlock); then, once each append is checked against them, one statement that inserts every
 accepted event and updates their streams' rows (arrays unnested), and COMMIT.
+
+A recovery, or a batch of them, is one round trip: one pipeline sends BEGIN, one statement that
+raises the fences the tokens ask for (inserting the rows of new streams; its row locks wait for
+appends in flight, so what follows sees them), one query that reads every stream's row,
+snapshot and later events (arrays, ``= ANY``), and COMMIT. Without a token to raise it is that
+query alone. A batch of snapshots locks its streams' rows, checks each snapshot against them and
+writes those that pass with one statement.
 
 psycopg 3 (the ``postgresql`` extra) does the talking, in worker threads through
 ``trio.to_thread``, with a small pool of connections (at most ``connections`` calls at once;
@@ -40,6 +48,7 @@ import psycopg.errors
 
 from .._errors import JournalConflict, JournalError
 from .._store_version import newer_schema
+from ._batching import StreamRead, fence_raises, group_rows, plan_snapshots
 from ._group_commit import PendingAppend, StreamRow, plan_batch, streams_of
 from ._journal import (
     DEFAULT_CONNECTIONS,
@@ -50,15 +59,11 @@ from ._journal import (
     JOURNAL_SCHEMA_VERSION,
     LOCK_WAIT_FRACTION,
     JournalSettings,
-    Recovery,
-    admit_token,
+    SnapshotWrite,
     check_append,
-    check_persistence_id,
-    check_size,
-    check_snapshot_seq,
     check_token,
 )
-from ._threads import ThreadedJournal, read_recovery
+from ._threads import RECOVERY_READ, ThreadedJournal
 
 _T = TypeVar("_T")
 
@@ -121,6 +126,16 @@ def _lock_stream(conn: Connection, persistence_id: str) -> tuple[int, int | None
     ).fetchone()
     assert row is not None
     return int(row[0]), None if row[1] is None else int(row[1])
+
+
+_RAISE_FENCES = (
+    "INSERT INTO p2pshard_journal_streams AS s "
+    "SELECT p, 0, t FROM unnest(%b::text[], %b::bigint[]) AS u(p, t) ORDER BY p "
+    "ON CONFLICT (persistence_id) DO UPDATE SET fence = excluded.fence "
+    "WHERE s.fence IS NULL OR s.fence < excluded.fence"
+)
+"""The fence raises of a batch of recoveries, one row per stream, in persistence id order (as
+every batch locks rows): a new stream's row, or a higher fence; a lower token changes nothing."""
 
 
 class PostgresJournal(ThreadedJournal[Connection]):
@@ -221,23 +236,6 @@ class PostgresJournal(ThreadedJournal[Connection]):
 
     # -- the Journal interface --------------------------------------------------------------
 
-    async def recover(self, persistence_id: str, token: int | None) -> Recovery:
-        """See :meth:`p2pshard.Journal.recover`."""
-        check_persistence_id(persistence_id)
-        check_token(token)
-
-        def recover(conn: Connection) -> Recovery:
-            highest, fence = _lock_stream(conn, persistence_id)
-            raised = admit_token(persistence_id, fence, token)
-            if raised != fence:
-                conn.execute(
-                    "UPDATE p2pshard_journal_streams SET fence = %s WHERE persistence_id = %s",
-                    (raised, persistence_id),
-                )
-            return read_recovery(conn, persistence_id, highest, "%s")
-
-        return await self._run(persistence_id, "recovery", recover)
-
     async def append(
         self, persistence_id: str, first_seq: int, events: Sequence[bytes], *, token: int | None
     ) -> None:
@@ -288,29 +286,57 @@ class PostgresJournal(ThreadedJournal[Connection]):
             )
         return plan.refusals
 
-    async def save_snapshot(
-        self, persistence_id: str, seq: int, data: bytes, *, token: int | None
-    ) -> None:
-        """See :meth:`p2pshard.Journal.save_snapshot`."""
-        check_persistence_id(persistence_id)
-        check_size(persistence_id, f"snapshot at {seq}", data, self._max_event_size)
-        check_token(token)
-        payload = bytes(data)
+    def _read_recoveries(
+        self, conn: Connection, requests: Sequence[tuple[str, int | None]]
+    ) -> dict[str, StreamRead]:
+        raises = fence_raises(requests)
+        pids = sorted({pid for pid, _ in requests})
+        read = RECOVERY_READ.format(match="= ANY(%b::text[])")
+        if not raises:  # one statement reads one consistent state: no transaction needed
+            return group_rows(conn.execute(read, (pids, pids, pids)).fetchall())
+        # One round trip: BEGIN, the fence raises (their row locks wait for appends in flight,
+        # so the read after them sees those appends), the read, COMMIT, sent as one pipeline.
+        with conn.pipeline():
+            conn.execute("BEGIN")
+            conn.execute(_RAISE_FENCES, (list(raises), list(raises.values())))
+            cursor = conn.execute(read, (pids, pids, pids))
+            conn.execute("COMMIT")
+            rows = cursor.fetchall()
+        return group_rows(rows)
 
-        def save(conn: Connection) -> None:
-            highest, fence = _lock_stream(conn, persistence_id)
-            raised = admit_token(persistence_id, fence, token)
-            check_snapshot_seq(persistence_id, seq, highest)
-            if raised != fence:
-                conn.execute(
-                    "UPDATE p2pshard_journal_streams SET fence = %s WHERE persistence_id = %s",
-                    (raised, persistence_id),
-                )
+    def _write_snapshots(
+        self, conn: Connection, batch: Sequence[SnapshotWrite]
+    ) -> list[JournalError | None]:
+        pids = sorted({s.persistence_id for s in batch})
+        locked = conn.execute(  # a stream without a row has no event: its snapshot is refused
+            "SELECT persistence_id, highest, fence FROM p2pshard_journal_streams "
+            "WHERE persistence_id = ANY(%b::text[]) ORDER BY persistence_id FOR UPDATE",
+            (pids,),
+        ).fetchall()
+        plan = plan_snapshots(
+            batch,
+            {
+                str(pid): StreamRow(int(highest), None if fence is None else int(fence))
+                for pid, highest, fence in locked
+            },
+        )
+        if plan.fences:
             conn.execute(
-                "INSERT INTO p2pshard_journal_snapshots AS s VALUES (%s, %s, %s) "
+                "UPDATE p2pshard_journal_streams AS s SET fence = u.fence "
+                "FROM unnest(%b::text[], %b::bigint[]) AS u(persistence_id, fence) "
+                "WHERE s.persistence_id = u.persistence_id",
+                (list(plan.fences), list(plan.fences.values())),
+            )
+        if plan.writes:
+            conn.execute(
+                "INSERT INTO p2pshard_journal_snapshots AS s "
+                "SELECT * FROM unnest(%b::text[], %b::bigint[], %b::bytea[]) "
                 "ON CONFLICT (persistence_id) DO UPDATE SET seq = excluded.seq, "
                 "payload = excluded.payload WHERE excluded.seq > s.seq",
-                (persistence_id, seq, payload),
+                (
+                    list(plan.writes),
+                    [seq for seq, _ in plan.writes.values()],
+                    [data for _, data in plan.writes.values()],
+                ),
             )
-
-        await self._run(persistence_id, f"snapshot at {seq}", save)
+        return plan.refusals

@@ -3,11 +3,16 @@
 Theory of operation: three tables, ``p2pshard_journal_streams(persistence_id, highest, fence)``,
 ``p2pshard_journal_events(persistence_id, seq, payload)`` with ``(persistence_id, seq)`` unique,
 and ``p2pshard_journal_snapshots(persistence_id, seq, payload)`` holding the latest snapshot of
-each stream. Every call is one ``BEGIN IMMEDIATE`` transaction: it takes the file's write lock
-first, so calls from several processes take turns and the checks of
+each stream. Every call that writes is one ``BEGIN IMMEDIATE`` transaction: it takes the file's
+write lock first, so calls from several processes take turns and the checks of
 ``p2pshard.persistence._journal`` (fence, next sequence number) cannot interleave with another
 writer's. The file is in WAL mode with ``synchronous=FULL``: an append is on disk (the log fsynced)
 before it is acknowledged, and readers never block the writer.
+
+A recovery (or a batch of them) is one transaction that raises the fences its tokens ask for (a
+``BEGIN IMMEDIATE`` one only then; a recovery without a token to raise takes no write lock) and
+reads every stream's row, snapshot and later events with one query. A batch of snapshots is one
+``BEGIN IMMEDIATE`` transaction.
 
 Appends are group-committed (``p2pshard.persistence._group_commit``): one transaction reads
 the rows of the batch's streams, checks each append against them in order, inserts the events of
@@ -34,6 +39,7 @@ from typing import TypeVar
 
 from .._errors import JournalError
 from .._store_version import newer_schema
+from ._batching import StreamRead, fence_raises, group_rows, plan_snapshots
 from ._group_commit import PendingAppend, StreamRow, plan_batch, streams_of
 from ._journal import (
     DEFAULT_CONNECTIONS,
@@ -44,15 +50,11 @@ from ._journal import (
     JOURNAL_SCHEMA_VERSION,
     LOCK_WAIT_FRACTION,
     JournalSettings,
-    Recovery,
-    admit_token,
+    SnapshotWrite,
     check_append,
-    check_persistence_id,
-    check_size,
-    check_snapshot_seq,
     check_token,
 )
-from ._threads import ThreadedJournal, read_recovery
+from ._threads import RECOVERY_READ, ThreadedJournal
 
 _T = TypeVar("_T")
 
@@ -80,16 +82,9 @@ def _schema_version(conn: sqlite3.Connection) -> int:
     return int(conn.execute("PRAGMA user_version").fetchone()[0])
 
 
-def _stream(conn: sqlite3.Connection, persistence_id: str) -> tuple[int, int | None]:
-    row = conn.execute(
-        "SELECT highest, fence FROM p2pshard_journal_streams WHERE persistence_id = ?",
-        (persistence_id,),
-    ).fetchone()
-    return (0, None) if row is None else (int(row[0]), row[1])
-
-
-_READ_CHUNK = 500
-"""Persistence ids per ``IN (...)`` query when a batch reads its stream rows."""
+_READ_CHUNK = 300
+"""Persistence ids per ``IN (...)`` list when a batch reads its stream rows (a recovery read
+names them three times: within SQLite's 999 parameters)."""
 
 
 def _streams(conn: sqlite3.Connection, persistence_ids: Sequence[str]) -> dict[str, StreamRow]:
@@ -114,14 +109,13 @@ def _put_streams(conn: sqlite3.Connection, rows: Iterable[tuple[str, int, int | 
     )
 
 
-def _put_stream(
-    conn: sqlite3.Connection, persistence_id: str, highest: int, fence: int | None
-) -> None:
-    conn.execute(
-        "INSERT INTO p2pshard_journal_streams VALUES (?, ?, ?) ON CONFLICT (persistence_id) "
-        "DO UPDATE SET highest = excluded.highest, fence = excluded.fence",
-        (persistence_id, highest, fence),
-    )
+_RAISE_FENCE = (
+    "INSERT INTO p2pshard_journal_streams VALUES (?, 0, ?) ON CONFLICT (persistence_id) "
+    "DO UPDATE SET fence = excluded.fence WHERE p2pshard_journal_streams.fence IS NULL "
+    "OR p2pshard_journal_streams.fence < excluded.fence"
+)
+"""A recovery's fence raise: a new stream's row, or a higher fence; a lower token changes
+nothing (its recovery is refused)."""
 
 
 class SqliteJournal(ThreadedJournal[sqlite3.Connection]):
@@ -211,20 +205,6 @@ class SqliteJournal(ThreadedJournal[sqlite3.Connection]):
 
     # -- the Journal interface --------------------------------------------------------------
 
-    async def recover(self, persistence_id: str, token: int | None) -> Recovery:
-        """See :meth:`p2pshard.Journal.recover`."""
-        check_persistence_id(persistence_id)
-        check_token(token)
-
-        def recover(conn: sqlite3.Connection) -> Recovery:
-            highest, fence = _stream(conn, persistence_id)
-            raised = admit_token(persistence_id, fence, token)
-            if raised != fence:
-                _put_stream(conn, persistence_id, highest, raised)
-            return read_recovery(conn, persistence_id, highest, "?")
-
-        return await self._run(persistence_id, "recovery", recover)
-
     async def append(
         self, persistence_id: str, first_seq: int, events: Sequence[bytes], *, token: int | None
     ) -> None:
@@ -242,26 +222,42 @@ class SqliteJournal(ThreadedJournal[sqlite3.Connection]):
             _put_streams(conn, ((pid, s.highest, s.fence) for pid, s in plan.streams.items()))
         return plan.refusals
 
-    async def save_snapshot(
-        self, persistence_id: str, seq: int, data: bytes, *, token: int | None
-    ) -> None:
-        """See :meth:`p2pshard.Journal.save_snapshot`."""
-        check_persistence_id(persistence_id)
-        check_size(persistence_id, f"snapshot at {seq}", data, self._max_event_size)
-        check_token(token)
-        payload = bytes(data)
+    def _read_recoveries(
+        self, conn: sqlite3.Connection, requests: Sequence[tuple[str, int | None]]
+    ) -> dict[str, StreamRead]:
+        raises = fence_raises(requests)
+        pids = sorted({pid for pid, _ in requests})
+        # Only a fence to raise needs the write lock; a plain read does not wait for writers.
+        conn.execute("BEGIN IMMEDIATE" if raises else "BEGIN")
+        try:
+            if raises:
+                conn.executemany(_RAISE_FENCE, raises.items())
+            reads: dict[str, StreamRead] = {}
+            for start in range(0, len(pids), _READ_CHUNK):
+                chunk = pids[start : start + _READ_CHUNK]
+                match = f"IN ({', '.join('?' * len(chunk))})"
+                reads.update(group_rows(conn.execute(RECOVERY_READ.format(match=match), chunk * 3)))
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return reads
 
-        def save(conn: sqlite3.Connection) -> None:
-            highest, fence = _stream(conn, persistence_id)
-            raised = admit_token(persistence_id, fence, token)
-            check_snapshot_seq(persistence_id, seq, highest)
-            if raised != fence:
-                _put_stream(conn, persistence_id, highest, raised)
-            conn.execute(
+    def _write_snapshots(
+        self, conn: sqlite3.Connection, batch: Sequence[SnapshotWrite]
+    ) -> list[JournalError | None]:
+        plan = plan_snapshots(batch, _streams(conn, sorted({s.persistence_id for s in batch})))
+        if plan.fences:
+            conn.executemany(
+                "UPDATE p2pshard_journal_streams SET fence = ? WHERE persistence_id = ?",
+                [(fence, pid) for pid, fence in plan.fences.items()],
+            )
+        if plan.writes:
+            conn.executemany(
                 "INSERT INTO p2pshard_journal_snapshots VALUES (?, ?, ?) "
                 "ON CONFLICT (persistence_id) DO UPDATE SET seq = excluded.seq, "
                 "payload = excluded.payload WHERE excluded.seq > seq",
-                (persistence_id, seq, payload),
+                [(pid, seq, data) for pid, (seq, data) in plan.writes.items()],
             )
-
-        await self._run(persistence_id, f"snapshot at {seq}", save)
+        return plan.refusals

@@ -9,8 +9,7 @@ the journal's rules (:class:`p2pshard.JournalError` raised inside the transactio
 connection back; any other failure closes it, so the next call starts on a clean one. A
 backend provides the connection (``_connect``, ``_usable``), the table creation (``_create``),
 one transaction around a function (``_transaction``), the errors its driver raises
-(``_driver_errors``) and how it names itself in messages (``_describe``). Both read a recovery
-with :func:`read_recovery`, the same two queries in their drivers' parameter style.
+(``_driver_errors``) and how it names itself in messages (``_describe``).
 
 Appends are group-committed (the rules: ``p2pshard.persistence._group_commit``). An append that
 finds no commit running commits itself at once, in its own task. Appends arriving meanwhile join
@@ -27,43 +26,65 @@ append cancelled while it waits in the queue leaves it with nothing written; one
 when its ``operation_timeout`` has passed is failed, with nothing written, when its turn comes
 (so an append waits at most about twice ``operation_timeout``: the commit before it, then its
 own).
+
+Recoveries and snapshots come in batches too (:class:`p2pshard.BatchJournal`; the entity side
+gathers them, ``p2pshard.persistence._gather``): :meth:`ThreadedJournal.recover_many` is one
+call on one connection that raises the fences the batch's tokens ask for and reads every
+stream's row, snapshot and later events with one query (:data:`RECOVERY_READ`), in one
+transaction; :meth:`ThreadedJournal.save_snapshots` checks each snapshot against the stored
+stream rows (``p2pshard.persistence._batching.plan_snapshots``) and writes those that pass in
+one transaction. ``recover`` and ``save_snapshot`` are batches of one.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import attrs
 import trio
 
 from .._errors import JournalError
+from ._batching import StreamRead, assemble_recoveries
+from ._gather import drain_snapshots
 from ._group_commit import AppendQueue, PendingAppend
-from ._journal import JournalSettings, Recovery
+from ._journal import (
+    JournalSettings,
+    Recovery,
+    SnapshotWrite,
+    check_recoveries,
+    check_snapshots,
+)
 
 Conn = TypeVar("Conn")
 _T = TypeVar("_T")
 
 
-def read_recovery(conn: Any, persistence_id: str, highest: int, mark: str) -> Recovery:
-    """The stream's snapshot and the events after it, read on ``conn``.
+RECOVERY_READ = (
+    "SELECT 0, persistence_id, highest, fence, NULL FROM p2pshard_journal_streams "
+    "WHERE persistence_id {match} "
+    "UNION ALL SELECT 1, persistence_id, seq, NULL, payload FROM p2pshard_journal_snapshots "
+    "WHERE persistence_id {match} "
+    "UNION ALL SELECT 2, e.persistence_id, e.seq, NULL, e.payload "
+    "FROM p2pshard_journal_events AS e "
+    "LEFT JOIN p2pshard_journal_snapshots AS s ON s.persistence_id = e.persistence_id "
+    "WHERE e.persistence_id {match} AND e.seq > COALESCE(s.seq, 0)"
+)
+"""One query that reads, for the streams ``{match}`` selects (three times the same list), each
+stream's row, snapshot and the events after it, as the rows
+:func:`p2pshard.persistence._batching.group_rows` takes. One statement reads one consistent
+state: an append writes its events and its stream's row in one transaction."""
 
-    ``conn`` is a DB-API connection with ``execute``, whose driver writes query parameters as
-    ``mark`` (``?`` or ``%s``).
-    """
-    row = conn.execute(
-        f"SELECT seq, payload FROM p2pshard_journal_snapshots WHERE persistence_id = {mark}",
-        (persistence_id,),
-    ).fetchone()
-    snapshot = None if row is None else (int(row[0]), bytes(row[1]))
-    after = 0 if snapshot is None else snapshot[0]
-    events = conn.execute(
-        "SELECT seq, payload FROM p2pshard_journal_events "
-        f"WHERE persistence_id = {mark} AND seq > {mark} ORDER BY seq",
-        (persistence_id, after),
-    ).fetchall()
-    return Recovery(snapshot, tuple((int(s), bytes(p)) for s, p in events), highest)
+
+def _each(pid: str, exc: JournalError, size: int, what: str) -> JournalError:
+    """The failure of a batch of ``size``, as the error of its member ``pid``."""
+    if size == 1:
+        return exc
+    text = str(exc).split(": ", 1)[-1]
+    error = JournalError(pid, f"{what} (in one batch with {size - 1} others): {text}")
+    error.__cause__ = exc
+    return error
 
 
 @attrs.frozen(kw_only=True)
@@ -82,6 +103,14 @@ class GroupCommitStatistics:
     """Appends failed with their whole batch (storage error, timeout)."""
     largest_batch: int
     """The most appends one transaction held."""
+    recovery_batches: int = 0
+    """Batched recoveries read (``recover_many`` calls, ``recover`` included): transactions."""
+    recoveries: int = 0
+    """Streams those batched recoveries read."""
+    snapshot_batches: int = 0
+    """Batched snapshot writes (``save_snapshots`` calls, ``save_snapshot`` included)."""
+    snapshots: int = 0
+    """Snapshots in those batches."""
 
 
 @attrs.define(eq=False)
@@ -121,7 +150,19 @@ class ThreadedJournal(Generic[Conn]):
         self._committing = False
         self._commit_limiter = trio.CapacityLimiter(1)
         self._counts = dict.fromkeys(
-            ("batches", "commits", "appends", "refused", "failed", "largest_batch"), 0
+            (
+                "batches",
+                "commits",
+                "appends",
+                "refused",
+                "failed",
+                "largest_batch",
+                "recovery_batches",
+                "recoveries",
+                "snapshot_batches",
+                "snapshots",
+            ),
+            0,
         )
 
     @property
@@ -178,6 +219,18 @@ class ThreadedJournal(Generic[Conn]):
         """
         raise NotImplementedError
 
+    def _read_recoveries(
+        self, conn: Conn, requests: Sequence[tuple[str, int | None]]
+    ) -> dict[str, StreamRead]:
+        """In one transaction of its own: raise the fences ``fence_raises`` gives, then read."""
+        raise NotImplementedError
+
+    def _write_snapshots(
+        self, conn: Conn, batch: Sequence[SnapshotWrite]
+    ) -> list[JournalError | None]:
+        """Inside the open transaction: write what ``plan_snapshots`` accepts; the refusals."""
+        raise NotImplementedError
+
     # -- the pool -----------------------------------------------------------------------------
 
     def _take(self) -> Conn:
@@ -219,13 +272,27 @@ class ThreadedJournal(Generic[Conn]):
                     )
                     self._ready = True
 
-    async def _run(self, persistence_id: str, what: str, fn: Callable[[Conn], _T]) -> _T:
+    async def _run(
+        self,
+        persistence_id: str,
+        what: str,
+        fn: Callable[[Conn], _T],
+        *,
+        own_transaction: bool = False,
+    ) -> _T:
+        """``fn`` on a pooled connection in a worker thread, within ``operation_timeout``.
+
+        In one transaction (``_transaction``), unless ``own_transaction``: then ``fn`` makes
+        its own.
+        """
         if self._closed:
             raise JournalError(persistence_id, f"{self._describe()} is closed")
         with trio.move_on_after(self._timeout) as scope:
             await self._ensure_tables(persistence_id)
 
             def work() -> _T:
+                if own_transaction:
+                    return self._with_connection(fn)
                 return self._with_connection(
                     lambda conn: self._transaction(conn, persistence_id, what, fn)
                 )
@@ -237,6 +304,61 @@ class ThreadedJournal(Generic[Conn]):
             f"{self._describe()}: {what} did not finish within operation_timeout "
             f"({self._timeout:g} s); its outcome is unknown",
         )
+
+    # -- recoveries and snapshots, one at a time or in batches ---------------------------------
+
+    async def recover(self, persistence_id: str, token: int | None) -> Recovery:
+        """See :meth:`p2pshard.Journal.recover`: a batch of one."""
+        (answer,) = await self.recover_many([(persistence_id, token)])
+        if isinstance(answer, JournalError):
+            raise answer
+        return answer
+
+    async def recover_many(
+        self, requests: Sequence[tuple[str, int | None]]
+    ) -> list[Recovery | JournalError]:
+        """See :meth:`p2pshard.BatchJournal.recover_many`: one transaction, one read query."""
+        batch = check_recoveries(requests)
+        if not batch:
+            return []
+        self._counts["recovery_batches"] += 1
+        self._counts["recoveries"] += len(batch)
+        first = batch[0][0]
+        what = "recovery" if len(batch) == 1 else f"recovery of {len(batch)} streams"
+        try:
+            reads = await self._run(
+                first, what, lambda conn: self._read_recoveries(conn, batch), own_transaction=True
+            )
+        except JournalError as exc:
+            return [_each(pid, exc, len(batch), "recovery") for pid, _ in batch]
+        return assemble_recoveries(batch, reads)
+
+    async def save_snapshot(
+        self, persistence_id: str, seq: int, data: bytes, *, token: int | None
+    ) -> None:
+        """See :meth:`p2pshard.Journal.save_snapshot`: a batch of one."""
+        (refusal,) = await self.save_snapshots([SnapshotWrite(persistence_id, seq, data, token)])
+        if refusal is not None:
+            raise refusal
+
+    async def save_snapshots(self, snapshots: Sequence[SnapshotWrite]) -> list[JournalError | None]:
+        """See :meth:`p2pshard.BatchJournal.save_snapshots`: one transaction."""
+        batch = [
+            attrs.evolve(s, data=bytes(s.data))
+            for s in check_snapshots(snapshots, self._max_event_size)
+        ]
+        if not batch:
+            return []
+        self._counts["snapshot_batches"] += 1
+        self._counts["snapshots"] += len(batch)
+        first = batch[0]
+        what = f"snapshot at {first.seq}" if len(batch) == 1 else f"{len(batch)} snapshots"
+        try:
+            return await self._run(
+                first.persistence_id, what, lambda conn: self._write_snapshots(conn, batch)
+            )
+        except JournalError as exc:
+            return [_each(s.persistence_id, exc, len(batch), "snapshot") for s in batch]
 
     # -- group commit -------------------------------------------------------------------------
 
@@ -393,7 +515,14 @@ class ThreadedJournal(Generic[Conn]):
             ) from exc
 
     async def aclose(self) -> None:
-        """Close the pooled connections; a call still running closes its own when done."""
+        """Close the pooled connections; a call still running closes its own when done.
+
+        Snapshots queued for this journal by its entities are written first, within
+        ``operation_timeout``.
+        """
+        if not self._closed:
+            with trio.CancelScope(shield=True):
+                await drain_snapshots(self, self._timeout)
         with self._pool_lock:
             self._closed = True
             idle, self._idle = self._idle, []

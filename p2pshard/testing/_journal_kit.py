@@ -4,9 +4,11 @@
 the promises the bundled ones keep (memory, SQLite, PostgreSQL) and that
 :class:`p2pshard.EventSourcedEntity` relies on: events numbered 1..n without gaps, read back in
 order after a snapshot; appends that are all or nothing; one winner when writers race for a
-sequence number; fencing by token per persistence id; durability across a close and reopen; and
-a :class:`p2pshard.JournalError` naming the persistence id, cause chained, when the storage
-fails or a stream stays locked.
+sequence number; fencing by token per persistence id; durability across a close and reopen; a
+:class:`p2pshard.JournalError` naming the persistence id, cause chained, when the storage
+fails or a stream stays locked; and, for the recoveries and snapshots the entity side gathers
+into batches, an answer of its own for each stream (through the optional
+:class:`p2pshard.BatchJournal` methods when the journal has them, else one call each).
 
 Each check uses persistence ids no other check uses, so one storage can serve all of them.
 """
@@ -24,7 +26,8 @@ import trio
 from membership import ConfigurationError
 
 from .._errors import EventTooLarge, JournalConflict, JournalError, JournalFenced
-from ..persistence import Journal
+from ..persistence import Journal, Recovery, SnapshotWrite
+from ..persistence._gather import JournalBatcher, SnapshotTicket
 from ._expect import expect_raises
 
 POISON = b"poison: the test trigger aborts the transaction that inserts this"
@@ -267,6 +270,104 @@ async def _bad_arguments_are_refused_before_any_io(run: _Run) -> None:
         run.open(max_event_size=0)
 
 
+async def _gathered(
+    batcher: JournalBatcher, requests: list[tuple[str, int | None]]
+) -> list[Recovery | JournalError]:
+    """The recoveries of ``requests``, asked at once through ``batcher`` (so gathered)."""
+    answers: list[Recovery | JournalError | None] = [None] * len(requests)
+
+    async def one(i: int, pid: str, token: int | None) -> None:
+        try:
+            answers[i] = await batcher.recover(pid, token)
+        except JournalError as exc:
+            answers[i] = exc
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for i, (pid, token) in enumerate(requests):
+                nursery.start_soon(one, i, pid, token)
+    assert all(a is not None for a in answers)
+    return [a for a in answers if a is not None]
+
+
+async def _batched_recoveries_answer_each_stream_alone(run: _Run) -> None:
+    journal = run.journal()
+    a, b, c, d = (run.fresh_id() for _ in range(4))
+    await journal.append(a, 1, [b"a1", b"a2", b"a3"], token=2)
+    await journal.save_snapshot(a, 2, b"a at 2", token=2)
+    await journal.append(b, 1, [b"b1"], token=None)
+    await journal.recover(c, 9)  # c's fence is 9
+    batcher = JournalBatcher(journal)
+    answers = await _gathered(batcher, [(a, 3), (b, None), (c, 4), (d, 1)])
+    assert answers[0] == Recovery((2, b"a at 2"), ((3, b"a3"),), 3), answers[0]
+    assert answers[1] == Recovery(None, ((1, b"b1"),), 1), answers[1]
+    assert isinstance(answers[2], JournalFenced), answers[2]
+    assert answers[2].persistence_id == c
+    assert "token 4 is lower than 9" in str(answers[2])
+    assert answers[3] == Recovery(None, (), 0), answers[3]
+    # The fences the batch raised hold, each for its own stream only.
+    with expect_raises(JournalFenced, "token 2 is lower than 3"):
+        await journal.append(a, 4, [b"stale"], token=2)
+    with expect_raises(JournalFenced, "token 0 is lower than 1"):
+        await journal.append(d, 1, [b"stale"], token=0)
+    await journal.append(c, 1, [b"by 9"], token=9)
+    recover_many = getattr(journal, "recover_many", None)
+    if recover_many is None:  # optional: the entity side then recovers one stream at a time
+        return
+    direct = await recover_many([(a, 3), (c, 9), (a, 5), (a, 4), (b, 1)])
+    assert isinstance(direct[0], JournalFenced), "two of one stream: as if the higher came first"
+    assert direct[1] == Recovery(None, ((1, b"by 9"),), 1), direct[1]
+    assert direct[2] == Recovery((2, b"a at 2"), ((3, b"a3"),), 3), direct[2]
+    assert isinstance(direct[3], JournalFenced)
+    assert "token 4 is lower than 5" in str(direct[3])
+    assert direct[4] == Recovery(None, ((1, b"b1"),), 1), direct[4]
+    assert await recover_many([]) == []
+
+
+async def _batched_snapshots_are_checked_each_alone(run: _Run) -> None:
+    journal = run.journal()
+    a, b, c, d = (run.fresh_id() for _ in range(4))
+    await journal.append(a, 1, [b"a1", b"a2", b"a3"], token=1)
+    await journal.append(b, 1, [b"b1"], token=None)
+    await journal.append(d, 1, [b"d1"], token=5)
+    batcher = JournalBatcher(journal)
+    outcomes: dict[tuple[str, int], JournalError | str | None] = {}
+
+    def told(ticket: SnapshotTicket) -> None:
+        key = (ticket.write.persistence_id, ticket.write.seq)
+        outcomes[key] = "superseded" if ticket.superseded else ticket.error
+
+    for pid, seq, token in ((a, 1, 1), (b, 5, None), (c, 1, None), (d, 1, 3), (a, 2, 2)):
+        batcher.save_snapshot_later(pid, seq, f"{pid} at {seq}".encode(), token=token, on_done=told)
+    with trio.fail_after(60):
+        assert await batcher.drain(60)
+    assert outcomes[(a, 1)] == "superseded"  # the newer one of a replaced it while it waited
+    assert outcomes[(a, 2)] is None
+    assert isinstance(outcomes[(b, 5)], JournalConflict)
+    assert isinstance(outcomes[(c, 1)], JournalConflict)
+    assert isinstance(outcomes[(d, 1)], JournalFenced)
+    assert (await journal.recover(a, None)).snapshot == (2, f"{a} at 2".encode())
+    assert (await journal.recover(d, None)).snapshot is None
+    with expect_raises(JournalFenced, "token 1 is lower than 2"):  # a's snapshot raised it
+        await journal.append(a, 4, [b"stale"], token=1)
+    save_snapshots = getattr(journal, "save_snapshots", None)
+    if save_snapshots is None:
+        return
+    refusals = await save_snapshots(
+        [
+            SnapshotWrite(a, 3, b"a at 3", 2),
+            SnapshotWrite(d, 2, b"beyond", 5),
+            SnapshotWrite(a, 1, b"older", 2),  # kept out: not newer than the stored one
+        ]
+    )
+    assert refusals[0] is None, refusals
+    assert refusals[2] is None, refusals
+    assert isinstance(refusals[1], JournalConflict)
+    assert refusals[1].persistence_id == d
+    assert (await journal.recover(a, None)).snapshot == (3, b"a at 3")
+    assert await save_snapshots([]) == []
+
+
 _CHECKS: Mapping[str, Callable[[_Run], Awaitable[None]]] = {
     "events_come_back_in_order_with_the_highest_sequence_number": (
         _events_come_back_in_order_with_the_highest_sequence_number
@@ -295,6 +396,8 @@ _CHECKS: Mapping[str, Callable[[_Run], Awaitable[None]]] = {
         _a_locked_stream_times_out_with_a_journal_error
     ),
     "bad_arguments_are_refused_before_any_io": _bad_arguments_are_refused_before_any_io,
+    "batched_recoveries_answer_each_stream_alone": _batched_recoveries_answer_each_stream_alone,
+    "batched_snapshots_are_checked_each_alone": _batched_snapshots_are_checked_each_alone,
 }
 
 JOURNAL_CHECKS: tuple[str, ...] = tuple(_CHECKS)

@@ -19,7 +19,7 @@ import itertools
 import os
 import sqlite3
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from p2pshard import (
     Journal,
     MemoryJournal,
     PostgresJournal,
+    Recovery,
     SqliteJournal,
 )
 from p2pshard.testing import JOURNAL_CHECKS, PostgresServer, check_journal, running_postgres
@@ -230,3 +231,44 @@ async def test_the_kit_refuses_unknown_checks_and_checks_it_has_no_means_for() -
         await check_journal(
             MemoryJournal, checks=["a_locked_stream_times_out_with_a_journal_error"]
         )
+
+
+class PlainJournal:
+    """A journal written for an earlier release: the :class:`Journal` methods only, no batches."""
+
+    def __init__(self, inner: MemoryJournal) -> None:
+        self._inner = inner
+
+    @property
+    def max_event_size(self) -> int:
+        return self._inner.max_event_size
+
+    @property
+    def snapshot_every(self) -> int | None:
+        return self._inner.snapshot_every
+
+    async def recover(self, persistence_id: str, token: int | None) -> Recovery:
+        return await self._inner.recover(persistence_id, token)
+
+    async def append(
+        self, persistence_id: str, first_seq: int, events: Sequence[bytes], *, token: int | None
+    ) -> None:
+        await self._inner.append(persistence_id, first_seq, events, token=token)
+
+    async def save_snapshot(
+        self, persistence_id: str, seq: int, data: bytes, *, token: int | None
+    ) -> None:
+        await self._inner.save_snapshot(persistence_id, seq, data, token=token)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+async def test_a_journal_without_the_batch_methods_still_passes_the_kit() -> None:
+    shared = PlainJournal(MemoryJournal())
+
+    def open_plain(**tuning: object) -> Journal:
+        return PlainJournal(MemoryJournal(**tuning)) if tuning else shared  # type: ignore[arg-type]
+
+    assert not hasattr(shared, "recover_many")
+    await check_journal(open_plain, durable=False)
