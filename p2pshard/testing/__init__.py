@@ -72,6 +72,7 @@ from ._checkers import check_builds as check_builds
 from ._checkers import check_convergence_digests as check_convergence_digests
 from ._checkers import check_fan_out as check_fan_out
 from ._checkers import check_history as check_history
+from ._checkers import check_journal_calls as check_journal_calls
 from ._checkers import check_no_fakes as check_no_fakes
 from ._checkers import check_one_cluster as check_one_cluster
 from ._checkers import check_sender_order as check_sender_order
