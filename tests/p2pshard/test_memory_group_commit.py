@@ -50,7 +50,7 @@ async def append_all(
 
 
 async def test_a_fenced_and_an_out_of_sequence_append_fail_alone_in_their_batch(
-    autojump_clock: trio.testing.MockClock,
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     journal = MemoryJournal(group_commit=True, commit_latency=0.01)
     await journal.recover("S|fenced", 5)  # the fence is 5
@@ -59,24 +59,23 @@ async def test_a_fenced_and_an_out_of_sequence_append_fail_alone_in_their_batch(
     planned: list[int] = []
     plan = _group_commit.plan_batch
 
-    def spy(batch: list[_group_commit.PendingAppend], stored: object) -> object:
+    def spy(
+        batch: list[_group_commit.PendingAppend], stored: dict[str, _group_commit.StreamRow]
+    ) -> _group_commit.BatchPlan:
         planned.append(len(batch))
-        return plan(batch, stored)  # type: ignore[arg-type]
+        return plan(batch, stored)
 
-    _memory.plan_batch = spy  # type: ignore[assignment]
-    try:
-        outcomes = await append_all(
-            journal,
-            [
-                ("S|other", 1, [b"a"], None),  # alone: in flight while the others queue
-                ("S|fenced", 1, [b"x"], 3),  # token 3 < fence 5
-                ("S|behind", 1, [b"again"], None),  # 1 is taken
-                ("S|behind", 2, [b"2", b"3"], None),
-                ("S|fenced", 1, [b"y"], 5),
-            ],
-        )
-    finally:
-        _memory.plan_batch = plan  # type: ignore[assignment]
+    monkeypatch.setattr(_memory, "plan_batch", spy)
+    outcomes = await append_all(
+        journal,
+        [
+            ("S|other", 1, [b"a"], None),  # alone: in flight while the others queue
+            ("S|fenced", 1, [b"x"], 3),  # token 3 < fence 5
+            ("S|behind", 1, [b"again"], None),  # 1 is taken
+            ("S|behind", 2, [b"2", b"3"], None),
+            ("S|fenced", 1, [b"y"], 5),
+        ],
+    )
     assert planned == [1, 4]  # the memory journal plans with the SQL journals' own function
     kinds = [None if o is None else type(o) for o in outcomes]
     assert kinds == [None, JournalFenced, JournalConflict, None, None]
