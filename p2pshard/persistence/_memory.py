@@ -470,16 +470,20 @@ class MemoryJournal:
         """Land ``batch``: plan it against the streams as they are now, write, answer."""
         self._land()  # what arrived while the batch was in flight comes first
         if self._closed or self._failing:
-            reason = "the memory journal is closed" if self._closed else self._failing.pop(0)
-            cause = None if self._closed else OSError(errno.EIO, reason)
-            if cause is not None:
+            cause = None
+            if self._closed:
+                why = "the memory journal was closed"
+            else:
+                reason = self._failing.pop(0)
+                cause = OSError(errno.EIO, reason)
+                why = f"storage failed: {reason}"
                 self._counts["failures"] += 1
             others = f" (in one batch with {len(batch) - 1} others)" if len(batch) > 1 else ""
             for append in batch:
                 error = JournalError(
                     append.persistence_id,
-                    f"append at {append.first_seq}{others} failed: storage failed: {reason}; "
-                    "nothing of its batch was written",
+                    f"append at {append.first_seq}{others} failed: {why}; nothing of its batch "
+                    "was written",
                 )
                 error.__cause__ = cause
                 append.answer(error)

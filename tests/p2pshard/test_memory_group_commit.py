@@ -201,3 +201,25 @@ def test_bad_settings_are_refused_clearly() -> None:
         MemoryJournal(group_commit=True, commit_latency=-1.0)
     with pytest.raises(Exception, match="group_commit_max_events = 0 is invalid"):
         MemoryJournal(group_commit=True, group_commit_max_events=0)
+
+
+async def test_closing_fails_the_batch_in_flight_and_the_appends_waiting(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    journal = MemoryJournal(group_commit=True, commit_latency=0.01)
+    async with trio.open_nursery() as nursery:
+        outcomes: list[JournalError | None] = []
+
+        async def appending() -> None:
+            outcomes.extend(
+                await append_all(journal, [("S|a", 1, [b"a"], None), ("S|b", 1, [b"b"], None)])
+            )
+
+        nursery.start_soon(appending)
+        await trio.sleep(0.005)  # S|a's batch is in flight, S|b waits behind it
+        await journal.aclose()
+    assert [str(o).split(": ", 1)[1] for o in outcomes] == [
+        "append at 1 failed: the memory journal was closed; nothing of its batch was written",
+        "the memory journal is closed",
+    ]
+    assert journal.statistics().appends == 0
