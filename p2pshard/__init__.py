@@ -53,6 +53,7 @@ from .leases import LeaseStatistics as LeaseStatistics
 from .leases import MemoryLeaseBackend as MemoryLeaseBackend
 from .leases import NodeLeaseBackend as NodeLeaseBackend
 from .leases import SqliteLeaseBackend as SqliteLeaseBackend
+from .persistence import AcceptedCall as AcceptedCall
 from .persistence import BatchJournal as BatchJournal
 from .persistence import EventSourcedEntity as EventSourcedEntity
 from .persistence import GroupCommitStatistics as GroupCommitStatistics

@@ -393,6 +393,12 @@ def _parser() -> argparse.ArgumentParser:
         "post to member inboxes before they answer), or both; not with --real",
     )
     chaos.add_argument(
+        "--event-sourced",
+        action="store_true",
+        help="counters, rooms and inboxes keep their state as events in a group-committing "
+        "memory journal the nodes share, and the checkers read it; not with --real",
+    )
+    chaos.add_argument(
         "--no-lease", action="store_true", help="run without shard and singleton leases"
     )
     chaos.add_argument(
@@ -537,6 +543,7 @@ def _chaos(args: argparse.Namespace) -> int:
         profile=args.profile,
         removal_margin=args.removal_margin,
         rollout=base.rollout if args.rollout is None else args.rollout,
+        event_sourced=args.event_sourced,
     )
     if args.seeds < 1:
         raise ConfigurationError(f"--seeds {args.seeds} is invalid: must be at least 1")
@@ -611,6 +618,8 @@ def _chaos_real(args: argparse.Namespace) -> int:
 
     if args.workloads is not None:
         raise ConfigurationError("--workloads goes with the simulated cluster, not --real")
+    if args.event_sourced:
+        raise ConfigurationError("--event-sourced goes with the simulated cluster, not --real")
     if (
         args.seed_layout is not None
         or args.seed_restarts is not None

@@ -12,6 +12,7 @@ from ._journal import Recovery as Recovery
 from ._journal import SnapshotWrite as SnapshotWrite
 from ._journal_stats import JournalStatistics as JournalStatistics
 from ._journal_stats import journal_statistics as journal_statistics
+from ._memory import AcceptedCall as AcceptedCall
 from ._memory import MemoryJournal as MemoryJournal
 from ._memory import MemoryJournalStatistics as MemoryJournalStatistics
 from ._open import open_journal as open_journal

@@ -11,26 +11,49 @@ those of every backend (``p2pshard.persistence._journal``). Faults for tests:
   is *in flight*: it is applied when it arrives even if its caller has given up waiting (was
   cancelled), as a request already sent over a network is. Requests are applied in the order
   they arrive; a later call, or any inspection (:meth:`MemoryJournal.events`), first applies
-  those whose time has come.
+  those whose time has come (a request whose caller gave up lands at its time regardless);
+- :meth:`MemoryJournal.link` gives one caller (a simulated node) a view of the journal whose
+  calls are in flight for as long as its ``delay`` says, as the requests of a paused process
+  are.
+
+With ``group_commit=True`` appends are group-committed as the SQL journals' are, with the same
+sans-IO planner (``p2pshard.persistence._group_commit``): an append that arrives joins a queue;
+while one batch is being committed (``commit_latency`` seconds on the trio clock, so a mock clock
+makes it deterministic) the appends that arrive wait, and the next batch takes them (up to
+``group_commit_max_events`` events and ``group_commit_max_bytes`` bytes). When a batch lands,
+:func:`~p2pshard.persistence._group_commit.plan_batch` checks each of its appends in order
+against the streams as they are then: a fenced one fails alone with JournalFenced, an
+out-of-sequence one with JournalConflict; a failure from :meth:`MemoryJournal.fail_next` fails the
+whole batch with nothing written. One batch is in flight at a time, so order per stream is kept;
+an append cancelled while it waits in the queue leaves it with nothing written, one whose batch
+is in flight is committed whatever its caller does. Recoveries and snapshots are not batched.
+
+Every call the journal accepts is recorded in order (:meth:`MemoryJournal.accepted_calls`), so
+that a checker can verify from the journal itself that no append was accepted under a token
+lower than one the stream had already seen (``p2pshard.testing.check_journal_calls``).
 """
 
 from __future__ import annotations
 
 import errno
 import itertools
+import math
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import attrs
 import trio
 
-from .._errors import JournalError, JournalFenced
+from .._errors import JournalConflict, JournalError, JournalFenced
 from ._batching import StreamRead, assemble_recoveries, fence_raises, plan_snapshots
 from ._gather import drain_snapshots
-from ._group_commit import StreamRow
+from ._group_commit import AppendQueue, PendingAppend, StreamRow, plan_batch, streams_of
 from ._journal import (
+    DEFAULT_GROUP_COMMIT_MAX_BYTES,
+    DEFAULT_GROUP_COMMIT_MAX_EVENTS,
     DEFAULT_MAX_EVENT_SIZE,
     DEFAULT_SNAPSHOT_EVERY,
+    Journal,
     JournalSettings,
     Recovery,
     SnapshotWrite,
@@ -86,6 +109,43 @@ class MemoryJournalStatistics:
     """``recover_many`` calls answered (``recover`` not included): the batched reads."""
     snapshot_batches: int = 0
     """``save_snapshots`` calls answered (``save_snapshot`` not included)."""
+    batches: int = 0
+    """Group commit: batches of appends committed or failed (0 without group commit)."""
+    largest_batch: int = 0
+    """Group commit: the most appends one batch held."""
+
+
+DEFAULT_COMMIT_LATENCY = 0.002
+"""Seconds one group commit of a :class:`MemoryJournal` takes by default (on the trio clock)."""
+
+
+@attrs.frozen
+class AcceptedCall:
+    """One call a :class:`MemoryJournal` accepted, as it applied it (see ``accepted_calls``)."""
+
+    persistence_id: str
+    kind: Literal["recover", "append", "snapshot"]
+    token: int | None
+    """The fencing token the call carried."""
+    seq: int
+    """append: its first sequence number; snapshot: its sequence number; recover: the highest
+    stored sequence number it read."""
+    events: int
+    """append: how many events it wrote; else 0."""
+    at: float
+    """When it was applied (trio clock)."""
+
+
+@attrs.define(eq=False)
+class _Waiting(PendingAppend):
+    """An append in the group-commit queue, and how its caller learns the outcome."""
+
+    done: trio.Event = attrs.field(init=False, factory=trio.Event)
+    error: JournalError | None = attrs.field(init=False, default=None)
+
+    def answer(self, error: JournalError | None) -> None:
+        self.error = error
+        self.done.set()
 
 
 class _InFlight(Generic[_T]):
@@ -127,8 +187,50 @@ class MemoryJournal:
         *,
         max_event_size: int = DEFAULT_MAX_EVENT_SIZE,
         snapshot_every: int | None = DEFAULT_SNAPSHOT_EVERY,
+        group_commit: bool = False,
+        commit_latency: float | Callable[[], float] = DEFAULT_COMMIT_LATENCY,
+        group_commit_max_events: int = DEFAULT_GROUP_COMMIT_MAX_EVENTS,
+        group_commit_max_bytes: int = DEFAULT_GROUP_COMMIT_MAX_BYTES,
     ) -> None:
-        JournalSettings(max_event_size=max_event_size, snapshot_every=snapshot_every)  # checks
+        """Make an empty journal.
+
+        Args:
+            max_event_size: bytes one event or snapshot may take.
+            snapshot_every: events between snapshots for entity types that do not set theirs.
+            group_commit: write appends in batches, as the SQL journals do (see the module
+                docstring); False (default): each append is applied alone, at once.
+            commit_latency: group commit: the seconds each batch takes to commit, or a function
+                called once per batch that returns them (seed its generator for a run that
+                replays); a negative value counts as 0.
+            group_commit_max_events: group commit: events one batch may hold.
+            group_commit_max_bytes: group commit: bytes of events one batch may hold.
+
+        Raises:
+            ConfigurationError: a size or limit out of range.
+            ValueError: ``commit_latency`` is a negative or not finite number.
+        """
+        JournalSettings(  # checks
+            max_event_size=max_event_size,
+            snapshot_every=snapshot_every,
+            group_commit_max_events=group_commit_max_events,
+            group_commit_max_bytes=group_commit_max_bytes,
+        )
+        if not callable(commit_latency) and not (
+            isinstance(commit_latency, int | float) and 0 <= commit_latency < math.inf
+        ):
+            raise ValueError(
+                f"commit_latency must be seconds (a finite number from 0) or a function "
+                f"returning them, not {commit_latency!r}"
+            )
+        self._group_commit = group_commit
+        self._latency: Callable[[], float] = (
+            commit_latency if callable(commit_latency) else lambda: float(commit_latency)
+        )
+        self._queue: AppendQueue[_Waiting] = AppendQueue(
+            max_events=group_commit_max_events, max_bytes=group_commit_max_bytes
+        )
+        self._committing = False
+        self._accepted: list[AcceptedCall] = []
         self._max_event_size = max_event_size
         self._snapshot_every = snapshot_every
         self._streams: dict[str, _Stream] = {}
@@ -148,6 +250,8 @@ class MemoryJournal:
                 "failures",
                 "recovery_batches",
                 "snapshot_batches",
+                "batches",
+                "largest_batch",
             ),
             0,
         )
@@ -162,11 +266,40 @@ class MemoryJournal:
         """Events between snapshots for entity types that do not set their own."""
         return self._snapshot_every
 
+    @property
+    def group_commit(self) -> bool:
+        """Whether appends are group-committed."""
+        return self._group_commit
+
     # -- faults and inspection --------------------------------------------------------------
 
     def fail_next(self, count: int = 1, *, reason: str = "injected storage failure") -> None:
-        """Make the next ``count`` calls fail with :class:`JournalError`, doing nothing."""
+        """Make the next ``count`` calls fail with :class:`JournalError`, doing nothing.
+
+        With group commit an append takes its failure when its batch commits: the whole batch
+        fails (each of its appends with an error of its own), and counts as one call.
+        """
         self._failing.extend([reason] * count)
+
+    def link(self, delay: Callable[[], float]) -> Journal:
+        """This journal as one caller reaches it: each call is in flight for ``delay()`` seconds.
+
+        ``delay`` is asked at each call (0 or less: the call arrives at once). A call in flight
+        arrives, and is applied, even if its caller was cancelled meanwhile, as a request sent
+        over a network is: a simulated node that is paused reaches its journal this way.
+        Closing the view does not close the journal.
+        """
+        return _Link(self, delay)
+
+    def accepted_calls(self) -> list[AcceptedCall]:
+        """Every call this journal accepted, in the order it applied them (what has landed)."""
+        self._land()
+        return list(self._accepted)
+
+    def persistence_ids(self) -> list[str]:
+        """Every stream that has been recovered, written or snapshotted, sorted."""
+        self._land()
+        return sorted(self._streams)
 
     def delay_token(self, token: int, seconds: float | None) -> None:
         """Calls carrying ``token`` arrive ``seconds`` after they are made (None: at once again).
@@ -206,6 +339,9 @@ class MemoryJournal:
 
     async def recover(self, persistence_id: str, token: int | None) -> Recovery:
         """See :meth:`p2pshard.Journal.recover`."""
+        return await self._recover(persistence_id, token, 0.0)
+
+    async def _recover(self, persistence_id: str, token: int | None, delay: float) -> Recovery:
         check_persistence_id(persistence_id)
         check_token(token)
 
@@ -215,7 +351,7 @@ class MemoryJournal:
                 raise answer
             return answer
 
-        return await self._call(persistence_id, token, recover)
+        return await self._call(persistence_id, token, recover, delay)
 
     async def recover_many(
         self, requests: Sequence[tuple[str, int | None]]
@@ -273,18 +409,37 @@ class MemoryJournal:
                 list(enumerate(found.events[start:], start + 1)),
             )
         answers = assemble_recoveries(batch, reads)
-        for answer in answers:
-            self._counts["fenced" if isinstance(answer, JournalError) else "recoveries"] += 1
+        for (pid, token), answer in zip(batch, answers, strict=True):
+            if isinstance(answer, JournalError):
+                self._counts["fenced"] += 1
+            else:
+                self._counts["recoveries"] += 1
+                self._record(pid, "recover", token, answer.highest_seq)
         return answers
 
     async def append(
         self, persistence_id: str, first_seq: int, events: Sequence[bytes], *, token: int | None
     ) -> None:
         """See :meth:`p2pshard.Journal.append`."""
+        await self._append(persistence_id, first_seq, events, token, 0.0)
+
+    async def _append(
+        self,
+        persistence_id: str,
+        first_seq: int,
+        events: Sequence[bytes],
+        token: int | None,
+        delay: float,
+    ) -> None:
         batch = [
             bytes(e) for e in check_append(persistence_id, first_seq, events, self._max_event_size)
         ]
         check_token(token)
+        if self._group_commit:
+            await self._append_grouped(
+                PendingAppend(persistence_id, first_seq, batch, token), delay
+            )
+            return
 
         def append() -> None:
             stream = self._streams.setdefault(persistence_id, _Stream())
@@ -298,13 +453,19 @@ class MemoryJournal:
             stream.events.extend(batch)
             self._counts["appends"] += 1
             self._counts["events"] += len(batch)
+            self._record(persistence_id, "append", token, first_seq, len(batch))
 
-        await self._call(persistence_id, token, append)
+        await self._call(persistence_id, token, append, delay)
 
     async def save_snapshot(
         self, persistence_id: str, seq: int, data: bytes, *, token: int | None
     ) -> None:
         """See :meth:`p2pshard.Journal.save_snapshot`."""
+        await self._save_snapshot(persistence_id, seq, data, token, 0.0)
+
+    async def _save_snapshot(
+        self, persistence_id: str, seq: int, data: bytes, token: int | None, delay: float
+    ) -> None:
         (write,) = check_snapshots(
             [SnapshotWrite(persistence_id, seq, data, token)], self._max_event_size
         )
@@ -314,7 +475,7 @@ class MemoryJournal:
             if refusal is not None:
                 raise refusal
 
-        await self._call(persistence_id, token, save)
+        await self._call(persistence_id, token, save, delay)
 
     async def save_snapshots(self, snapshots: Sequence[SnapshotWrite]) -> list[JournalError | None]:
         """See :meth:`p2pshard.BatchJournal.save_snapshots` (one step; delays as the first's)."""
@@ -344,13 +505,15 @@ class MemoryJournal:
             if stream.snapshot is None or stream.snapshot[0] < seq:
                 stream.snapshot = (seq, data)
                 self._counts["snapshots"] += 1
-        for refusal in plan.refusals:
-            if refusal is not None:
+        for write, refusal in zip(batch, plan.refusals, strict=True):
+            if refusal is None:
+                self._record(write.persistence_id, "snapshot", write.token, write.seq)
+            else:
                 self._counts["fenced" if isinstance(refusal, JournalFenced) else "conflicts"] += 1
         return plan.refusals
 
     async def aclose(self) -> None:
-        """Refuse further calls; requests in flight are dropped.
+        """Refuse further calls; requests in flight are dropped, appends waiting fail.
 
         Snapshots queued for this journal by its entities are written first (up to a second).
         """
@@ -358,11 +521,126 @@ class MemoryJournal:
             await drain_snapshots(self, 1.0)
         self._closed = True
         self._in_flight.clear()
+        waiting = []
+        while self._queue:
+            waiting += self._queue.take_batch()
+        for append in waiting:
+            append.answer(JournalError(append.persistence_id, "the memory journal is closed"))
+
+    # -- group commit -------------------------------------------------------------------------
+
+    async def _append_grouped(self, append: PendingAppend, delay: float) -> None:
+        """Queue the append when it arrives, wait for its batch, raise its refusal or failure."""
+        waiting = _Waiting(append.persistence_id, append.first_seq, append.events, append.token)
+        # Arriving is the request's landing: in flight, it is queued even if this task is
+        # cancelled meanwhile. Failures are the batch's, drawn when it commits.
+        await self._call(
+            append.persistence_id, append.token, lambda: self._enqueue(waiting), delay, fails=False
+        )
+        try:
+            await waiting.done.wait()
+        except BaseException:
+            self._queue.discard(waiting)  # if it still waits, it leaves with nothing written
+            raise
+        if waiting.error is not None:
+            raise waiting.error
+
+    def _enqueue(self, waiting: _Waiting) -> None:
+        self._queue.add(waiting)
+        if not self._committing:
+            self._committing = True
+            trio.lowlevel.spawn_system_task(self._committer, name="memory journal commits")
+
+    async def _committer(self) -> None:
+        """Commit batch after batch while appends wait, one at a time; then end.
+
+        A system task, so that no caller's cancellation stops a batch in flight.
+        """
+        try:
+            while True:
+                if not self._queue:
+                    # The tasks just answered may append again at once: let them run first
+                    # (two scheduling rounds, as the SQL journals' committer does).
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    if not self._queue:
+                        break
+                batch = self._queue.take_batch()
+                self._counts["batches"] += 1
+                self._counts["largest_batch"] = max(self._counts["largest_batch"], len(batch))
+                await trio.sleep(max(0.0, self._latency()))
+                self._commit(batch)
+        finally:
+            self._committing = False
+
+    def _commit(self, batch: list[_Waiting]) -> None:
+        """Land ``batch``: plan it against the streams as they are now, write, answer."""
+        self._land()  # what arrived while the batch was in flight comes first
+        if self._closed or self._failing:
+            cause = None
+            if self._closed:
+                why = "the memory journal was closed"
+            else:
+                reason = self._failing.pop(0)
+                cause = OSError(errno.EIO, reason)
+                why = f"storage failed: {reason}"
+                self._counts["failures"] += 1
+            others = f" (in one batch with {len(batch) - 1} others)" if len(batch) > 1 else ""
+            for append in batch:
+                error = JournalError(
+                    append.persistence_id,
+                    f"append at {append.first_seq}{others} failed: {why}; nothing of its batch "
+                    "was written",
+                )
+                error.__cause__ = cause
+                append.answer(error)
+            return
+        stored = {
+            pid: StreamRow(len(self._streams[pid].events), self._streams[pid].fence)
+            for pid in streams_of(batch)
+            if pid in self._streams
+        }
+        plan = plan_batch(batch, stored)
+        for pid, seq, payload in plan.events:
+            stream = self._streams.setdefault(pid, _Stream())
+            if seq != len(stream.events) + 1:  # the planner's promise, kept honest
+                raise AssertionError(f"{pid}: plan writes {seq} after {len(stream.events)}")
+            stream.events.append(payload)
+        for pid, row in plan.streams.items():
+            self._streams[pid].fence = row.fence
+        for append, refusal in zip(batch, plan.refusals, strict=True):
+            if refusal is None:
+                self._counts["appends"] += 1
+                self._counts["events"] += len(append.events)
+                self._record(
+                    append.persistence_id,
+                    "append",
+                    append.token,
+                    append.first_seq,
+                    len(append.events),
+                )
+            elif isinstance(refusal, JournalFenced):
+                self._counts["fenced"] += 1
+            elif isinstance(refusal, JournalConflict):
+                self._counts["conflicts"] += 1
+            append.answer(refusal)
 
     # -- the request model --------------------------------------------------------------------
 
     def _delayed(self, token: int | None) -> bool:
         return token is not None and token in self._delays
+
+    def _record(
+        self,
+        persistence_id: str,
+        kind: Literal["recover", "append", "snapshot"],
+        token: int | None,
+        seq: int,
+        events: int = 0,
+    ) -> None:
+        self._accepted.append(
+            AcceptedCall(persistence_id, kind, token, seq, events, trio.current_time())
+        )
 
     def _admit(self, persistence_id: str, fence: int | None, token: int | None) -> int | None:
         try:
@@ -372,18 +650,26 @@ class MemoryJournal:
             raise
 
     async def _call(
-        self, persistence_id: str, token: int | None, operation: Callable[[], _T]
+        self,
+        persistence_id: str,
+        token: int | None,
+        operation: Callable[[], _T],
+        link_delay: float = 0.0,
+        *,
+        fails: bool = True,
     ) -> _T:
         if self._closed:
             raise JournalError(persistence_id, "the memory journal is closed")
         await trio.lowlevel.checkpoint()
-        if self._failing:
+        if fails and self._failing:
             reason = self._failing.pop(0)
             self._counts["failures"] += 1
             raise JournalError(persistence_id, f"storage failed: {reason}") from OSError(
                 errno.EIO, reason
             )
         delay = None if token is None else self._delays.get(token)
+        if link_delay > 0:
+            delay = link_delay if delay is None else max(delay, link_delay)
         if delay is None:
             self._land()
             return operation()
@@ -391,9 +677,19 @@ class MemoryJournal:
             trio.current_time() + delay, next(self._order), operation
         )
         self._in_flight.append(request)
-        await trio.sleep_until(request.due)
+        try:
+            await trio.sleep_until(request.due)
+        except BaseException:
+            # The caller gave up; the request still arrives when it is due (a group-committed
+            # append has to join the queue then, not at whatever call comes next).
+            trio.lowlevel.spawn_system_task(self._land_at, request.due, name="journal request")
+            raise
         self._land()
         return request.outcome()
+
+    async def _land_at(self, due: float) -> None:
+        await trio.sleep_until(due)
+        self._land()
 
     def _land(self) -> None:
         """Apply the requests in flight whose time has come, in the order they arrive."""
@@ -406,3 +702,40 @@ class MemoryJournal:
         for request in arrived:
             self._in_flight.remove(request)
             request.land()
+
+
+class _Link:
+    """A view of a :class:`MemoryJournal` whose calls are in flight for ``delay()`` seconds."""
+
+    def __init__(self, journal: MemoryJournal, delay: Callable[[], float]) -> None:
+        self._journal = journal
+        self._delay = delay
+
+    @property
+    def max_event_size(self) -> int:
+        """Bytes one event or snapshot may take."""
+        return self._journal.max_event_size
+
+    @property
+    def snapshot_every(self) -> int | None:
+        """Events between snapshots for entity types that do not set their own."""
+        return self._journal.snapshot_every
+
+    async def recover(self, persistence_id: str, token: int | None) -> Recovery:
+        """See :meth:`p2pshard.Journal.recover`."""
+        return await self._journal._recover(persistence_id, token, self._delay())
+
+    async def append(
+        self, persistence_id: str, first_seq: int, events: Sequence[bytes], *, token: int | None
+    ) -> None:
+        """See :meth:`p2pshard.Journal.append`."""
+        await self._journal._append(persistence_id, first_seq, events, token, self._delay())
+
+    async def save_snapshot(
+        self, persistence_id: str, seq: int, data: bytes, *, token: int | None
+    ) -> None:
+        """See :meth:`p2pshard.Journal.save_snapshot`."""
+        await self._journal._save_snapshot(persistence_id, seq, data, token, self._delay())
+
+    async def aclose(self) -> None:
+        """Nothing: the journal itself stays open."""

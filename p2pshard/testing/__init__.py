@@ -17,6 +17,10 @@ invariants a sharded application relies on:
   app version and every link speaks the newest protocol version both nodes' builds share;
 - with the chat-like fan-out workload, every member's copy of a room is a prefix of the room's
   log and holds every post the room acknowledged.
+- with event-sourced entities on a group-committing memory journal
+  (``ChaosSettings.event_sourced``), no append was accepted under a fencing token lower than
+  one its stream had seen (:func:`check_journal_calls`), and the logs and copies checked above
+  are what the journal stores.
 
 Use :func:`run_chaos` (or ``p2pshard chaos``) for randomized schedules;
 :func:`run_real_chaos` (or ``p2pshard chaos --real``) for one schedule against node processes on
@@ -72,6 +76,7 @@ from ._checkers import check_builds as check_builds
 from ._checkers import check_convergence_digests as check_convergence_digests
 from ._checkers import check_fan_out as check_fan_out
 from ._checkers import check_history as check_history
+from ._checkers import check_journal_calls as check_journal_calls
 from ._checkers import check_no_fakes as check_no_fakes
 from ._checkers import check_one_cluster as check_one_cluster
 from ._checkers import check_sender_order as check_sender_order

@@ -51,6 +51,13 @@ copies among them), membership and shard-home agreement, one cluster rather than
 every shard answering through every node, replica convergence, and that nothing an intruder
 announced stuck.
 
+With ``event_sourced``, the counters, rooms and inboxes are event-sourced entities on one
+group-committing :class:`~p2pshard.MemoryJournal` the nodes share (a paused node's journal calls
+wait for the pause to end, and arrive even if their callers are gone): their logs and copies are
+read from the journal for the checkers, and ``journal-fencing`` checks from the journal's record
+that no append was accepted under a token lower than one its stream had seen
+(``p2pshard.testing._journaled``).
+
 A run that hangs (a task that never lets the mock clock move on) is stopped after
 :data:`WALL_LIMIT` real seconds: :func:`run_chaos` raises :class:`ChaosHung` naming the seed,
 again every few seconds if something swallowed it, and as a last resort dumps every thread's
@@ -95,6 +102,7 @@ from .._config import NodeConfig
 from .._failover import FAILOVER_PROFILES
 from .._node import Node
 from ..leases._memory import MemoryLeaseBackend
+from ..persistence._memory import MemoryJournal, MemoryJournalStatistics
 from ..sharding._extractor import HashExtractor
 from ..sharding._settings import ShardingSettings
 from ._checkers import (
@@ -107,12 +115,21 @@ from ._checkers import (
     check_builds,
     check_convergence_digests,
     check_history,
+    check_journal_calls,
     check_no_fakes,
     check_one_cluster,
 )
 from ._fanout import INBOX, ROOM, inbox_entity, room_entity, room_members
 from ._history import History
 from ._intruder import Intruder
+from ._journaled import (
+    chaos_journal,
+    journaled_counter,
+    journaled_inbox,
+    journaled_room,
+    node_journal,
+    read_journal,
+)
 from ._sim import SimCluster, autojump_clock, node_address, node_name, simulated_cluster
 from ._workload import COUNTER, CounterWorkload, Read, counter_entity, singleton_probe
 
@@ -255,6 +272,11 @@ class ChaosSettings:
     ``default``) applied to every node's timing (failure detector, gossip, split brain
     resolver, leases) and the entity types' retries, in place of the simulation's own (default
     None: 1 s heartbeats, ``stable_after`` 5 s, 4 s leases)."""
+    event_sourced: bool = False
+    """Counters, rooms and inboxes keep their state as events in one group-committing
+    :class:`~p2pshard.MemoryJournal` the nodes share, with their shards' lease tokens; the
+    checkers read the logs and copies from the journal and check its fencing (default False:
+    plain entities whose logs are kept in the history)."""
     rollout: float = attrs.field(default=0.0, validator=in_range(0, 1))
     """The probability that a run performs a rolling upgrade alongside its fault schedule, drawn
     per seed from a generator of its own (default 0: never; 1: every seed). The nodes start on
@@ -370,6 +392,8 @@ class ChaosReport:
     """The seed nodes of the run, in configuration order (the first one forms the cluster)."""
     rollout: RolloutReport | None = None
     """What the run's rolling upgrade did (None: the run had none)."""
+    journal: MemoryJournalStatistics | None = None
+    """What the event-sourced entities' journal did (None: plain entities)."""
 
     @property
     def ok(self) -> bool:
@@ -402,6 +426,8 @@ class ChaosReport:
             parts.append(f"--profile {s.profile}")
         if s.rollout != default.rollout:
             parts.append(f"--rollout {s.rollout:g}")
+        if s.event_sourced:
+            parts.append("--event-sourced")
         return " ".join(parts)
 
 
@@ -678,6 +704,8 @@ class Scenario:
     """The ``intruder`` fault's attacker (one per run, attached only during its faults)."""
     rollout: Rollout | None = None
     """The run's rolling upgrade, if its seed drew one: each node's build, the steps so far."""
+    journal: MemoryJournal | None = None
+    """The event-sourced entities' journal (``settings.event_sourced``), else None."""
 
     @property
     def nodes(self) -> list[int]:
@@ -990,6 +1018,10 @@ async def _scenario(
     )
     if settings.removal_margin is not None:
         sharding = attrs.evolve(sharding, down_removal_margin=settings.removal_margin)
+    journal: MemoryJournal | None = None
+    if settings.event_sourced:  # commit latencies from a generator of their own, as the lease's
+        commits = random.Random(f"{seed}/journal-latency")
+        journal = chaos_journal(lambda: commits.uniform(0.001, 0.02))
     profile = None if settings.profile is None else FAILOVER_PROFILES[settings.profile]
     if profile is not None:
         sharding = profile.sharding(sharding)
@@ -997,9 +1029,10 @@ async def _scenario(
 
     async def setup(i: int, node: Node, sim: SimCluster) -> None:
         node.sharding.observe(history.observer(node_name(i)))
+        own = None if journal is None else node_journal(journal, sim, i)
         sim.regions[i] = await node.sharding.start(
             COUNTER,
-            counter_entity(history),
+            counter_entity(history) if own is None else journaled_counter(own),
             extractor=HashExtractor(settings.shards),
             settings=sharding,
             stop_message=stop_message,
@@ -1007,7 +1040,7 @@ async def _scenario(
         if "fan-out" in settings.workloads:
             await node.sharding.start(
                 INBOX,
-                inbox_entity(history),
+                inbox_entity(history) if own is None else journaled_inbox(own),
                 extractor=HashExtractor(settings.shards),
                 settings=sharding,
             )
@@ -1016,7 +1049,9 @@ async def _scenario(
             )
             await node.sharding.start(
                 ROOM,
-                room_entity(history, node.sharding, members),
+                room_entity(history, node.sharding, members)
+                if own is None
+                else journaled_room(history, own, node.sharding, members),
                 extractor=HashExtractor(settings.shards),
                 settings=sharding,
             )
@@ -1042,7 +1077,14 @@ async def _scenario(
         sim.seeds = tuple(node_address(i) for i in seeds)
         intruder = Intruder(sim, random.Random(f"{seed}/intruder"))
         scenario = Scenario(
-            sim, rng, settings, backend, seeds=seeds, intruder=intruder, rollout=rollout
+            sim,
+            rng,
+            settings,
+            backend,
+            seeds=seeds,
+            intruder=intruder,
+            rollout=rollout,
+            journal=journal,
         )
         nodes = scenario.nodes
         if rollout is not None:
@@ -1088,7 +1130,14 @@ async def _scenario(
             sim.set_links(i, links, among=nodes)
             sim.skew(i, 1.0)
         await trio.sleep(settings.quiet)
+        if journal is not None:
+            read_journal(journal, history)
         violations = check_history(history)
+        if journal is not None:
+            violations += check_journal_calls(
+                journal.accepted_calls(),
+                {pid: len(journal.events(pid)) for pid in journal.persistence_ids()},
+            )
         violations += intruder.found
         violations += await _check_cluster(sim, nodes, settings, intruder.fakes)
         rolled_out = None
@@ -1114,6 +1163,7 @@ async def _scenario(
             sim.net.trace_hash(),
             tuple(node_name(i) for i in seeds),
             rolled_out,
+            None if journal is None else journal.statistics(),
         )
         for i in sim.live:
             sim.crash(i)

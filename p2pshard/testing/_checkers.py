@@ -1,12 +1,15 @@
 """Invariant checkers: pure functions over a :class:`History`, and live checks of a quiet cluster.
 
 The history checkers (single activation, acknowledged messages kept exactly once, per-sender
-order, at most one singleton) read only the record, so they apply the same way to a simulated run
+order, at most one singleton) read only the record (for event-sourced workloads, the logs and
+copies are read from the journal into it first), so they apply the same way to a simulated run
 and to real processes whose records were merged on one clock. The live checks (membership and
 shard homes agree, one cluster and not islands, every shard answers, replicas converge, nothing an
 intruder announced stuck) look at the nodes of a :class:`~p2pshard.testing.SimCluster` after the
 faults have healed and the cluster was quiet; each takes plain views (names, sets), so it can be
-shown to catch what it must on views made by hand.
+shown to catch what it must on views made by hand. :func:`check_journal_calls` reads a memory
+journal's record of the calls it accepted: the fence, recomputed from that record alone, was
+never passed by.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import attrs
 from membership import HandshakeError
 from membership.internal import ProtocolRange
 
+from ..persistence._memory import AcceptedCall
 from ._history import History, Span
 
 SINGLE_ACTIVATION = "single-activation"
@@ -28,6 +32,7 @@ AGREEMENT = "agreement"
 SINGLE_SINGLETON = "single-singleton"
 CONVERGENCE = "convergence"
 FAN_OUT = "fan-out"
+JOURNAL_FENCING = "journal-fencing"
 ONE_CLUSTER = "one-cluster"
 INTRUDER_IGNORED = "intruder-ignored"
 ROLLOUT = "rollout"
@@ -41,6 +46,7 @@ INVARIANTS = (
     SINGLE_SINGLETON,
     CONVERGENCE,
     FAN_OUT,
+    JOURNAL_FENCING,
     ONE_CLUSTER,
     INTRUDER_IGNORED,
     ROLLOUT,
@@ -48,7 +54,9 @@ INVARIANTS = (
 )
 """Every invariant name, in report order. ``rollout`` is a rolling upgrade's: every step ended with
 its node Up, and afterwards every member record shows the node's build and every link speaks the
-protocol version the two builds agree on. ``run-finishes`` is not about the cluster: a seed whose
+protocol version the two builds agree on. ``journal-fencing`` is the event-sourced workloads':
+no append accepted under a token lower than one its stream had seen, and every stream one
+unbroken sequence. ``run-finishes`` is not about the cluster: a seed whose
 run hung (or raised) is reported under it, so that the other seeds' reports still come."""
 
 
@@ -254,6 +262,66 @@ def check_fan_out(history: History) -> list[Violation]:
                         f"acknowledged at {message.acknowledged_at:.3f} but {member} lacks it",
                     )
                 )
+    return found
+
+
+def check_journal_calls(
+    calls: Iterable[AcceptedCall], stored: Mapping[str, int]
+) -> list[Violation]:
+    """(x) No stale writer got through: every append was accepted under the stream's fence.
+
+    ``calls`` are the calls a journal accepted, in the order it applied them
+    (:meth:`p2pshard.MemoryJournal.accepted_calls`); ``stored`` maps each stream to how many
+    events it holds. The fence is recomputed from ``calls`` alone (the largest token any earlier
+    accepted call on the stream carried: recoveries, appends, snapshots), not taken from the
+    journal: an append under a lower token is a second writer accepted after the first was
+    fenced out. Each append must also start right after the one before it, and the appends
+    must account for every stored event.
+
+    Example:
+        >>> calls = [
+        ...     AcceptedCall("C|a", "recover", 7, 0, 0, 1.0),
+        ...     AcceptedCall("C|a", "append", 4, 1, 1, 2.0),
+        ... ]
+        >>> [str(v) for v in check_journal_calls(calls, {"C|a": 1})]  # doctest: +ELLIPSIS
+        ['journal-fencing: C|a: append at 1 under token 4 was accepted after token 7 had...']
+    """
+    found = []
+    fences: dict[str, tuple[int, float]] = {}
+    highest: dict[str, int] = {}
+    for call in calls:
+        pid, token = call.persistence_id, call.token
+        fence = fences.get(pid)
+        if call.kind == "append":
+            if token is not None and fence is not None and token < fence[0]:
+                found.append(
+                    Violation(
+                        JOURNAL_FENCING,
+                        f"{pid}: append at {call.seq} under token {token} was accepted after "
+                        f"token {fence[0]} had fenced the stream (at {fence[1]:.3f}), at "
+                        f"{call.at:.3f}",
+                    )
+                )
+            if call.seq != highest.get(pid, 0) + 1:
+                found.append(
+                    Violation(
+                        JOURNAL_FENCING,
+                        f"{pid}: append at {call.seq} was accepted after event "
+                        f"{highest.get(pid, 0)}, at {call.at:.3f}",
+                    )
+                )
+            highest[pid] = call.seq + call.events - 1
+        if token is not None and (fence is None or token > fence[0]):
+            fences[pid] = (token, call.at)
+    for pid in sorted(set(stored) | set(highest)):
+        if stored.get(pid, 0) != highest.get(pid, 0):
+            found.append(
+                Violation(
+                    JOURNAL_FENCING,
+                    f"{pid}: the stream holds {stored.get(pid, 0)} events, but its accepted "
+                    f"appends wrote {highest.get(pid, 0)}",
+                )
+            )
     return found
 
 

@@ -22,7 +22,7 @@ holds every post the room acknowledged.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -101,20 +101,39 @@ def room_entity(
             raise ValueError(f"the room does not understand {msg!r}")
 
         async def copy(self, member: str, log: list[tuple[str, int]], upto: int) -> None:
-            inbox = sharding.region(INBOX).entity_ref(member)
-            for _ in range(COPY_ATTEMPTS):
-                first = self.held[member] + 1
-                posts = tuple(log[first - 1 : upto])
-                held = await inbox.ask(
-                    Deliver(room=self.key, first=first, posts=posts), timeout=timeout
-                )
-                assert isinstance(held, int)
-                self.held[member] = held
-                if held >= upto:
-                    return
-            raise RuntimeError(f"{INBOX}/{member} still lacks posts of {self.key} up to {upto}")
+            self.held[member] = await copy_to_member(
+                sharding, self.key, member, log, self.held[member], upto, timeout
+            )
 
     return Room
+
+
+async def copy_to_member(
+    sharding: Sharding,
+    room: str,
+    member: str,
+    log: Sequence[Sequence[Any]],
+    held: int,
+    upto: int,
+    ask_timeout: float,
+) -> int:
+    """Deliver ``room``'s posts after ``held`` up to ``upto`` to ``member``'s inbox.
+
+    ``log`` is the room's posts, ``held`` what the member is known to hold; each delivery waits
+    ``ask_timeout`` seconds at most. Returns what the
+    member holds once it holds post ``upto``; RuntimeError after :data:`COPY_ATTEMPTS`
+    deliveries that did not get it there.
+    """
+    inbox = sharding.region(INBOX).entity_ref(member)
+    for _ in range(COPY_ATTEMPTS):
+        first = held + 1
+        posts = tuple((sender, seq) for sender, seq in log[first - 1 : upto])
+        answer = await inbox.ask(Deliver(room=room, first=first, posts=posts), timeout=ask_timeout)
+        assert isinstance(answer, int)
+        held = answer
+        if held >= upto:
+            return held
+    raise RuntimeError(f"{INBOX}/{member} still lacks posts of {room} up to {upto}")
 
 
 def inbox_entity(history: History) -> Callable[[EntityContext], Any]:

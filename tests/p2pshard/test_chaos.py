@@ -518,6 +518,7 @@ def test_the_replay_command_carries_the_removal_margin() -> None:
         (["--workloads", "chat"], "ChaosSettings.workloads = ('chat',) is invalid: choose one"),
         (["--faults", "skew,quake"], "ChaosSettings.faults = ('skew', 'quake') is invalid"),
         (["--real", "--workloads", "fan-out"], "--workloads goes with the simulated cluster"),
+        (["--real", "--event-sourced"], "--event-sourced goes with the simulated cluster"),
         (["--seed-layout", "every"], "ChaosSettings.seed_layout = 'every' is invalid"),
         (["--real", "--realistic"], "--realistic and --rollout go with the simulated cluster"),
         (["--real", "--rollout", "1"], "--realistic and --rollout go with the simulated cluster"),

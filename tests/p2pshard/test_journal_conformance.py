@@ -1,6 +1,7 @@
 """The journal conformance kit (``p2pshard.testing.check_journal``) against every backend.
 
-Memory, SQLite and PostgreSQL, each check a test of its own; and what the kit cannot do alone,
+Memory (appending one at a time, and group-committing), SQLite and PostgreSQL, each check a
+test of its own; and what the kit cannot do alone,
 processes that append to one stream through a shared backend.
 
 What every :class:`p2pshard.Journal` must give :class:`p2pshard.EventSourcedEntity`: events
@@ -146,21 +147,22 @@ def _postgres_kit(server: PostgresServer) -> Kit:
     )
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgresql"])
+@pytest.fixture(params=["memory", "memory-group-commit", "sqlite", "postgresql"])
 async def kit(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Kit]:
     kind = request.param
-    if kind == "memory":
-        shared = MemoryJournal()
+    if kind.startswith("memory"):
+        grouped = {"group_commit": kind == "memory-group-commit"}
+        shared = MemoryJournal(**grouped)
 
         def open_memory(**tuning: object) -> Journal:
-            return MemoryJournal(**tuning) if tuning else shared  # type: ignore[arg-type]
+            return MemoryJournal(**grouped, **tuning) if tuning else shared  # type: ignore[arg-type]
 
         def broken_memory() -> Journal:
-            journal = MemoryJournal()
+            journal = MemoryJournal(**grouped)
             journal.fail_next(100, reason="the disk is on fire")
             return journal
 
-        made = Kit("memory", open_memory, "", broken_memory, None, None)
+        made = Kit(kind, open_memory, "", broken_memory, None, None)
     elif kind == "sqlite":
         made = _sqlite_kit(tmp_path)
     else:
@@ -181,11 +183,11 @@ SKIPPED_FOR_MEMORY = {
 
 @pytest.mark.parametrize("check", JOURNAL_CHECKS)
 async def test_the_journal_passes_the_conformance_kit(kit: Kit, check: str) -> None:
-    if kit.kind == "memory" and check in SKIPPED_FOR_MEMORY:
+    if kit.kind.startswith("memory") and check in SKIPPED_FOR_MEMORY:
         pytest.skip(SKIPPED_FOR_MEMORY[check])
     await check_journal(
         kit.open,
-        durable=kit.kind != "memory",
+        durable=not kit.kind.startswith("memory"),
         broken=kit.broken,
         lock=kit.lock,
         poison=kit.poison,
@@ -196,7 +198,7 @@ async def test_the_journal_passes_the_conformance_kit(kit: Kit, check: str) -> N
 async def test_processes_appending_to_one_stream_lose_and_double_nothing(
     kit: Kit, tmp_path: Path
 ) -> None:
-    if kit.kind == "memory":
+    if kit.kind.startswith("memory"):
         pytest.skip("the memory journal lives in one process")
     pid, out = fresh_id(), tmp_path / "acknowledged.txt"
     workers, count = 4, 15
