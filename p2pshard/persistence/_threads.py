@@ -17,7 +17,7 @@ finds no commit running commits itself at once, in its own task. Appends arrivin
 the journal's queue and wait for their answer; when that commit returns, the journal's
 committer, a trio system task, takes over: it takes the next batch from the queue (the oldest
 appends, within the limits), writes it in one transaction in a worker thread of its own on a
-pooled connection (the backend's ``_commit_batch``), answers each append of the batch (success,
+pooled connection (the backend's ``_write_batch``), answers each append of the batch (success,
 its refusal, or for a storage error the failure of all of them), and at once takes the next
 batch, until the queue is empty, and ends. A lone append therefore commits at once; appends
 arriving during a commit go out together in the next. Only one batch is in flight at a time, so
@@ -178,6 +178,16 @@ class ThreadedJournal(Generic[Conn]):
         """
         raise NotImplementedError
 
+    def _write_batch(self, conn: Conn, batch: Sequence[PendingAppend]) -> list[JournalError | None]:
+        """Write and commit ``batch``; return each append's refusal or None.
+
+        By default ``_commit_batch`` in a ``_transaction``; a backend that writes a batch
+        otherwise (PostgreSQL: one statement) overrides this instead.
+        """
+        return self._transaction(
+            conn, batch[0].persistence_id, "group commit", lambda c: self._commit_batch(c, batch)
+        )
+
     # -- the pool -----------------------------------------------------------------------------
 
     def _take(self) -> Conn:
@@ -323,14 +333,9 @@ class ThreadedJournal(Generic[Conn]):
         counts = self._counts
         counts["batches"] += 1
         counts["largest_batch"] = max(counts["largest_batch"], len(batch))
-        first = batch[0].persistence_id
 
         def work() -> list[JournalError | None]:
-            return self._with_connection(
-                lambda conn: self._transaction(
-                    conn, first, "group commit", lambda c: self._commit_batch(c, batch)
-                )
-            )
+            return self._with_connection(lambda conn: self._write_batch(conn, batch))
 
         try:
             with trio.move_on_after(self._timeout):
