@@ -352,7 +352,7 @@ class PostgresJournal(ThreadedJournal[Connection]):
         """See :meth:`p2pshard.Journal.append`."""
         batch = check_append(persistence_id, first_seq, events, self._max_event_size)
         check_token(token)
-        await self._append(persistence_id, first_seq, [bytes(e) for e in batch], token)
+        await self._append(persistence_id, first_seq, batch, token)
 
     def _write_batch(
         self, conn: Connection, batch: Sequence[PendingAppend]
