@@ -22,7 +22,7 @@ of the appends that pass and updates their streams' rows; and returns the append
 each with the stream row it was checked against, from which the shell makes the same
 :class:`p2pshard.JournalFenced` or :class:`p2pshard.JournalConflict` as ``plan_batch`` (a test
 holds the two to the same decisions on random batches). The function is created with the tables
-(``CREATE OR REPLACE``, under the advisory lock); the version in its name is its own: a later
+when it is missing (under the advisory lock); the version in its name is its own: a later
 release that changes it adds another name, so that nodes of two releases sharing a database
 during a rolling upgrade each call their own, and the tables, and their schema version, stay
 as they were.
@@ -177,6 +177,10 @@ tables. Its arguments: the batch's distinct persistence ids; for each append, in
 its token; every event's payload, append after append. It returns the (1-based) numbers of the
 appends it refused, and for each the stream's highest sequence number and fence it saw."""
 
+_APPEND_SIGNATURE = (
+    "p2pshard_journal_append_v1(text[], integer[], bigint[], integer[], bigint[], bytea[])"
+)
+
 _APPEND = (
     "SELECT * FROM p2pshard_journal_append_v1(%b::text[], %b::integer[], %b::bigint[], "
     "%b::integer[], %b::bigint[], %b::bytea[])"
@@ -305,7 +309,13 @@ class PostgresJournal(ThreadedJournal[Connection]):
                 raise JournalError("", refusal)
             for statement in _SCHEMA:
                 conn.execute(statement)
-            conn.execute(APPEND_FUNCTION)
+            # Created if missing only: replacing it would need its owner, and its body never
+            # changes under this name.
+            found_function = conn.execute(
+                "SELECT to_regprocedure(%s) IS NOT NULL", (_APPEND_SIGNATURE,)
+            ).fetchone()
+            if found_function != (True,):
+                conn.execute(APPEND_FUNCTION)
             conn.execute(
                 "INSERT INTO p2pshard_schema VALUES ('journal', %s) ON CONFLICT (component) "
                 "DO UPDATE SET version = GREATEST(p2pshard_schema.version, excluded.version)",

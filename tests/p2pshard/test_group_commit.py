@@ -700,7 +700,12 @@ async def test_a_postgresql_database_of_the_previous_release_is_used_as_it_is(
             "UPDATE p2pshard_journal_streams SET highest = 4 WHERE persistence_id = 'Cart|1'"
         )
         conn.execute("INSERT INTO p2pshard_journal_events VALUES ('Cart|1', 4, 'd')")
-    journal = PostgresJournal(dsn)
+    other = f"other_{database}"  # another role, that may write the tables but owns nothing
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {other} LOGIN")
+        conn.execute(f"GRANT CREATE, USAGE ON SCHEMA public TO {other}")
+        conn.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {other}")
+    journal = PostgresJournal(dsn.replace("user=p2pshard", f"user={other}"))
     try:
         await journal.append("Cart|1", 5, [b"e"], token=5)
         assert (await journal.recover("Cart|1", None)).highest_seq == 5
@@ -708,3 +713,4 @@ async def test_a_postgresql_database_of_the_previous_release_is_used_as_it_is(
         await journal.aclose()
     with psycopg.connect(postgres.dsn, autocommit=True) as admin:
         admin.execute(f"DROP DATABASE {database}")
+        admin.execute(f"DROP ROLE {other}")
