@@ -48,7 +48,7 @@ class PendingAppend:
     """Bytes of the events."""
 
     def __attrs_post_init__(self) -> None:
-        self.size = sum(len(e) for e in self.events)
+        self.size = sum(map(len, self.events))
 
     @property
     def last_seq(self) -> int:
@@ -172,20 +172,30 @@ def plan_batch(batch: Sequence[PendingAppend], stored: Mapping[str, StreamRow]) 
         >>> [type(r).__name__ for r in plan.refusals]
         ['NoneType', 'JournalFenced', 'NoneType']
     """
-    rows = dict(stored)
+    rows = {pid: (row.highest, row.fence) for pid, row in stored.items()}
     events: list[tuple[str, int, bytes]] = []
-    changed: dict[str, StreamRow] = {}
+    changed: dict[str, tuple[int, int | None]] = {}
     refusals: list[JournalError | None] = []
     for append in batch:
-        pid = append.persistence_id
-        row = rows.get(pid, NEW_STREAM)
-        try:
-            fence = admit_token(pid, row.fence, append.token)
-            check_next(pid, append.first_seq, row.highest)
-        except JournalError as refusal:
-            refusals.append(refusal)
-            continue
+        pid, first_seq, token = append.persistence_id, append.first_seq, append.token
+        highest, fence = rows.get(pid, (0, None))
+        if first_seq == highest + 1 and (token is None or fence is None or token >= fence):
+            # What admit_token and check_next admit, without their calls: this loop runs once
+            # per append of every batch. A test holds the two to the same decisions.
+            if token is not None and (fence is None or token > fence):
+                fence = token
+        else:
+            try:
+                admit_token(pid, fence, token)
+                check_next(pid, first_seq, highest)
+            except JournalError as refusal:
+                refusals.append(refusal)
+                continue
+            raise AssertionError(f"{pid}: the rules admit what the batch planner refused")
         refusals.append(None)
-        events.extend((pid, append.first_seq + i, e) for i, e in enumerate(append.events))
-        rows[pid] = changed[pid] = StreamRow(append.last_seq, fence)
-    return BatchPlan(events, changed, refusals)
+        if len(append.events) == 1:
+            events.append((pid, first_seq, append.events[0]))
+        else:
+            events.extend((pid, first_seq + i, e) for i, e in enumerate(append.events))
+        rows[pid] = changed[pid] = (first_seq + len(append.events) - 1, fence)
+    return BatchPlan(events, {pid: StreamRow(*row) for pid, row in changed.items()}, refusals)

@@ -358,7 +358,7 @@ def check_token(token: object) -> int | None:
 def check_append(
     persistence_id: str, first_seq: int, events: Sequence[bytes], max_event_size: int
 ) -> list[bytes]:
-    """The arguments of an append, checked before any I/O; returns the events as a list.
+    """The arguments of an append, checked before any I/O; returns the events as a list of bytes.
 
     Raises:
         ValueError: no events, or ``first_seq`` is not an integer from 1.
@@ -372,7 +372,9 @@ def check_append(
     if not batch:
         raise ValueError(f"an append to {persistence_id!r} needs at least one event")
     for i, event in enumerate(batch):
-        check_size(persistence_id, f"event {first_seq + i}", event, max_event_size)
+        if type(event) is not bytes or len(event) > max_event_size:  # else nothing to say
+            check_size(persistence_id, f"event {first_seq + i}", event, max_event_size)
+            batch[i] = bytes(event)
     return batch
 
 

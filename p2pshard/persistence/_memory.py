@@ -409,12 +409,12 @@ class MemoryJournal:
                 list(enumerate(found.events[start:], start + 1)),
             )
         answers = assemble_recoveries(batch, reads)
-        for (pid, token), answer in zip(batch, answers, strict=True):
+        for (pid, asked), answer in zip(batch, answers, strict=True):
             if isinstance(answer, JournalError):
                 self._counts["fenced"] += 1
             else:
                 self._counts["recoveries"] += 1
-                self._record(pid, "recover", token, answer.highest_seq)
+                self._record(pid, "recover", asked, answer.highest_seq)
         return answers
 
     async def append(

@@ -11,12 +11,23 @@ fence and sequence checks of ``p2pshard.persistence._journal`` see the latest co
 calls on other streams go on in parallel. The unique key is a second guard: a duplicate sequence
 number can never be stored.
 
-Appends are group-committed (``p2pshard.persistence._group_commit``): one transaction writes
-every append waiting, whatever their number, in two round trips, the statements going out in
-pipeline mode: BEGIN, the insert of missing stream rows and the locking ``SELECT ... FOR UPDATE``
-of all the batch's stream rows (in persistence id order, so that two writers' batches cannot
-deadlock); then, once each append is checked against them, one statement that inserts every
-accepted event and updates their streams' rows (arrays unnested), and COMMIT.
+Appends are group-committed (``p2pshard.persistence._group_commit``), and a batch, or a lone
+append, is one statement in one round trip: a call of the server-side function
+``p2pshard_journal_append_v1`` (PL/pgSQL, :data:`APPEND_FUNCTION`; for a batch of one append
+``p2pshard_journal_append_one_v1``, the same with plain arguments), autocommitted, so that the
+server answers only once the transaction is committed. The function inserts the rows of new
+streams and locks every stream row of the batch with ``SELECT ... FOR UPDATE``, in persistence
+id order (so that two writers' batches cannot deadlock); applies the rules of
+:func:`p2pshard.persistence._group_commit.plan_batch` to each append in order (the fence, then
+the sequence number, against the stream as the appends before it left it); inserts the events
+of the appends that pass and updates their streams' rows; and returns the appends it refused,
+each with the stream row it was checked against, from which the shell makes the same
+:class:`p2pshard.JournalFenced` or :class:`p2pshard.JournalConflict` as ``plan_batch`` (a test
+holds the two to the same decisions on random batches). The function is created with the tables
+when it is missing (under the advisory lock); the version in its name is its own: a later
+release that changes it adds another name, so that nodes of two releases sharing a database
+during a rolling upgrade each call their own, and the tables, and their schema version, stay
+as they were.
 
 A recovery, or a batch of them, is one round trip: one pipeline sends BEGIN, one statement that
 raises the fences the tokens ask for (inserting the rows of new streams; its row locks wait for
@@ -49,7 +60,7 @@ import psycopg.errors
 from .._errors import JournalConflict, JournalError
 from .._store_version import newer_schema
 from ._batching import StreamRead, fence_raises, group_rows, plan_snapshots
-from ._group_commit import PendingAppend, StreamRow, plan_batch, streams_of
+from ._group_commit import PendingAppend, StreamRow, streams_of
 from ._journal import (
     DEFAULT_CONNECTIONS,
     DEFAULT_GROUP_COMMIT_MAX_BYTES,
@@ -60,7 +71,9 @@ from ._journal import (
     LOCK_WAIT_FRACTION,
     JournalSettings,
     SnapshotWrite,
+    admit_token,
     check_append,
+    check_next,
     check_token,
 )
 from ._threads import RECOVERY_READ, ThreadedJournal
@@ -93,6 +106,131 @@ _SCHEMA = (
         seq BIGINT NOT NULL,
         payload BYTEA NOT NULL
     )""",
+)
+
+APPEND_FUNCTION = """CREATE OR REPLACE FUNCTION p2pshard_journal_append_v1(
+    streams text[], stream_of integer[], first_seqs bigint[], counts integer[], tokens bigint[],
+    payloads bytea[], OUT refused integer[], OUT refused_highest bigint[],
+    OUT refused_fence bigint[]
+) LANGUAGE plpgsql AS $$
+DECLARE
+    n integer := cardinality(streams);
+    v_highest bigint[] := array_fill(0::bigint, ARRAY[n]);
+    v_fence bigint[] := array_fill(NULL::bigint, ARRAY[n]);
+    v_changed boolean[] := array_fill(false, ARRAY[n]);
+    v_event_stream integer[] := '{}';
+    v_event_seq bigint[] := '{}';
+    v_event_ok boolean[] := '{}';
+    v_row record;
+    v_k integer;
+    v_token bigint;
+    v_ok boolean;
+    v_events integer := 0;
+BEGIN
+    refused := '{}';
+    refused_highest := '{}';
+    refused_fence := '{}';
+    -- A row for each stream an append may start (at 1); a stream without a row refuses any
+    -- other append whatever another writer does meanwhile, so it needs no row to lock.
+    INSERT INTO p2pshard_journal_streams
+        SELECT DISTINCT streams[s.k], 0::bigint, NULL::bigint
+        FROM unnest(stream_of, first_seqs) AS s(k, first_seq)
+        WHERE s.first_seq = 1 ORDER BY 1
+        ON CONFLICT (persistence_id) DO NOTHING;
+    FOR v_row IN
+        SELECT u.k, s.highest, s.fence
+        FROM unnest(streams) WITH ORDINALITY AS u(persistence_id, k)
+        JOIN p2pshard_journal_streams AS s ON s.persistence_id = u.persistence_id
+        ORDER BY s.persistence_id FOR UPDATE OF s
+    LOOP
+        v_highest[v_row.k] := v_row.highest;
+        v_fence[v_row.k] := v_row.fence;
+    END LOOP;
+    FOR a IN 1 .. cardinality(stream_of) LOOP
+        v_k := stream_of[a];
+        v_token := tokens[a];
+        v_ok := (v_token IS NULL OR v_fence[v_k] IS NULL OR v_token >= v_fence[v_k])
+            AND first_seqs[a] = v_highest[v_k] + 1;
+        IF v_ok THEN
+            v_fence[v_k] := GREATEST(v_fence[v_k], v_token);
+            v_highest[v_k] := first_seqs[a] + counts[a] - 1;
+            v_changed[v_k] := true;
+        ELSE
+            refused := refused || a;
+            refused_highest := refused_highest || v_highest[v_k];
+            refused_fence := refused_fence || v_fence[v_k];
+        END IF;
+        FOR j IN 0 .. counts[a] - 1 LOOP
+            v_events := v_events + 1;
+            v_event_stream[v_events] := v_k;
+            v_event_seq[v_events] := first_seqs[a] + j;
+            v_event_ok[v_events] := v_ok;
+        END LOOP;
+    END LOOP;
+    INSERT INTO p2pshard_journal_events
+        SELECT s.persistence_id, e.seq, e.payload
+        FROM unnest(v_event_stream, v_event_seq, payloads, v_event_ok) AS e(k, seq, payload, ok)
+        JOIN unnest(streams) WITH ORDINALITY AS s(persistence_id, k) ON s.k = e.k
+        WHERE e.ok;
+    UPDATE p2pshard_journal_streams AS s SET highest = u.highest, fence = u.fence
+        FROM unnest(streams, v_highest, v_fence, v_changed)
+            AS u(persistence_id, highest, fence, changed)
+        WHERE u.changed AND s.persistence_id = u.persistence_id;
+END
+$$"""
+"""The function that writes a batch of appends (see the module's docstring), created with the
+tables. Its arguments: the batch's distinct persistence ids; for each append, in order, the
+(1-based) index of its stream among them, its first sequence number, its number of events and
+its token; every event's payload, append after append. It returns the (1-based) numbers of the
+appends it refused, and for each the stream's highest sequence number and fence it saw."""
+
+APPEND_ONE_FUNCTION = """CREATE OR REPLACE FUNCTION p2pshard_journal_append_one_v1(
+    p_persistence_id text, p_first_seq bigint, p_token bigint, p_payloads bytea[],
+    OUT written boolean, OUT seen_highest bigint, OUT seen_fence bigint
+) LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_first_seq = 1 THEN
+        INSERT INTO p2pshard_journal_streams VALUES (p_persistence_id, 0, NULL)
+            ON CONFLICT (persistence_id) DO NOTHING;
+    END IF;
+    SELECT s.highest, s.fence INTO seen_highest, seen_fence
+        FROM p2pshard_journal_streams AS s WHERE s.persistence_id = p_persistence_id
+        FOR UPDATE;
+    seen_highest := coalesce(seen_highest, 0);
+    written := (p_token IS NULL OR seen_fence IS NULL OR p_token >= seen_fence)
+        AND p_first_seq = seen_highest + 1;
+    IF written THEN
+        INSERT INTO p2pshard_journal_events
+            SELECT p_persistence_id, p_first_seq + e.n - 1, e.payload
+            FROM unnest(p_payloads) WITH ORDINALITY AS e(payload, n);
+        UPDATE p2pshard_journal_streams
+            SET highest = p_first_seq + cardinality(p_payloads) - 1,
+                fence = GREATEST(seen_fence, p_token)
+            WHERE persistence_id = p_persistence_id;
+    END IF;
+END
+$$"""
+"""The batch function for a batch of one append (a lone append, most often), with plain
+arguments and statements: about half the server's and the client's work of the general one.
+It returns whether it wrote the append, and the stream's highest sequence number and fence it
+saw."""
+
+_FUNCTIONS = (
+    (
+        "p2pshard_journal_append_v1(text[], integer[], bigint[], integer[], bigint[], bytea[])",
+        APPEND_FUNCTION,
+    ),
+    ("p2pshard_journal_append_one_v1(text, bigint, bigint, bytea[])", APPEND_ONE_FUNCTION),
+)
+"""Each function's signature and its creation."""
+
+_APPEND_ONE = (
+    "SELECT * FROM p2pshard_journal_append_one_v1(%s::text, %s::bigint, %s::bigint, %b::bytea[])"
+)
+
+_APPEND = (
+    "SELECT * FROM p2pshard_journal_append_v1(%b::text[], %b::integer[], %b::bigint[], "
+    "%b::integer[], %b::bigint[], %b::bytea[])"
 )
 
 Connection = psycopg.Connection[Any]
@@ -136,6 +274,21 @@ _RAISE_FENCES = (
 )
 """The fence raises of a batch of recoveries, one row per stream, in persistence id order (as
 every batch locks rows): a new stream's row, or a higher fence; a lower token changes nothing."""
+
+
+def _refusal(append: PendingAppend, highest: int, fence: int | None) -> JournalError:
+    """Why the append function refused ``append``, found by the rules on the row it saw."""
+    pid = append.persistence_id
+    try:
+        admit_token(pid, fence, append.token)
+        check_next(pid, append.first_seq, highest)
+    except JournalError as refusal:
+        return refusal
+    return JournalError(  # the function and the rules disagree: a defect, but nothing was written
+        pid,
+        f"append at {append.first_seq} was refused by the journal's append function against "
+        f"highest {highest} and fence {fence}, which the rules admit; nothing was written",
+    )
 
 
 class PostgresJournal(ThreadedJournal[Connection]):
@@ -213,6 +366,12 @@ class PostgresJournal(ThreadedJournal[Connection]):
                 raise JournalError("", refusal)
             for statement in _SCHEMA:
                 conn.execute(statement)
+            # Created if missing only: replacing a function needs its owner, and a function's
+            # body never changes under its name.
+            for signature, creation in _FUNCTIONS:
+                exists = conn.execute("SELECT to_regprocedure(%s) IS NOT NULL", (signature,))
+                if exists.fetchone() != (True,):
+                    conn.execute(creation)
             conn.execute(
                 "INSERT INTO p2pshard_schema VALUES ('journal', %s) ON CONFLICT (component) "
                 "DO UPDATE SET version = GREATEST(p2pshard_schema.version, excluded.version)",
@@ -242,49 +401,47 @@ class PostgresJournal(ThreadedJournal[Connection]):
         """See :meth:`p2pshard.Journal.append`."""
         batch = check_append(persistence_id, first_seq, events, self._max_event_size)
         check_token(token)
-        await self._append(persistence_id, first_seq, [bytes(e) for e in batch], token)
+        await self._append(persistence_id, first_seq, batch, token)
 
-    def _commit_batch(
+    def _write_batch(
         self, conn: Connection, batch: Sequence[PendingAppend]
     ) -> list[JournalError | None]:
-        pids = streams_of(batch)
-        if len(pids) == 1:  # a lone append, most often: the plain statements are cheaper
-            stored = {pids[0]: StreamRow(*_lock_stream(conn, pids[0]))}
-        else:
-            conn.execute(  # new streams get a row to lock; in order, as the lock below
-                "INSERT INTO p2pshard_journal_streams "
-                "SELECT p, 0, NULL FROM unnest(%b::text[]) AS p ORDER BY p "
-                "ON CONFLICT (persistence_id) DO NOTHING",
-                (pids,),
-            )
-            locked = conn.execute(
-                "SELECT persistence_id, highest, fence FROM p2pshard_journal_streams "
-                "WHERE persistence_id = ANY(%b::text[]) ORDER BY persistence_id FOR UPDATE",
-                (pids,),
-            ).fetchall()
-            stored = {
-                str(pid): StreamRow(int(highest), None if fence is None else int(fence))
-                for pid, highest, fence in locked
-            }
-        plan = plan_batch(batch, stored)
-        if plan.events:
+        try:
+            # One statement, autocommitted: its answer comes once the transaction is committed.
             # Arrays go in binary (%b): psycopg writes them several times faster than as text.
-            conn.execute(  # every accepted event and the new stream rows: one statement
-                "WITH stored AS (INSERT INTO p2pshard_journal_events "
-                "SELECT * FROM unnest(%b::text[], %b::bigint[], %b::bytea[])) "
-                "UPDATE p2pshard_journal_streams AS s SET highest = u.highest, fence = u.fence "
-                "FROM unnest(%b::text[], %b::bigint[], %b::bigint[]) "
-                "AS u(persistence_id, highest, fence) WHERE s.persistence_id = u.persistence_id",
+            if len(batch) == 1:
+                [append] = batch
+                one = conn.execute(
+                    _APPEND_ONE,
+                    (append.persistence_id, append.first_seq, append.token, append.events),
+                ).fetchone()
+                assert one is not None
+                written, highest, fence = one
+                return [None if written else _refusal(append, highest, fence)]
+            streams = streams_of(batch)
+            index = {pid: k for k, pid in enumerate(streams, 1)}
+            row = conn.execute(
+                _APPEND,
                 (
-                    [pid for pid, _, _ in plan.events],
-                    [seq for _, seq, _ in plan.events],
-                    [payload for _, _, payload in plan.events],
-                    list(plan.streams),
-                    [row.highest for row in plan.streams.values()],
-                    [row.fence for row in plan.streams.values()],
+                    streams,
+                    [index[a.persistence_id] for a in batch],
+                    [a.first_seq for a in batch],
+                    [len(a.events) for a in batch],
+                    [a.token for a in batch],
+                    [e for a in batch for e in a.events],
                 ),
-            )
-        return plan.refusals
+            ).fetchone()
+        except psycopg.errors.UniqueViolation as exc:  # rolled back: the connection is fine
+            raise JournalConflict(
+                batch[0].persistence_id,
+                f"group commit: another writer stored that sequence number first ({exc}); "
+                "nothing was written",
+            ) from exc
+        assert row is not None
+        refusals: list[JournalError | None] = [None] * len(batch)
+        for number, highest, fence in zip(*row, strict=True):
+            refusals[number - 1] = _refusal(batch[number - 1], highest, fence)
+        return refusals
 
     def _read_recoveries(
         self, conn: Connection, requests: Sequence[tuple[str, int | None]]

@@ -211,7 +211,7 @@ class SqliteJournal(ThreadedJournal[sqlite3.Connection]):
         """See :meth:`p2pshard.Journal.append`."""
         batch = check_append(persistence_id, first_seq, events, self._max_event_size)
         check_token(token)
-        await self._append(persistence_id, first_seq, [bytes(e) for e in batch], token)
+        await self._append(persistence_id, first_seq, batch, token)
 
     def _commit_batch(
         self, conn: sqlite3.Connection, batch: Sequence[PendingAppend]

@@ -16,7 +16,7 @@ finds no commit running commits itself at once, in its own task. Appends arrivin
 the journal's queue and wait for their answer; when that commit returns, the journal's
 committer, a trio system task, takes over: it takes the next batch from the queue (the oldest
 appends, within the limits), writes it in one transaction in a worker thread of its own on a
-pooled connection (the backend's ``_commit_batch``), answers each append of the batch (success,
+pooled connection (the backend's ``_write_batch``), answers each append of the batch (success,
 its refusal, or for a storage error the failure of all of them), and at once takes the next
 batch, until the queue is empty, and ends. A lone append therefore commits at once; appends
 arriving during a commit go out together in the next. Only one batch is in flight at a time, so
@@ -119,12 +119,29 @@ class _Ticket(PendingAppend):
 
     deadline: float = attrs.field(kw_only=True)
     """Past it (trio's clock) the append is not taken into a batch any more."""
-    done: trio.Event = attrs.field(init=False, factory=trio.Event)
+    answered: bool = attrs.field(init=False, default=False)
     error: JournalError | None = attrs.field(init=False, default=None)
+    _waiter: trio.lowlevel.Task | None = attrs.field(init=False, default=None)
 
     def answer(self, error: JournalError | None) -> None:
         self.error = error
-        self.done.set()
+        self.answered = True
+        if self._waiter is not None:
+            trio.lowlevel.reschedule(self._waiter)
+            self._waiter = None
+
+    async def wait(self) -> None:
+        """Until the append is answered (a ``trio.Event`` costs more, once per append)."""
+        if self.answered:
+            await trio.lowlevel.checkpoint()
+            return
+        self._waiter = trio.lowlevel.current_task()
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            self._waiter = None  # cancelled: the answer, if one comes, wakes nobody
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
 
 
 class ThreadedJournal(Generic[Conn]):
@@ -230,6 +247,16 @@ class ThreadedJournal(Generic[Conn]):
     ) -> list[JournalError | None]:
         """Inside the open transaction: write what ``plan_snapshots`` accepts; the refusals."""
         raise NotImplementedError
+
+    def _write_batch(self, conn: Conn, batch: Sequence[PendingAppend]) -> list[JournalError | None]:
+        """Write and commit ``batch``; return each append's refusal or None.
+
+        By default ``_commit_batch`` in a ``_transaction``; a backend that writes a batch
+        otherwise (PostgreSQL: one statement) overrides this instead.
+        """
+        return self._transaction(
+            conn, batch[0].persistence_id, "group commit", lambda c: self._commit_batch(c, batch)
+        )
 
     # -- the pool -----------------------------------------------------------------------------
 
@@ -398,7 +425,7 @@ class ThreadedJournal(Generic[Conn]):
                     self._committing = False
         else:
             try:
-                await ticket.done.wait()
+                await ticket.wait()
             except BaseException:
                 self._queue.discard(ticket)  # if it still waits, it leaves with nothing written
                 raise
@@ -445,14 +472,9 @@ class ThreadedJournal(Generic[Conn]):
         counts = self._counts
         counts["batches"] += 1
         counts["largest_batch"] = max(counts["largest_batch"], len(batch))
-        first = batch[0].persistence_id
 
         def work() -> list[JournalError | None]:
-            return self._with_connection(
-                lambda conn: self._transaction(
-                    conn, first, "group commit", lambda c: self._commit_batch(c, batch)
-                )
-            )
+            return self._with_connection(lambda conn: self._write_batch(conn, batch))
 
         try:
             with trio.move_on_after(self._timeout):

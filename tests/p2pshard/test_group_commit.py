@@ -22,6 +22,7 @@ import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import attrs
 import psycopg
@@ -580,3 +581,140 @@ async def test_write_errors_in_a_writer_process_fail_batches_and_retries_store_e
     failed = set(worker.pairs("fail"))
     assert failed <= set(worker.pairs("ok"))  # each failed append was retried and acknowledged
     await check_stored("sqlite", where, worker, streams, size)
+
+
+# --- PostgreSQL: the append function against the sans-IO rules --------------------------------
+
+
+def _stored_rows(conn: psycopg.Connection[Any], streams: list[str]) -> dict[str, StreamRow]:
+    return {
+        pid: StreamRow(int(highest), None if fence is None else int(fence))
+        for pid, highest, fence in conn.execute(
+            "SELECT persistence_id, highest, fence FROM p2pshard_journal_streams "
+            "WHERE persistence_id = ANY(%s)",
+            (streams,),
+        )
+    }
+
+
+async def test_the_postgresql_append_function_decides_as_plan_batch_does(
+    postgres: PostgresServer,
+) -> None:
+    """Random batches: the server's refusals, rows and events are those ``plan_batch`` makes.
+
+    Batches of one append go to the function for one, the others to the general one.
+    """
+    seed = random.randrange(1 << 32)
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    journal = PostgresJournal(postgres.dsn)
+    streams = [fresh_id(f"random{i}") for i in range(8)]
+    await journal.recover(streams[0], None)  # creates the tables and the function
+    events: dict[str, list[tuple[int, bytes]]] = {s: [] for s in streams}
+    with psycopg.connect(postgres.dsn, autocommit=True) as conn:
+        for _ in range(60):
+            stored = _stored_rows(conn, streams)
+            highest = {s: stored.get(s, StreamRow(0, None)).highest for s in streams}
+            batch = []
+            for _ in range(rng.choice([1, rng.randint(2, 30)])):  # one: the lone function
+                pid = rng.choice(streams)
+                append = PendingAppend(
+                    pid,
+                    max(1, highest[pid] + rng.choice([1, 1, 1, 1, 0, 2, -3])),
+                    [rng.randbytes(rng.randint(0, 3)) for _ in range(rng.randint(1, 3))],
+                    rng.choice([None, rng.randint(1, 8)]),
+                )
+                batch.append(append)
+                if rng.random() < 0.8:  # mostly in sequence, like an entity's appends
+                    highest[pid] = max(highest[pid], append.last_seq)
+            plan = plan_batch(batch, stored)
+            refusals = journal._write_batch(conn, batch)
+            assert [None if r is None else (type(r), str(r)) for r in refusals] == [
+                None if r is None else (type(r), str(r)) for r in plan.refusals
+            ], seed
+            after = _stored_rows(conn, streams)
+            for pid in streams:
+                want = plan.streams.get(pid, stored.get(pid))
+                assert after.get(pid, StreamRow(0, None)) == (want or StreamRow(0, None)), seed
+            for pid, seq, payload in plan.events:
+                events[pid].append((seq, payload))
+        for pid in streams:
+            stored_events = conn.execute(
+                "SELECT seq, payload FROM p2pshard_journal_events WHERE persistence_id = %s "
+                "ORDER BY seq",
+                (pid,),
+            ).fetchall()
+            assert [(int(s), bytes(p)) for s, p in stored_events] == events[pid], seed
+    await journal.aclose()
+
+
+async def test_a_postgresql_database_of_the_previous_release_is_used_as_it_is(
+    postgres: PostgresServer,
+) -> None:
+    """Tables that a release without the append function made: read, appended to, unchanged.
+
+    The function comes with the next journal that opens the database; the tables and their
+    schema version stay, so the previous release still reads and writes them.
+    """
+    database = f"upgrade_{os.getpid()}_{next(_ids)}"
+    with psycopg.connect(postgres.dsn, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {database}")
+    dsn = postgres.dsn.replace("dbname=postgres", f"dbname={database}")
+    with psycopg.connect(dsn, autocommit=True) as old:  # what the previous release made
+        old.execute(
+            "CREATE TABLE p2pshard_schema (component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
+        )
+        old.execute("INSERT INTO p2pshard_schema VALUES ('journal', 1)")
+        old.execute(
+            "CREATE TABLE p2pshard_journal_streams "
+            "(persistence_id TEXT PRIMARY KEY, highest BIGINT NOT NULL, fence BIGINT)"
+        )
+        old.execute(
+            "CREATE TABLE p2pshard_journal_events (persistence_id TEXT NOT NULL, "
+            "seq BIGINT NOT NULL, payload BYTEA NOT NULL, PRIMARY KEY (persistence_id, seq))"
+        )
+        old.execute(
+            "CREATE TABLE p2pshard_journal_snapshots "
+            "(persistence_id TEXT PRIMARY KEY, seq BIGINT NOT NULL, payload BYTEA NOT NULL)"
+        )
+        old.execute("INSERT INTO p2pshard_journal_streams VALUES ('Cart|1', 2, 5)")
+        old.execute(
+            "INSERT INTO p2pshard_journal_events VALUES ('Cart|1', 1, 'a'), ('Cart|1', 2, 'b')"
+        )
+    journal = PostgresJournal(dsn)
+    try:
+        with pytest.raises(JournalFenced):  # the stored fence holds
+            await journal.append("Cart|1", 3, [b"stale"], token=4)
+        await journal.append("Cart|1", 3, [b"c"], token=5)
+        await journal.append("Cart|2", 1, [b"new"], token=None)
+        recovery = await journal.recover("Cart|1", None)
+        assert recovery.events == ((1, b"a"), (2, b"b"), (3, b"c"))
+    finally:
+        await journal.aclose()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT component, version FROM p2pshard_schema").fetchall() == [
+            ("journal", 1)
+        ]
+        assert conn.execute(
+            "SELECT proname FROM pg_proc WHERE proname LIKE 'p2pshard_journal_append%' "
+            "ORDER BY proname"
+        ).fetchall() == [("p2pshard_journal_append_one_v1",), ("p2pshard_journal_append_v1",)]
+        # The previous release's statements go on working on the same tables.
+        conn.execute(
+            "UPDATE p2pshard_journal_streams SET highest = 4 WHERE persistence_id = 'Cart|1'"
+        )
+        conn.execute("INSERT INTO p2pshard_journal_events VALUES ('Cart|1', 4, 'd')")
+    other = f"other_{database}"  # another role, that may write the tables but owns nothing
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {other} LOGIN")
+        conn.execute(f"GRANT CREATE, USAGE ON SCHEMA public TO {other}")
+        conn.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {other}")
+    journal = PostgresJournal(dsn.replace("user=p2pshard", f"user={other}"))
+    try:
+        await journal.append("Cart|1", 5, [b"e"], token=5)
+        assert (await journal.recover("Cart|1", None)).highest_seq == 5
+    finally:
+        await journal.aclose()
+    with psycopg.connect(postgres.dsn, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE {database}")
+        admin.execute(f"DROP ROLE {other}")
