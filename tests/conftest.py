@@ -1,8 +1,11 @@
-"""Suite-wide options: ``--slow`` runs the soak and many-seed tests marked ``slow``."""
+"""Suite-wide options: ``--slow`` runs the soak and many-seed tests marked ``slow``, and the
+costly property tests with their full example counts (``tests/_support/examples.py``)."""
 
 from __future__ import annotations
 
 import pytest
+
+from tests._support import examples
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -11,6 +14,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="also run tests marked slow (soak and many-seed runs; minutes, not seconds)",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Before the test modules are imported: their hypothesis settings read it.
+    examples.FULL = bool(config.getoption("--slow"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

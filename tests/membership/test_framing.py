@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from membership import FrameTooLarge, TruncatedFrame
 from membership.transport._framing import HEADER, FrameDecoder, encode_frame
+from tests._support.examples import examples
 
 LIMIT = 1024
 
@@ -40,7 +41,7 @@ def test_frames_fed_one_byte_at_a_time_reassemble() -> None:
     assert decoder.buffered == 0
 
 
-@settings(max_examples=200, deadline=None, print_blob=True)
+@settings(max_examples=examples(200), deadline=None, print_blob=True)
 @given(payloads=st.lists(st.binary(max_size=40), max_size=8), data=st.data())
 def test_frames_split_anywhere_reassemble_identically(
     payloads: list[bytes], data: st.DataObject

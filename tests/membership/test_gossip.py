@@ -20,6 +20,7 @@ from membership._gossip import (
 from membership._member import ALLOWED_TRANSITIONS, NOT_UP, Member, MemberStatus
 from membership._reachability import Reachability
 from membership._vclock import Order, VectorClock
+from tests._support.examples import examples
 
 S = MemberStatus
 
@@ -282,21 +283,21 @@ def unseen(g: Gossip) -> Gossip:
     return attrs.evolve(g, seen=frozenset())
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(same_history(2))
 def test_merge_is_commutative(pair: list[Gossip]) -> None:
     a, b = pair
     assert a.merge(b) == b.merge(a)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(same_history(3))
 def test_merge_is_associative(triple: list[Gossip]) -> None:
     a, b, c = triple
     assert a.merge(b).merge(c) == a.merge(b.merge(c))
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(same_history(1))
 def test_merge_is_idempotent(one: list[Gossip]) -> None:
     (a,) = one

@@ -48,9 +48,10 @@ from membership.transport._wire import (
     encode,
     wire_name,
 )
+from tests._support.examples import examples
 
 fast = settings(max_examples=150, deadline=None, print_blob=True)
-fuzz = settings(max_examples=500, deadline=None, print_blob=True)
+fuzz = settings(max_examples=examples(500), deadline=None, print_blob=True)
 
 
 @message(name="tests.wire.Point")

@@ -28,6 +28,7 @@ from p2pshard.sharding._coordinator_state import (
     decode_region,
     encode_region,
 )
+from tests._support.examples import examples
 
 
 def region(i: int, uid: int = 1) -> UniqueAddress:
@@ -131,7 +132,7 @@ def histories(draw: Any) -> list[DomainEvent]:
     return events
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(histories(), st.booleans())
 def test_the_document_reads_back_as_the_folded_state(
     events: list[DomainEvent], remember: bool
@@ -155,7 +156,7 @@ def test_the_document_reads_back_as_the_folded_state(
     assert read.unallocated_shards == state.unallocated_shards
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(histories(), st.booleans(), st.integers(0, 60))
 def test_a_batch_folds_as_its_events_one_by_one(
     events: list[DomainEvent], remember: bool, cut: int

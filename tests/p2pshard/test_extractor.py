@@ -25,6 +25,7 @@ from p2pshard.sharding._extractor import (
     ShardingEnvelope,
     stable_shard,
 )
+from tests._support.examples import examples
 
 IDS = [f"user-{i}" for i in range(100)] + ["", "é", "日本語", "a" * 1000, "0", "None"]
 
@@ -80,7 +81,7 @@ def test_stable_shard_spreads_sequential_ids_over_many_shards() -> None:
     assert max(shards.values()) < 50, shards.most_common(3)
 
 
-@settings(max_examples=200, deadline=None, print_blob=True)
+@settings(max_examples=examples(200), deadline=None, print_blob=True)
 @given(st.text(max_size=50), st.integers(1, 1 << 20))
 def test_stable_shard_is_a_canonical_number_below_number_of_shards(
     entity_id: str, number_of_shards: int

@@ -55,6 +55,7 @@ from p2pshard.sharding._region_core import (
     ToCoordinator,
 )
 from p2pshard.sharding._settings import ShardingSettings
+from tests._support.examples import examples
 
 TYPE = "counter"
 SHARDS = 100
@@ -968,7 +969,7 @@ class Run:
             assert core.next_deadline() == float("inf")
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     steps=ops,
     hosting=st.booleans(),
