@@ -25,8 +25,9 @@ pair measured back to back (this shared machine's speed drifts).
      kind, taken just before or after it (alternately): for SQLite, a connection opened in a
      worker thread (``trio.to_thread.run_sync`` with the same limiter of 4 threads and
      ``abandon_on_cancel``, as the backend runs each operation) that runs ``SELECT 1`` and
-     closes; for etcd, an HTTP POST of ``/v3/kv/range`` for a missing key through an
-     ``httpx.AsyncClient`` set up as the backend's. ``*_ratio`` = lease op p50 / no-op p50.
+     closes; for etcd, an HTTP POST of ``/v3/kv/range`` for a missing key over the kept-alive
+     connections the backend uses for an ``http://`` endpoint (``_etcd_http.PlainChannel``, at
+     most 8 requests in flight as in the backend). ``*_ratio`` = lease op p50 / no-op p50.
    - ``renewals_per_s``: 1,000 leases held (as by the 1,000 shards of one node), one task per
      lease renewing in a loop for a fixed window (closed loop, 1,000 renewals in flight);
      renewals completed within the window per second (what is still in flight at its end gets
@@ -36,12 +37,10 @@ pair measured back to back (this shared machine's speed drifts).
      latency under that load, and the rate of one renewal at a time (``1 / mean`` of the
      sequential renew samples).
      For etcd the same windows again with at most 8 requests in flight (a ``trio.Semaphore``
-     around each ``renew`` and each no-op; ``renewals_bounded_*``): one ``httpx.AsyncClient``
-     with 1,000 requests queued in its connection pool spends its time in the pool's
-     bookkeeping (see the report), for the no-op as for the lease, so the unbounded ratio
-     says little there. SQLite runs at most 4 operations at a time anyway (its thread limiter).
-     Each window has a backend object (and no-op client) of its own: a window can leave an
-     ``httpx`` connection pool unusable, which must not spoil the next figures.
+     around each ``renew`` and each no-op; ``renewals_bounded_*``), kept from the time the
+     backend spoke through httpx, whose connection pool spent its time in its bookkeeping with
+     1,000 requests queued. SQLite runs at most 4 operations at a time anyway (its thread
+     limiter). Each window has a backend object (and no-op connections) of its own.
    - What-if (a diagnostic, not a target): SQLite renew latency while another connection to
      the file stays open, beside the same renewals without it.
    - Full run only, ``keepalive``: 1,000 ``Lease`` objects with the default ``LeaseSettings``
@@ -68,13 +67,21 @@ pair measured back to back (this shared machine's speed drifts).
    ``first_message_etcd_over_none`` and ``first_message_etcd_per_shard_over_none`` (p50 with
    leases over p50 without, medians of per-round ratios).
 
+   Beside them, what etcd alone takes for the one request such a first message waits for,
+   sampled the same way (``FIRST_PAUSE`` of quiet before each) over the connections the backend
+   keeps: the put-if-absent transaction of a shard lease on an etcd lease
+   (``etcd_txn_after_pause_p50_ms``: a raft entry, the WAL fsync on the data directory's disk,
+   the JSON gateway) and a read of a missing key (``etcd_range_after_pause_p50_ms``: no write).
+   The data directory is on the same disk as the temporary directory (not a tmpfs, unless the
+   machine's temporary directory is one).
+
 3. ``scale`` (etcd): one ``Leases`` of a node with the default ``LeaseSettings`` (ttl 15 s, renew
    every 3 s) holds 100, 1,000 and 10,000 shard leases attached to its node lease, acquired 64 at a
    time, growing from one size to the next; after each, for a window (4 s quick, 30 s full) this
    process's CPU time over the wall time (``etcd_core_fraction_<n>_shards``, the fraction of one
    core the node spends on its leases and everything else it runs, which is nothing else here),
-   etcd's own CPU (from ``/proc``), and the requests sent to etcd per second (counted by an
-   ``httpx`` transport). Baselines in the same run: the same process holding no lease
+   etcd's own CPU (from ``/proc``), and the requests sent to etcd per second (the backend's
+   ``requests`` counts). Baselines in the same run: the same process holding no lease
    (``etcd_core_fraction_idle``) and 100 shard leases with a lease of their own each
    (``etcd_core_fraction_per_shard_100``). Every case checks that all its leases are still held at
    the end of the window and counts losses.
@@ -87,6 +94,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import logging
 import math
 import os
@@ -100,7 +108,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import httpx
 import trio
 
 from benchmarks import _sharding_worker as worker
@@ -123,7 +130,8 @@ from p2pshard import (
     open_node,
 )
 from p2pshard._errors import AskTimeout, LeaseUnavailable
-from p2pshard.leases._etcd import EtcdLeaseBackend
+from p2pshard.leases._etcd import MAX_IN_FLIGHT, EtcdLeaseBackend
+from p2pshard.leases._etcd_http import ChannelError, PlainChannel
 from p2pshard.leases._lease import Lease, LeaseBackend
 from p2pshard.leases._leases import Leases
 from p2pshard.leases._node_lease import AttachedLease
@@ -154,7 +162,7 @@ ASK_TIMEOUT = 10.0
 # through the backend directly.
 MEASURE_SETTINGS = LeaseSettings(ttl=120.0, renew_interval=50.0, operation_timeout=REQUEST_TIMEOUT)
 
-_EXPECTED_ERRORS = (LeaseUnavailable, httpx.HTTPError, sqlite3.Error, OSError)
+_EXPECTED_ERRORS = (LeaseUnavailable, ChannelError, sqlite3.Error, OSError)
 """What a lease operation or a no-op may fail with under load (counted, not raised)."""
 
 
@@ -243,20 +251,23 @@ def sqlite_noop(path: Path) -> NoOp:
     return noop
 
 
-def etcd_noop(client: httpx.AsyncClient, url: str) -> NoOp:
-    """POST ``/v3/kv/range`` of a missing key, its JSON answer read."""
+def etcd_noop(channel: PlainChannel) -> NoOp:
+    """POST ``/v3/kv/range`` of a missing key, its JSON answer read; at most ``MAX_IN_FLIGHT``
+    at once, as the backend sends its requests."""
+    in_flight = trio.Semaphore(MAX_IN_FLIGHT)
 
     async def noop() -> None:
-        response = await client.post(url + "/v3/kv/range", json={"key": MISSING_KEY})
-        if response.status_code != 200 or "header" not in response.json():
-            raise BenchmarkError(f"etcd no-op: HTTP {response.status_code}: {response.text}")
+        async with in_flight:
+            status, content = await channel.post("/v3/kv/range", {"key": MISSING_KEY})
+        if status != 200 or "header" not in json.loads(content):
+            raise BenchmarkError(f"etcd no-op: HTTP {status}: {content[:200]!r}")
 
     return noop
 
 
-def etcd_client() -> httpx.AsyncClient:
-    """An HTTP client set up as ``EtcdLeaseBackend``'s."""
-    return httpx.AsyncClient(timeout=REQUEST_TIMEOUT, trust_env=False)
+def etcd_channel(url: str) -> PlainChannel:
+    """The connections to etcd that ``EtcdLeaseBackend`` keeps to an ``http://`` endpoint."""
+    return PlainChannel(url, timeout=REQUEST_TIMEOUT, limit=MAX_IN_FLIGHT)
 
 
 # ==== latencies ===================================================================================
@@ -782,12 +793,12 @@ async def etcd_part(url: str, plan: Plan, progress: bool) -> dict[str, Any]:
 
     @contextlib.asynccontextmanager
     async def open_noop() -> AsyncIterator[NoOp]:
-        client = etcd_client()
+        channel = etcd_channel(url)
         try:
-            yield etcd_noop(client, url)
+            yield etcd_noop(channel)
         finally:
             with trio.CancelScope(shield=True):
-                await client.aclose()
+                await channel.aclose()
 
     under_test = BackendUnderTest(
         "etcd", open_backend, open_noop, bounded_inflight=BOUNDED_INFLIGHT
@@ -796,21 +807,6 @@ async def etcd_part(url: str, plan: Plan, progress: bool) -> dict[str, Any]:
 
 
 # ==== node leases at scale =======================================================================
-
-
-class CountingTransport(httpx.AsyncBaseTransport):
-    """The network, counting requests by path (what a node sends to etcd)."""
-
-    def __init__(self) -> None:
-        self.inner = httpx.AsyncHTTPTransport()
-        self.paths: dict[str, int] = {}
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        self.paths[request.url.path] = self.paths.get(request.url.path, 0) + 1
-        return await self.inner.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 def cpu_seconds(pid: int) -> float:
@@ -835,8 +831,7 @@ async def scale_cases(
     node acquires shard leases up to that many, then a window of ``window`` seconds: this
     process's CPU, etcd's CPU, requests to etcd, renewals, losses.
     """
-    counting = CountingTransport()
-    etcd = EtcdLeaseBackend([url], request_timeout=REQUEST_TIMEOUT, transport=counting)
+    etcd = EtcdLeaseBackend([url], request_timeout=REQUEST_TIMEOUT)
     backend: LeaseBackend = etcd if design == "node" else CountingBackend(etcd)
     cases: list[dict[str, Any]] = []
     try:
@@ -861,14 +856,14 @@ async def scale_cases(
                     out["acquire_s"] = time.perf_counter() - started
                     if refused:
                         raise BenchmarkError(f"{len(refused)} new shard leases were refused")
-                    before, paths = leases.statistics(), dict(counting.paths)
+                    before, paths = leases.statistics(), dict(etcd.requests)
                     cpu, etcd_cpu = time.process_time(), cpu_seconds(etcd_pid)
                     wall = time.perf_counter()
                     await trio.sleep(window)
                     wall = time.perf_counter() - wall
                     cpu, etcd_cpu = time.process_time() - cpu, cpu_seconds(etcd_pid) - etcd_cpu
                     after = leases.statistics()
-                    requests = {k: v - paths.get(k, 0) for k, v in counting.paths.items()}
+                    requests = {k: v - paths.get(k, 0) for k, v in etcd.requests.items()}
                     out.update(
                         {
                             "core_fraction": cpu / wall,
@@ -1056,6 +1051,47 @@ async def first_messages_per_shard(
         await backend.aclose()
 
 
+async def etcd_floor(url: str, plan: Plan) -> dict[str, Any]:
+    """What etcd itself takes for the one request a first message with a lease waits for.
+
+    Sampled as the first messages are (``FIRST_PAUSE`` of quiet before each, ``first_shards``
+    each), alternately, over the connections the backend keeps: ``txn``, the put-if-absent
+    transaction of a shard lease attached to an etcd lease (a raft entry, etcd's WAL fsync on
+    the data directory's disk, its JSON gateway); ``range``, a read of a missing key (the
+    gateway and the round trip, no write).
+    """
+    channel = etcd_channel(url)
+    samples: dict[str, list[float]] = {"txn": [], "range": []}
+    try:
+        with trio.fail_after(plan.part_limit):
+            status, content = await channel.post("/v3/lease/grant", {"TTL": "60"})
+            if status != 200:
+                raise BenchmarkError(f"etcd lease grant: HTTP {status}: {content[:200]!r}")
+            lease_id = json.loads(content)["ID"]
+            for i in range(plan.first_shards):
+                key = base64.b64encode(f"p2pshard/bench/floor/{i}".encode()).decode("ascii")
+                txn = {
+                    "compare": [
+                        {"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+                    ],
+                    "success": [{"request_put": {"key": key, "value": "eA==", "lease": lease_id}}],
+                    "failure": [{"request_range": {"key": key}}],
+                }
+                requests = [("txn", "/v3/kv/txn", txn)]
+                requests.append(("range", "/v3/kv/range", {"key": MISSING_KEY}))
+                for kind, path, body in requests if i % 2 == 0 else requests[::-1]:
+                    await trio.sleep(FIRST_PAUSE)
+                    sent = time.perf_counter()
+                    status, content = await channel.post(path, body)
+                    samples[kind].append(time.perf_counter() - sent)
+                    if status != 200:
+                        raise BenchmarkError(f"etcd {path}: HTTP {status}: {content[:200]!r}")
+            await channel.post("/v3/lease/revoke", {"ID": lease_id})
+    finally:
+        await channel.aclose()
+    return {kind: quantiles_ms(xs) for kind, xs in samples.items()}
+
+
 # ==== the report ==================================================================================
 
 
@@ -1081,6 +1117,7 @@ def run_all(plan: Plan, *, progress: bool) -> dict[str, Any]:
         etcd: dict[str, Any] | None = None
         first_etcd: dict[str, Any] | None = None
         first_etcd_per_shard: dict[str, Any] | None = None
+        floor: dict[str, Any] | None = None
         scale: dict[str, Any] | None = None
         etcd_missing = ""
         try:
@@ -1097,6 +1134,13 @@ def run_all(plan: Plan, *, progress: bool) -> dict[str, Any]:
                 )
                 first_etcd_per_shard = trio.run(
                     first_messages_per_shard, certs, server.url, plan, progress
+                )
+                floor = trio.run(etcd_floor, server.url, plan)
+                progress_line(
+                    progress,
+                    f"etcd alone after {FIRST_PAUSE * 1000:g} ms of quiet: p50 "
+                    f"{floor['txn']['p50_ms']:.2f} ms a shard lease's transaction, "
+                    f"{floor['range']['p50_ms']:.2f} ms a read",
                 )
                 scale = trio.run(scale_part, server.url, server.pid, plan, progress)
                 etcd = trio.run(etcd_part, server.url, plan, progress)
@@ -1134,6 +1178,8 @@ def run_all(plan: Plan, *, progress: bool) -> dict[str, Any]:
     report["first_message_etcd_per_shard_over_none"] = (
         None if first_etcd_per_shard is None else first_etcd_per_shard["ratio_p50"]
     )
+    report["etcd_txn_after_pause_p50_ms"] = None if floor is None else floor["txn"]["p50_ms"]
+    report["etcd_range_after_pause_p50_ms"] = None if floor is None else floor["range"]["p50_ms"]
     report.update(scale_keys(scale))
     report.update(
         {
@@ -1143,6 +1189,7 @@ def run_all(plan: Plan, *, progress: bool) -> dict[str, Any]:
             "first_message_sqlite": first_sqlite,
             "first_message_etcd": first_etcd,
             "first_message_etcd_per_shard": first_etcd_per_shard,
+            "etcd_floor": floor,
             "scale": scale,
             "counts": attrs.asdict(plan),
             "cpus": os.cpu_count(),
@@ -1347,6 +1394,20 @@ def first_rows(label: str, f: dict[str, Any] | None) -> list[tuple[str, ...]]:
     ]
 
 
+def floor_rows(floor: dict[str, Any] | None) -> list[tuple[str, ...]]:
+    """The rows of what etcd alone takes (:func:`etcd_floor`)."""
+    if floor is None:
+        return []
+    return [
+        (
+            "etcd alone: a shard lease's transaction, p50 (ms)",
+            cell(floor["txn"]["p50_ms"]),
+            f"{cell(floor['range']['p50_ms'])} a read",
+            "",
+        )
+    ]
+
+
 def format_table(report: dict[str, Any]) -> str:
     """The report as a table for people."""
     counts = report["counts"]
@@ -1356,6 +1417,7 @@ def format_table(report: dict[str, Any]) -> str:
         *first_rows("sqlite", report["first_message_sqlite"]),
         *first_rows("etcd", report["first_message_etcd"]),
         *first_rows("etcd per-shard", report["first_message_etcd_per_shard"]),
+        *floor_rows(report["etcd_floor"]),
         *scale_rows(report["scale"]),
     ]
     header = ("figure", "ours", "baseline (same run)", "ratio")
