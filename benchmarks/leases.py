@@ -67,13 +67,15 @@ pair measured back to back (this shared machine's speed drifts).
    ``first_message_etcd_over_none`` and ``first_message_etcd_per_shard_over_none`` (p50 with
    leases over p50 without, medians of per-round ratios).
 
-   Beside them, what etcd alone takes for the one request such a first message waits for,
-   sampled the same way (``FIRST_PAUSE`` of quiet before each) over the connections the backend
-   keeps: the put-if-absent transaction of a shard lease on an etcd lease
-   (``etcd_txn_after_pause_p50_ms``: a raft entry, the WAL fsync on the data directory's disk,
-   the JSON gateway) and a read of a missing key (``etcd_range_after_pause_p50_ms``: no write).
-   The data directory is on the same disk as the temporary directory (not a tmpfs, unless the
-   machine's temporary directory is one).
+   In the etcd node's rounds, after each pair of asks, a pause and then the transaction that
+   takes a shard lease sent to etcd straight, over the connections the backend keeps (a
+   put-if-absent of a new key onto one etcd lease: a raft entry, etcd's WAL fsync on the data
+   directory's disk, its JSON gateway, nothing of the node): ``etcd_alone_p50_ms``, and
+   ``etcd_alone_over_none``, its p50 over the p50 of the first message without leases (median
+   of per-round ratios). A first message with a lease waits for that transaction after its
+   shard is allocated, so ``first_message_etcd_over_none`` cannot be below about one plus it.
+   etcd's data directory is in the temporary directory, on whatever disk that is (here the root
+   file system, not a tmpfs).
 
 3. ``scale`` (etcd): one ``Leases`` of a node with the default ``LeaseSettings`` (ttl 15 s, renew
    every 3 s) holds 100, 1,000 and 10,000 shard leases attached to its node lease, acquired 64 at a
@@ -929,6 +931,51 @@ def node_config(certs: Path, lease: LeaseSettings) -> NodeConfig:
     )
 
 
+class EtcdAlone:
+    """A shard lease's transaction sent to etcd straight, beside the first messages.
+
+    Over the connections the backend keeps to an ``http://`` endpoint; each a put-if-absent of a
+    new key onto one etcd lease, as a shard takes its lease attached to the node lease: a raft
+    entry, etcd's WAL fsync on the data directory's disk, its JSON gateway, and nothing of the
+    node.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.channel = etcd_channel(url)
+        self.lease_id = ""
+        self.sent = 0
+
+    async def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        status, content = await self.channel.post(path, body)
+        if status != 200:
+            raise BenchmarkError(f"etcd {path}: HTTP {status}: {content[:200]!r}")
+        answer: dict[str, Any] = json.loads(content)
+        return answer
+
+    async def txn(self) -> float:
+        """Seconds one transaction took."""
+        if not self.lease_id:
+            self.lease_id = (await self.call("/v3/lease/grant", {"TTL": "60"}))["ID"]
+        self.sent += 1
+        key = base64.b64encode(f"p2pshard/bench/alone/{self.sent}".encode()).decode("ascii")
+        body = {
+            "compare": [
+                {"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+            ],
+            "success": [{"request_put": {"key": key, "value": "eA==", "lease": self.lease_id}}],
+            "failure": [{"request_range": {"key": key}}],
+        }
+        sent = time.perf_counter()
+        await self.call("/v3/kv/txn", body)
+        return time.perf_counter() - sent
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            if self.lease_id:
+                await self.call("/v3/lease/revoke", {"ID": self.lease_id})
+            await self.channel.aclose()
+
+
 async def first_ask(region: ShardRegion, entity_id: str) -> float | None:
     """Seconds from the ask to an entity of a shard never used before until its answer.
 
@@ -949,10 +996,13 @@ async def first_messages(
     label: str,
     progress: bool,
     backend: LeaseBackend | None = None,
+    alone: EtcdAlone | None = None,
 ) -> dict[str, Any]:
     """One node with ``lease``; per round, two fresh entity types (leases on, off) on it.
 
     ``backend``: the node's lease backend instead of the one ``lease`` names (closed here).
+    ``alone``: after each pair of asks, a pause and one shard lease transaction sent to etcd
+    straight (``etcd_alone`` in each round).
     """
     rounds: list[dict[str, Any]] = []
     with trio.fail_after(plan.part_limit), quiet_logs("membership", "crdt"):
@@ -978,7 +1028,7 @@ async def first_messages(
                 warm = worker.ids_in_shards(extractor, "w-", 1, range(1))[0]
                 for region in (off, on):
                     await region.entity_ref(warm).ask(worker.Add(1), timeout=ASK_TIMEOUT)
-                samples: dict[str, list[float]] = {"off": [], "on": []}
+                samples: dict[str, list[float]] = {"off": [], "on": [], "alone": []}
                 timeouts = {"off": 0, "on": 0}
                 pairs = [(off, "off"), (on, "on")]
                 for i, entity_id in enumerate(list(ids.values())[1:]):
@@ -989,6 +1039,9 @@ async def first_messages(
                             timeouts[key] += 1
                         else:
                             samples[key].append(took)
+                    if alone is not None:
+                        await trio.sleep(FIRST_PAUSE)
+                        samples["alone"].append(await alone.txn())
                 held = on.statistics().shards
                 # Hand the shards off, so that the leases of one round are released before the
                 # next: a node keeping hundreds of leases alive is not what is measured here.
@@ -1002,14 +1055,21 @@ async def first_messages(
                     "timeouts": timeouts,
                     "shards_with_leases": held,
                 }
+                if alone is not None:
+                    result["etcd_alone"] = quantiles_ms(samples["alone"])
                 rounds.append(result)
                 progress_line(
                     progress,
                     f"first message, {label} round {r + 1}/{plan.first_rounds}: p50 "
                     f"{result['on']['p50_ms']:.2f} ms with shard leases, "
                     f"{result['off']['p50_ms']:.2f} ms without; p99 "
-                    f"{result['on']['p99_ms']:.2f} / {result['off']['p99_ms']:.2f} ms "
-                    f"({time.monotonic() - started:.1f} s)",
+                    f"{result['on']['p99_ms']:.2f} / {result['off']['p99_ms']:.2f} ms"
+                    + (
+                        f"; etcd alone {result['etcd_alone']['p50_ms']:.2f} ms"
+                        if alone is not None
+                        else ""
+                    )
+                    + f" ({time.monotonic() - started:.1f} s)",
                 )
 
     def col(get: Callable[[dict[str, Any]], float]) -> float:
@@ -1028,8 +1088,32 @@ async def first_messages(
         "samples": sum(r["samples"] for r in rounds),
         "timeouts_on": sum(r["timeouts"]["on"] for r in rounds),
         "timeouts_off": sum(r["timeouts"]["off"] for r in rounds),
+        "etcd_alone_p50_ms": (
+            col(lambda r: r["etcd_alone"]["p50_ms"]) if alone is not None else None
+        ),
+        "etcd_alone_over_none": (
+            col(lambda r: r["etcd_alone"]["p50_ms"] / r["off"]["p50_ms"])
+            if alone is not None
+            else None
+        ),
         "rounds": rounds,
     }
+
+
+async def first_messages_etcd(certs: Path, url: str, plan: Plan, progress: bool) -> dict[str, Any]:
+    """:func:`first_messages` with the etcd at ``url``, and etcd's transaction alone beside."""
+    alone = EtcdAlone(url)
+    try:
+        return await first_messages(
+            certs,
+            LeaseSettings(backend="etcd", endpoints=(url,)),
+            plan,
+            "etcd",
+            progress,
+            alone=alone,
+        )
+    finally:
+        await alone.aclose()
 
 
 async def first_messages_per_shard(
@@ -1049,47 +1133,6 @@ async def first_messages_per_shard(
         )
     finally:
         await backend.aclose()
-
-
-async def etcd_floor(url: str, plan: Plan) -> dict[str, Any]:
-    """What etcd itself takes for the one request a first message with a lease waits for.
-
-    Sampled as the first messages are (``FIRST_PAUSE`` of quiet before each, ``first_shards``
-    each), alternately, over the connections the backend keeps: ``txn``, the put-if-absent
-    transaction of a shard lease attached to an etcd lease (a raft entry, etcd's WAL fsync on
-    the data directory's disk, its JSON gateway); ``range``, a read of a missing key (the
-    gateway and the round trip, no write).
-    """
-    channel = etcd_channel(url)
-    samples: dict[str, list[float]] = {"txn": [], "range": []}
-    try:
-        with trio.fail_after(plan.part_limit):
-            status, content = await channel.post("/v3/lease/grant", {"TTL": "60"})
-            if status != 200:
-                raise BenchmarkError(f"etcd lease grant: HTTP {status}: {content[:200]!r}")
-            lease_id = json.loads(content)["ID"]
-            for i in range(plan.first_shards):
-                key = base64.b64encode(f"p2pshard/bench/floor/{i}".encode()).decode("ascii")
-                txn = {
-                    "compare": [
-                        {"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
-                    ],
-                    "success": [{"request_put": {"key": key, "value": "eA==", "lease": lease_id}}],
-                    "failure": [{"request_range": {"key": key}}],
-                }
-                requests = [("txn", "/v3/kv/txn", txn)]
-                requests.append(("range", "/v3/kv/range", {"key": MISSING_KEY}))
-                for kind, path, body in requests if i % 2 == 0 else requests[::-1]:
-                    await trio.sleep(FIRST_PAUSE)
-                    sent = time.perf_counter()
-                    status, content = await channel.post(path, body)
-                    samples[kind].append(time.perf_counter() - sent)
-                    if status != 200:
-                        raise BenchmarkError(f"etcd {path}: HTTP {status}: {content[:200]!r}")
-            await channel.post("/v3/lease/revoke", {"ID": lease_id})
-    finally:
-        await channel.aclose()
-    return {kind: quantiles_ms(xs) for kind, xs in samples.items()}
 
 
 # ==== the report ==================================================================================
@@ -1117,31 +1160,17 @@ def run_all(plan: Plan, *, progress: bool) -> dict[str, Any]:
         etcd: dict[str, Any] | None = None
         first_etcd: dict[str, Any] | None = None
         first_etcd_per_shard: dict[str, Any] | None = None
-        floor: dict[str, Any] | None = None
         scale: dict[str, Any] | None = None
         etcd_missing = ""
         try:
             etcd_dir = root / "etcd"
             etcd_dir.mkdir()
             with running_etcd(etcd_dir) as server:
-                first_etcd = trio.run(
-                    first_messages,
-                    certs,
-                    LeaseSettings(backend="etcd", endpoints=(server.url,)),
-                    plan,
-                    "etcd",
-                    progress,
-                )
+                first_etcd = trio.run(first_messages_etcd, certs, server.url, plan, progress)
                 first_etcd_per_shard = trio.run(
                     first_messages_per_shard, certs, server.url, plan, progress
                 )
-                floor = trio.run(etcd_floor, server.url, plan)
-                progress_line(
-                    progress,
-                    f"etcd alone after {FIRST_PAUSE * 1000:g} ms of quiet: p50 "
-                    f"{floor['txn']['p50_ms']:.2f} ms a shard lease's transaction, "
-                    f"{floor['range']['p50_ms']:.2f} ms a read",
-                )
+
                 scale = trio.run(scale_part, server.url, server.pid, plan, progress)
                 etcd = trio.run(etcd_part, server.url, plan, progress)
         except EtcdNotInstalled as exc:
@@ -1178,8 +1207,10 @@ def run_all(plan: Plan, *, progress: bool) -> dict[str, Any]:
     report["first_message_etcd_per_shard_over_none"] = (
         None if first_etcd_per_shard is None else first_etcd_per_shard["ratio_p50"]
     )
-    report["etcd_txn_after_pause_p50_ms"] = None if floor is None else floor["txn"]["p50_ms"]
-    report["etcd_range_after_pause_p50_ms"] = None if floor is None else floor["range"]["p50_ms"]
+    report["etcd_alone_p50_ms"] = None if first_etcd is None else first_etcd["etcd_alone_p50_ms"]
+    report["etcd_alone_over_none"] = (
+        None if first_etcd is None else first_etcd["etcd_alone_over_none"]
+    )
     report.update(scale_keys(scale))
     report.update(
         {
@@ -1189,7 +1220,6 @@ def run_all(plan: Plan, *, progress: bool) -> dict[str, Any]:
             "first_message_sqlite": first_sqlite,
             "first_message_etcd": first_etcd,
             "first_message_etcd_per_shard": first_etcd_per_shard,
-            "etcd_floor": floor,
             "scale": scale,
             "counts": attrs.asdict(plan),
             "cpus": os.cpu_count(),
@@ -1394,16 +1424,16 @@ def first_rows(label: str, f: dict[str, Any] | None) -> list[tuple[str, ...]]:
     ]
 
 
-def floor_rows(floor: dict[str, Any] | None) -> list[tuple[str, ...]]:
-    """The rows of what etcd alone takes (:func:`etcd_floor`)."""
-    if floor is None:
+def alone_rows(f: dict[str, Any] | None) -> list[tuple[str, ...]]:
+    """The row of what etcd alone takes for a shard lease's transaction (:class:`EtcdAlone`)."""
+    if f is None or f["etcd_alone_p50_ms"] is None:
         return []
     return [
         (
-            "etcd alone: a shard lease's transaction, p50 (ms)",
-            cell(floor["txn"]["p50_ms"]),
-            f"{cell(floor['range']['p50_ms'])} a read",
-            "",
+            "    etcd alone: a shard lease's transaction, p50 (ms)",
+            cell(f["etcd_alone_p50_ms"]),
+            f"{cell(f['off_p50_ms'])} leases off",
+            cell(f["etcd_alone_over_none"]),
         )
     ]
 
@@ -1417,7 +1447,7 @@ def format_table(report: dict[str, Any]) -> str:
         *first_rows("sqlite", report["first_message_sqlite"]),
         *first_rows("etcd", report["first_message_etcd"]),
         *first_rows("etcd per-shard", report["first_message_etcd_per_shard"]),
-        *floor_rows(report["etcd_floor"]),
+        *alone_rows(report["first_message_etcd"]),
         *scale_rows(report["scale"]),
     ]
     header = ("figure", "ours", "baseline (same run)", "ratio")

@@ -182,6 +182,7 @@ class PlainChannel:
                 ("Content-Length", str(len(data))),
             ],
         )
+        closed = False
         try:
             # One write: headers and body leave in one segment.
             await conn.stream.send_all(
@@ -199,7 +200,9 @@ class PlainChannel:
             while True:
                 event = machine.next_event()
                 if event is h11.NEED_DATA:
-                    machine.receive_data(await conn.stream.receive_some(_READ_SIZE))
+                    data = await conn.stream.receive_some(_READ_SIZE)
+                    closed = not data
+                    machine.receive_data(data)
                 elif isinstance(event, h11.Response):
                     status = event.status_code
                 elif isinstance(event, h11.Data):
@@ -210,11 +213,15 @@ class PlainChannel:
                 elif isinstance(event, h11.EndOfMessage):
                     return status, b"".join(chunks)
                 elif isinstance(event, h11.ConnectionClosed):
-                    raise ChannelError("the server closed the connection before answering")
+                    raise ChannelError("the server closed the connection before its whole answer")
                 # InformationalResponse (100 Continue): read on.
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise ChannelError(f"the connection broke: {_describe(exc)}") from exc
         except h11.ProtocolError as exc:
+            if closed:
+                raise ChannelError(
+                    f"the server closed the connection before its whole answer ({exc})"
+                ) from exc
             raise ChannelError(f"the answer is not valid HTTP/1.1: {exc}") from exc
 
     def _keep(self, conn: _Connection) -> None:
