@@ -1446,8 +1446,8 @@ def format_table(report: dict[str, Any]) -> str:
         *backend_rows("etcd", report["etcd"], counts),
         *first_rows("sqlite", report["first_message_sqlite"]),
         *first_rows("etcd", report["first_message_etcd"]),
-        *first_rows("etcd per-shard", report["first_message_etcd_per_shard"]),
         *alone_rows(report["first_message_etcd"]),
+        *first_rows("etcd per-shard", report["first_message_etcd_per_shard"]),
         *scale_rows(report["scale"]),
     ]
     header = ("figure", "ours", "baseline (same run)", "ratio")

@@ -91,7 +91,8 @@ MAX_IN_FLIGHT = 8
 """Requests one backend has in flight at most; the rest wait their turn. Without a cap, a node
 renewing a thousand shard leases at once swamps httpx's connection pool (whose bookkeeping grows
 with the queue, encode/httpcore#1035) and gets almost no renewal through; cancelled requests also
-leak pool slots there (encode/httpcore#1093), and the cap bounds that too."""
+leak pool slots there (encode/httpcore#1093), and the cap bounds that too. Over the backend's own
+connections to an ``http://`` endpoint, it also bounds how many are open at once."""
 
 _MAX_TTL = 9_000_000_000
 """The largest TTL etcd grants, in seconds (its ``MaxLeaseTTL``)."""
@@ -257,7 +258,7 @@ class EtcdLeaseBackend:
                 )
             self._channels.append(HttpxChannel(self._client, url))
         self.requests: dict[str, int] = {}
-        """Requests sent so far, by path (``/v3/kv/txn``, ...)."""
+        """Requests made so far, by path (``/v3/kv/txn``, ...); each endpoint tried counts."""
         self._in_flight = trio.Semaphore(MAX_IN_FLIGHT)
         self._preferred = 0
         self._grants: dict[tuple[str, str, int], _Grant] = {}
