@@ -25,8 +25,9 @@ pair measured back to back (this shared machine's speed drifts).
      kind, taken just before or after it (alternately): for SQLite, a connection opened in a
      worker thread (``trio.to_thread.run_sync`` with the same limiter of 4 threads and
      ``abandon_on_cancel``, as the backend runs each operation) that runs ``SELECT 1`` and
-     closes; for etcd, an HTTP POST of ``/v3/kv/range`` for a missing key through an
-     ``httpx.AsyncClient`` set up as the backend's. ``*_ratio`` = lease op p50 / no-op p50.
+     closes; for etcd, an HTTP POST of ``/v3/kv/range`` for a missing key over the kept-alive
+     connections the backend uses for an ``http://`` endpoint (``_etcd_http.PlainChannel``, at
+     most 8 requests in flight as in the backend). ``*_ratio`` = lease op p50 / no-op p50.
    - ``renewals_per_s``: 1,000 leases held (as by the 1,000 shards of one node), one task per
      lease renewing in a loop for a fixed window (closed loop, 1,000 renewals in flight);
      renewals completed within the window per second (what is still in flight at its end gets
@@ -36,12 +37,10 @@ pair measured back to back (this shared machine's speed drifts).
      latency under that load, and the rate of one renewal at a time (``1 / mean`` of the
      sequential renew samples).
      For etcd the same windows again with at most 8 requests in flight (a ``trio.Semaphore``
-     around each ``renew`` and each no-op; ``renewals_bounded_*``): one ``httpx.AsyncClient``
-     with 1,000 requests queued in its connection pool spends its time in the pool's
-     bookkeeping (see the report), for the no-op as for the lease, so the unbounded ratio
-     says little there. SQLite runs at most 4 operations at a time anyway (its thread limiter).
-     Each window has a backend object (and no-op client) of its own: a window can leave an
-     ``httpx`` connection pool unusable, which must not spoil the next figures.
+     around each ``renew`` and each no-op; ``renewals_bounded_*``), kept from the time the
+     backend spoke through httpx, whose connection pool spent its time in its bookkeeping with
+     1,000 requests queued. SQLite runs at most 4 operations at a time anyway (its thread
+     limiter). Each window has a backend object (and no-op connections) of its own.
    - What-if (a diagnostic, not a target): SQLite renew latency while another connection to
      the file stays open, beside the same renewals without it.
    - Full run only, ``keepalive``: 1,000 ``Lease`` objects with the default ``LeaseSettings``
@@ -68,13 +67,23 @@ pair measured back to back (this shared machine's speed drifts).
    ``first_message_etcd_over_none`` and ``first_message_etcd_per_shard_over_none`` (p50 with
    leases over p50 without, medians of per-round ratios).
 
+   In the etcd node's rounds, after each pair of asks, a pause and then the transaction that
+   takes a shard lease sent to etcd straight, over the connections the backend keeps (a
+   put-if-absent of a new key onto one etcd lease: a raft entry, etcd's WAL fsync on the data
+   directory's disk, its JSON gateway, nothing of the node): ``etcd_alone_p50_ms``, and
+   ``etcd_alone_over_none``, its p50 over the p50 of the first message without leases (median
+   of per-round ratios). A first message with a lease waits for that transaction after its
+   shard is allocated, so ``first_message_etcd_over_none`` cannot be below about one plus it.
+   etcd's data directory is in the temporary directory, on whatever disk that is (here the root
+   file system, not a tmpfs).
+
 3. ``scale`` (etcd): one ``Leases`` of a node with the default ``LeaseSettings`` (ttl 15 s, renew
    every 3 s) holds 100, 1,000 and 10,000 shard leases attached to its node lease, acquired 64 at a
    time, growing from one size to the next; after each, for a window (4 s quick, 30 s full) this
    process's CPU time over the wall time (``etcd_core_fraction_<n>_shards``, the fraction of one
    core the node spends on its leases and everything else it runs, which is nothing else here),
-   etcd's own CPU (from ``/proc``), and the requests sent to etcd per second (counted by an
-   ``httpx`` transport). Baselines in the same run: the same process holding no lease
+   etcd's own CPU (from ``/proc``), and the requests sent to etcd per second (the backend's
+   ``requests`` counts). Baselines in the same run: the same process holding no lease
    (``etcd_core_fraction_idle``) and 100 shard leases with a lease of their own each
    (``etcd_core_fraction_per_shard_100``). Every case checks that all its leases are still held at
    the end of the window and counts losses.
@@ -87,6 +96,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import logging
 import math
 import os
@@ -100,7 +110,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import httpx
 import trio
 
 from benchmarks import _sharding_worker as worker
@@ -123,7 +132,8 @@ from p2pshard import (
     open_node,
 )
 from p2pshard._errors import AskTimeout, LeaseUnavailable
-from p2pshard.leases._etcd import EtcdLeaseBackend
+from p2pshard.leases._etcd import MAX_IN_FLIGHT, EtcdLeaseBackend
+from p2pshard.leases._etcd_http import ChannelError, PlainChannel
 from p2pshard.leases._lease import Lease, LeaseBackend
 from p2pshard.leases._leases import Leases
 from p2pshard.leases._node_lease import AttachedLease
@@ -154,7 +164,7 @@ ASK_TIMEOUT = 10.0
 # through the backend directly.
 MEASURE_SETTINGS = LeaseSettings(ttl=120.0, renew_interval=50.0, operation_timeout=REQUEST_TIMEOUT)
 
-_EXPECTED_ERRORS = (LeaseUnavailable, httpx.HTTPError, sqlite3.Error, OSError)
+_EXPECTED_ERRORS = (LeaseUnavailable, ChannelError, sqlite3.Error, OSError)
 """What a lease operation or a no-op may fail with under load (counted, not raised)."""
 
 
@@ -243,20 +253,23 @@ def sqlite_noop(path: Path) -> NoOp:
     return noop
 
 
-def etcd_noop(client: httpx.AsyncClient, url: str) -> NoOp:
-    """POST ``/v3/kv/range`` of a missing key, its JSON answer read."""
+def etcd_noop(channel: PlainChannel) -> NoOp:
+    """POST ``/v3/kv/range`` of a missing key, its JSON answer read; at most ``MAX_IN_FLIGHT``
+    at once, as the backend sends its requests."""
+    in_flight = trio.Semaphore(MAX_IN_FLIGHT)
 
     async def noop() -> None:
-        response = await client.post(url + "/v3/kv/range", json={"key": MISSING_KEY})
-        if response.status_code != 200 or "header" not in response.json():
-            raise BenchmarkError(f"etcd no-op: HTTP {response.status_code}: {response.text}")
+        async with in_flight:
+            status, content = await channel.post("/v3/kv/range", {"key": MISSING_KEY})
+        if status != 200 or "header" not in json.loads(content):
+            raise BenchmarkError(f"etcd no-op: HTTP {status}: {content[:200]!r}")
 
     return noop
 
 
-def etcd_client() -> httpx.AsyncClient:
-    """An HTTP client set up as ``EtcdLeaseBackend``'s."""
-    return httpx.AsyncClient(timeout=REQUEST_TIMEOUT, trust_env=False)
+def etcd_channel(url: str) -> PlainChannel:
+    """The connections to etcd that ``EtcdLeaseBackend`` keeps to an ``http://`` endpoint."""
+    return PlainChannel(url, timeout=REQUEST_TIMEOUT, limit=MAX_IN_FLIGHT)
 
 
 # ==== latencies ===================================================================================
@@ -782,12 +795,12 @@ async def etcd_part(url: str, plan: Plan, progress: bool) -> dict[str, Any]:
 
     @contextlib.asynccontextmanager
     async def open_noop() -> AsyncIterator[NoOp]:
-        client = etcd_client()
+        channel = etcd_channel(url)
         try:
-            yield etcd_noop(client, url)
+            yield etcd_noop(channel)
         finally:
             with trio.CancelScope(shield=True):
-                await client.aclose()
+                await channel.aclose()
 
     under_test = BackendUnderTest(
         "etcd", open_backend, open_noop, bounded_inflight=BOUNDED_INFLIGHT
@@ -796,21 +809,6 @@ async def etcd_part(url: str, plan: Plan, progress: bool) -> dict[str, Any]:
 
 
 # ==== node leases at scale =======================================================================
-
-
-class CountingTransport(httpx.AsyncBaseTransport):
-    """The network, counting requests by path (what a node sends to etcd)."""
-
-    def __init__(self) -> None:
-        self.inner = httpx.AsyncHTTPTransport()
-        self.paths: dict[str, int] = {}
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        self.paths[request.url.path] = self.paths.get(request.url.path, 0) + 1
-        return await self.inner.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 def cpu_seconds(pid: int) -> float:
@@ -835,8 +833,7 @@ async def scale_cases(
     node acquires shard leases up to that many, then a window of ``window`` seconds: this
     process's CPU, etcd's CPU, requests to etcd, renewals, losses.
     """
-    counting = CountingTransport()
-    etcd = EtcdLeaseBackend([url], request_timeout=REQUEST_TIMEOUT, transport=counting)
+    etcd = EtcdLeaseBackend([url], request_timeout=REQUEST_TIMEOUT)
     backend: LeaseBackend = etcd if design == "node" else CountingBackend(etcd)
     cases: list[dict[str, Any]] = []
     try:
@@ -861,14 +858,14 @@ async def scale_cases(
                     out["acquire_s"] = time.perf_counter() - started
                     if refused:
                         raise BenchmarkError(f"{len(refused)} new shard leases were refused")
-                    before, paths = leases.statistics(), dict(counting.paths)
+                    before, paths = leases.statistics(), dict(etcd.requests)
                     cpu, etcd_cpu = time.process_time(), cpu_seconds(etcd_pid)
                     wall = time.perf_counter()
                     await trio.sleep(window)
                     wall = time.perf_counter() - wall
                     cpu, etcd_cpu = time.process_time() - cpu, cpu_seconds(etcd_pid) - etcd_cpu
                     after = leases.statistics()
-                    requests = {k: v - paths.get(k, 0) for k, v in counting.paths.items()}
+                    requests = {k: v - paths.get(k, 0) for k, v in etcd.requests.items()}
                     out.update(
                         {
                             "core_fraction": cpu / wall,
@@ -934,6 +931,51 @@ def node_config(certs: Path, lease: LeaseSettings) -> NodeConfig:
     )
 
 
+class EtcdAlone:
+    """A shard lease's transaction sent to etcd straight, beside the first messages.
+
+    Over the connections the backend keeps to an ``http://`` endpoint; each a put-if-absent of a
+    new key onto one etcd lease, as a shard takes its lease attached to the node lease: a raft
+    entry, etcd's WAL fsync on the data directory's disk, its JSON gateway, and nothing of the
+    node.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.channel = etcd_channel(url)
+        self.lease_id = ""
+        self.sent = 0
+
+    async def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        status, content = await self.channel.post(path, body)
+        if status != 200:
+            raise BenchmarkError(f"etcd {path}: HTTP {status}: {content[:200]!r}")
+        answer: dict[str, Any] = json.loads(content)
+        return answer
+
+    async def txn(self) -> float:
+        """Seconds one transaction took."""
+        if not self.lease_id:
+            self.lease_id = (await self.call("/v3/lease/grant", {"TTL": "60"}))["ID"]
+        self.sent += 1
+        key = base64.b64encode(f"p2pshard/bench/alone/{self.sent}".encode()).decode("ascii")
+        body = {
+            "compare": [
+                {"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+            ],
+            "success": [{"request_put": {"key": key, "value": "eA==", "lease": self.lease_id}}],
+            "failure": [{"request_range": {"key": key}}],
+        }
+        sent = time.perf_counter()
+        await self.call("/v3/kv/txn", body)
+        return time.perf_counter() - sent
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            if self.lease_id:
+                await self.call("/v3/lease/revoke", {"ID": self.lease_id})
+            await self.channel.aclose()
+
+
 async def first_ask(region: ShardRegion, entity_id: str) -> float | None:
     """Seconds from the ask to an entity of a shard never used before until its answer.
 
@@ -954,10 +996,13 @@ async def first_messages(
     label: str,
     progress: bool,
     backend: LeaseBackend | None = None,
+    alone: EtcdAlone | None = None,
 ) -> dict[str, Any]:
     """One node with ``lease``; per round, two fresh entity types (leases on, off) on it.
 
     ``backend``: the node's lease backend instead of the one ``lease`` names (closed here).
+    ``alone``: after each pair of asks, a pause and one shard lease transaction sent to etcd
+    straight (``etcd_alone`` in each round).
     """
     rounds: list[dict[str, Any]] = []
     with trio.fail_after(plan.part_limit), quiet_logs("membership", "crdt"):
@@ -983,7 +1028,7 @@ async def first_messages(
                 warm = worker.ids_in_shards(extractor, "w-", 1, range(1))[0]
                 for region in (off, on):
                     await region.entity_ref(warm).ask(worker.Add(1), timeout=ASK_TIMEOUT)
-                samples: dict[str, list[float]] = {"off": [], "on": []}
+                samples: dict[str, list[float]] = {"off": [], "on": [], "alone": []}
                 timeouts = {"off": 0, "on": 0}
                 pairs = [(off, "off"), (on, "on")]
                 for i, entity_id in enumerate(list(ids.values())[1:]):
@@ -994,6 +1039,9 @@ async def first_messages(
                             timeouts[key] += 1
                         else:
                             samples[key].append(took)
+                    if alone is not None:
+                        await trio.sleep(FIRST_PAUSE)
+                        samples["alone"].append(await alone.txn())
                 held = on.statistics().shards
                 # Hand the shards off, so that the leases of one round are released before the
                 # next: a node keeping hundreds of leases alive is not what is measured here.
@@ -1007,14 +1055,21 @@ async def first_messages(
                     "timeouts": timeouts,
                     "shards_with_leases": held,
                 }
+                if alone is not None:
+                    result["etcd_alone"] = quantiles_ms(samples["alone"])
                 rounds.append(result)
                 progress_line(
                     progress,
                     f"first message, {label} round {r + 1}/{plan.first_rounds}: p50 "
                     f"{result['on']['p50_ms']:.2f} ms with shard leases, "
                     f"{result['off']['p50_ms']:.2f} ms without; p99 "
-                    f"{result['on']['p99_ms']:.2f} / {result['off']['p99_ms']:.2f} ms "
-                    f"({time.monotonic() - started:.1f} s)",
+                    f"{result['on']['p99_ms']:.2f} / {result['off']['p99_ms']:.2f} ms"
+                    + (
+                        f"; etcd alone {result['etcd_alone']['p50_ms']:.2f} ms"
+                        if alone is not None
+                        else ""
+                    )
+                    + f" ({time.monotonic() - started:.1f} s)",
                 )
 
     def col(get: Callable[[dict[str, Any]], float]) -> float:
@@ -1033,8 +1088,32 @@ async def first_messages(
         "samples": sum(r["samples"] for r in rounds),
         "timeouts_on": sum(r["timeouts"]["on"] for r in rounds),
         "timeouts_off": sum(r["timeouts"]["off"] for r in rounds),
+        "etcd_alone_p50_ms": (
+            col(lambda r: r["etcd_alone"]["p50_ms"]) if alone is not None else None
+        ),
+        "etcd_alone_over_none": (
+            col(lambda r: r["etcd_alone"]["p50_ms"] / r["off"]["p50_ms"])
+            if alone is not None
+            else None
+        ),
         "rounds": rounds,
     }
+
+
+async def first_messages_etcd(certs: Path, url: str, plan: Plan, progress: bool) -> dict[str, Any]:
+    """:func:`first_messages` with the etcd at ``url``, and etcd's transaction alone beside."""
+    alone = EtcdAlone(url)
+    try:
+        return await first_messages(
+            certs,
+            LeaseSettings(backend="etcd", endpoints=(url,)),
+            plan,
+            "etcd",
+            progress,
+            alone=alone,
+        )
+    finally:
+        await alone.aclose()
 
 
 async def first_messages_per_shard(
@@ -1087,17 +1166,11 @@ def run_all(plan: Plan, *, progress: bool) -> dict[str, Any]:
             etcd_dir = root / "etcd"
             etcd_dir.mkdir()
             with running_etcd(etcd_dir) as server:
-                first_etcd = trio.run(
-                    first_messages,
-                    certs,
-                    LeaseSettings(backend="etcd", endpoints=(server.url,)),
-                    plan,
-                    "etcd",
-                    progress,
-                )
+                first_etcd = trio.run(first_messages_etcd, certs, server.url, plan, progress)
                 first_etcd_per_shard = trio.run(
                     first_messages_per_shard, certs, server.url, plan, progress
                 )
+
                 scale = trio.run(scale_part, server.url, server.pid, plan, progress)
                 etcd = trio.run(etcd_part, server.url, plan, progress)
         except EtcdNotInstalled as exc:
@@ -1133,6 +1206,10 @@ def run_all(plan: Plan, *, progress: bool) -> dict[str, Any]:
     report["first_message_etcd_over_none"] = report["etcd_first_message_ratio_p50"]
     report["first_message_etcd_per_shard_over_none"] = (
         None if first_etcd_per_shard is None else first_etcd_per_shard["ratio_p50"]
+    )
+    report["etcd_alone_p50_ms"] = None if first_etcd is None else first_etcd["etcd_alone_p50_ms"]
+    report["etcd_alone_over_none"] = (
+        None if first_etcd is None else first_etcd["etcd_alone_over_none"]
     )
     report.update(scale_keys(scale))
     report.update(
@@ -1347,6 +1424,20 @@ def first_rows(label: str, f: dict[str, Any] | None) -> list[tuple[str, ...]]:
     ]
 
 
+def alone_rows(f: dict[str, Any] | None) -> list[tuple[str, ...]]:
+    """The row of what etcd alone takes for a shard lease's transaction (:class:`EtcdAlone`)."""
+    if f is None or f["etcd_alone_p50_ms"] is None:
+        return []
+    return [
+        (
+            "    etcd alone: a shard lease's transaction, p50 (ms)",
+            cell(f["etcd_alone_p50_ms"]),
+            f"{cell(f['off_p50_ms'])} leases off",
+            cell(f["etcd_alone_over_none"]),
+        )
+    ]
+
+
 def format_table(report: dict[str, Any]) -> str:
     """The report as a table for people."""
     counts = report["counts"]
@@ -1355,6 +1446,7 @@ def format_table(report: dict[str, Any]) -> str:
         *backend_rows("etcd", report["etcd"], counts),
         *first_rows("sqlite", report["first_message_sqlite"]),
         *first_rows("etcd", report["first_message_etcd"]),
+        *alone_rows(report["first_message_etcd"]),
         *first_rows("etcd per-shard", report["first_message_etcd_per_shard"]),
         *scale_rows(report["scale"]),
     ]

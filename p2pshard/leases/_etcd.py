@@ -38,11 +38,13 @@ its leader's monotonic clock and, when a new leader is elected, gives every etcd
 TTL again; either way a grant only lasts longer in etcd than the holder believes, which is the
 safe direction (others wait a little longer).
 
-The backend speaks etcd's v3 JSON gateway (``POST /v3/...``, etcd 3.4 or newer) with httpx,
-which runs under trio. In that JSON, keys and values are base64, 64-bit integers are strings,
-and a field whose value is zero, false or empty is left out. Endpoints are tried in order when
-one cannot be connected to (the request was then never sent, so trying it elsewhere is safe);
-at most ``MAX_IN_FLIGHT`` requests are in flight at once;
+The backend speaks etcd's v3 JSON gateway (``POST /v3/...``, etcd 3.4 or newer): to an
+``http://`` endpoint over kept-alive HTTP/1.1 connections of its own (``_etcd_http``: h11 on a
+trio socket, about a quarter of the CPU per request that httpx takes, and a shard's first message
+waits for one request), to an ``https://`` endpoint through httpx. In that JSON, keys and values
+are base64, 64-bit integers are strings, and a field whose value is zero, false or empty is left
+out. Endpoints are tried in order when one cannot be connected to (the request was then never
+sent, so trying it elsewhere is safe); at most ``MAX_IN_FLIGHT`` requests are in flight at once;
 the one that answered is tried first next time. Any other failure (a timeout, an error status, an
 answer that does not parse) raises :class:`LeaseUnavailable` naming the endpoint, the operation
 and the lease, since whether the request took effect is unknown: a request that timed out may
@@ -55,6 +57,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -67,6 +70,14 @@ import trio
 from membership import ConfigurationError
 
 from .._errors import LeaseUnavailable, NodeLeaseGone
+from ._etcd_http import (
+    Channel,
+    ChannelConnectError,
+    ChannelError,
+    ChannelTimeout,
+    HttpxChannel,
+    PlainChannel,
+)
 
 logger = logging.getLogger("p2pshard.lease")
 
@@ -80,7 +91,8 @@ MAX_IN_FLIGHT = 8
 """Requests one backend has in flight at most; the rest wait their turn. Without a cap, a node
 renewing a thousand shard leases at once swamps httpx's connection pool (whose bookkeeping grows
 with the queue, encode/httpcore#1035) and gets almost no renewal through; cancelled requests also
-leak pool slots there (encode/httpcore#1093), and the cap bounds that too."""
+leak pool slots there (encode/httpcore#1093), and the cap bounds that too. Over the backend's own
+connections to an ``http://`` endpoint, it also bounds how many are open at once."""
 
 _MAX_TTL = 9_000_000_000
 """The largest TTL etcd grants, in seconds (its ``MaxLeaseTTL``)."""
@@ -179,8 +191,8 @@ class EtcdLeaseBackend:
         prefix: put before each lease name to make its key (default ``"p2pshard/leases/"``).
         request_timeout: seconds each request may take to connect, send or receive before it
             fails with :class:`LeaseUnavailable` (default 5).
-        transport: an httpx transport to use instead of the network (tests use
-            ``httpx.MockTransport``).
+        transport: an httpx transport to use instead of the network for every endpoint (tests
+            use ``httpx.MockTransport``).
 
     Raises:
         ConfigurationError: no endpoints, an endpoint that is not an http(s) URL, or a timeout
@@ -225,15 +237,28 @@ class EtcdLeaseBackend:
         self.endpoints = tuple(url.rstrip("/") for url in endpoints)
         self.prefix = prefix
         self.request_timeout = float(request_timeout)
-        # trust_env=False: proxy variables meant for the web must not reroute lease traffic.
-        self._client = httpx.AsyncClient(
-            timeout=self.request_timeout,
-            transport=transport,
-            trust_env=False,
-            limits=httpx.Limits(
-                max_connections=MAX_IN_FLIGHT, max_keepalive_connections=MAX_IN_FLIGHT
-            ),
-        )
+        self._client: httpx.AsyncClient | None = None
+        self._channels: list[Channel] = []
+        for url in self.endpoints:
+            if transport is None and url.startswith("http://"):
+                self._channels.append(
+                    PlainChannel(url, timeout=self.request_timeout, limit=MAX_IN_FLIGHT)
+                )
+                continue
+            if self._client is None:
+                # trust_env=False: proxy variables meant for the web must not reroute lease
+                # traffic.
+                self._client = httpx.AsyncClient(
+                    timeout=self.request_timeout,
+                    transport=transport,
+                    trust_env=False,
+                    limits=httpx.Limits(
+                        max_connections=MAX_IN_FLIGHT, max_keepalive_connections=MAX_IN_FLIGHT
+                    ),
+                )
+            self._channels.append(HttpxChannel(self._client, url))
+        self.requests: dict[str, int] = {}
+        """Requests made so far, by path (``/v3/kv/txn``, ...); each endpoint tried counts."""
         self._in_flight = trio.Semaphore(MAX_IN_FLIGHT)
         self._preferred = 0
         self._grants: dict[tuple[str, str, int], _Grant] = {}
@@ -489,7 +514,10 @@ class EtcdLeaseBackend:
     async def aclose(self) -> None:
         """Close the connections; grants stay in etcd until their etcd leases expire."""
         self._closed = True
-        await self._client.aclose()
+        for channel in self._channels:
+            await channel.aclose()
+        if self._client is not None:
+            await self._client.aclose()
 
     def _forget_older(self, name: str, token: int) -> None:
         """A new grant of ``name`` ends every older one this object still remembers."""
@@ -547,20 +575,23 @@ class EtcdLeaseBackend:
             url = self.endpoints[index] + path
             try:
                 async with self._in_flight:
-                    response = await self._client.post(url, json=body)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                failures.append(f"{self.endpoints[index]}: {_describe(exc)}")
+                    self.requests[path] = self.requests.get(path, 0) + 1
+                    status, content = await self._channels[index].post(path, body)
+            except ChannelConnectError as exc:
+                failures.append(f"{self.endpoints[index]}: {exc}")
                 continue
-            except httpx.TimeoutException as exc:
+            except ChannelTimeout as exc:
                 raise LeaseUnavailable(
                     f"etcd {url}: {what} failed: no answer within request_timeout "
                     f"({self.request_timeout:g} s); whether it took effect is unknown"
                 ) from exc
-            except httpx.HTTPError as exc:
-                raise LeaseUnavailable(f"etcd {url}: {what} failed: {_describe(exc)}") from exc
+            except ChannelError as exc:
+                raise LeaseUnavailable(
+                    f"etcd {url}: {what} failed: {exc}; whether it took effect is unknown"
+                ) from exc
             self._preferred = index
             try:
-                return parse(_answer(response, gone_ok))
+                return parse(_answer(status, content, gone_ok))
             except _BadAnswer as exc:
                 raise LeaseUnavailable(f"etcd {url}: {what} failed: {exc}") from None
         raise LeaseUnavailable(
@@ -593,29 +624,26 @@ def _time_left(answer: _Json) -> int:
     return _int(result, "TTL")
 
 
-def _describe(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-def _answer(response: httpx.Response, gone_ok: bool) -> _Json:
-    """The JSON object of a response, or :class:`_BadAnswer` saying what is wrong with it.
+def _answer(status: int, content: bytes, gone_ok: bool) -> _Json:
+    """The JSON object of an answer, or :class:`_BadAnswer` saying what is wrong with it.
 
     ``gone_ok``: an error saying that the etcd lease does not exist gives ``{}``.
     """
     try:
-        answer = response.json()
+        answer = json.loads(content)
     except (ValueError, UnicodeDecodeError):
         answer = None
-    if response.status_code != 200:
+    text = content[:200].decode(errors="replace")
+    if status != 200:
         if isinstance(answer, dict):
             if gone_ok and answer.get("code") == _GRPC_NOT_FOUND:
                 return {}
             message = answer.get("message", answer.get("error", answer))
         else:
-            message = response.text[:200]
-        raise _BadAnswer(f"HTTP {response.status_code}: {message}")
+            message = text
+        raise _BadAnswer(f"HTTP {status}: {message}")
     if not isinstance(answer, dict):
-        raise _BadAnswer(f"the answer is not a JSON object: {response.text[:200]!r}")
+        raise _BadAnswer(f"the answer is not a JSON object: {text!r}")
     if "error" in answer:  # a streamed call (keep-alive) reports its failure with status 200
         error = answer["error"]
         message = error.get("message", error) if isinstance(error, dict) else error
