@@ -1,0 +1,187 @@
+"""``benchmarks.chat_load`` on its smallest plan, and the lean WebSocket client it loads with.
+
+The end-to-end test checks the benchmark's plumbing (real node processes, load processes and the
+baseline server, a few seconds of posts), not its figures: every post is delivered to every
+member of its room and acknowledged, and the report has the keys a script reads. The codec tests
+are byte-level and synchronous.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from benchmarks import chat_load
+from benchmarks._report import json_safe
+from benchmarks._websocket import (
+    OP_BINARY,
+    OP_CLOSE,
+    OP_PING,
+    OP_TEXT,
+    FrameReader,
+    WebSocketProtocolError,
+    accept_value,
+    check_handshake,
+    handshake_request,
+    text_frame,
+)
+from examples.chat.cluster import ChatCluster
+from p2pshard import NodeConfig
+
+
+def server_frame(opcode: int, payload: bytes, *, final: bool = True) -> bytes:
+    n = len(payload)
+    first = (0x80 if final else 0) | opcode
+    if n < 126:
+        return bytes((first, n)) + payload
+    if n < 1 << 16:
+        return bytes((first, 126)) + n.to_bytes(2, "big") + payload
+    return bytes((first, 127)) + n.to_bytes(8, "big") + payload
+
+
+def test_frames_are_cut_the_same_whatever_the_chunks_they_arrive_in() -> None:
+    stream = (
+        server_frame(OP_TEXT, b"short")
+        + server_frame(OP_TEXT, b"m" * 300)  # 16-bit length
+        + server_frame(OP_PING, b"p")
+        + server_frame(OP_BINARY, b"b" * 70_000)  # 64-bit length
+        + server_frame(OP_TEXT, b"frag", final=False)  # a fragmented message, a ping inside
+        + server_frame(OP_PING, b"")
+        + server_frame(0x0, b"mented")
+        + server_frame(OP_CLOSE, b"\x03\xe8")
+    )
+    expected = [
+        (OP_TEXT, b"short"),
+        (OP_TEXT, b"m" * 300),
+        (OP_PING, b"p"),
+        (OP_BINARY, b"b" * 70_000),
+        (OP_PING, b""),
+        (OP_TEXT, b"fragmented"),
+        (OP_CLOSE, b"\x03\xe8"),
+    ]
+    for size in (1, 2, 3, 7, 125, 4096, len(stream)):
+        reader = FrameReader()
+        got = []
+        for start in range(0, len(stream), size):
+            got += reader.feed(stream[start : start + size])
+        assert got == expected, size
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        (bytes((0x81, 0x81)) + b"mask" + b"x", "masked"),
+        (bytes((0xC1, 0x01)) + b"x", "reserved bits"),
+        (server_frame(0x0, b"x"), "without a first fragment"),
+        (server_frame(OP_TEXT, b"a", final=False) + server_frame(OP_TEXT, b"b"), "final fragment"),
+    ],
+)
+def test_a_frame_against_the_protocol_is_refused(data: bytes, error: str) -> None:
+    with pytest.raises(WebSocketProtocolError, match=error):
+        FrameReader().feed(data)
+
+
+@pytest.mark.parametrize("size", [0, 5, 125, 126, 65_535, 65_536])
+def test_a_text_frame_is_masked_and_unmasks_to_its_text(size: int) -> None:
+    text = ("é" * size)[:size]  # some two-byte characters
+    mask = os.urandom(4)
+    frame = text_frame(text, mask)
+    payload = text.encode()
+    assert frame[0] == 0x81  # final, text
+    assert frame[1] & 0x80  # masked
+    head = {126: 4, 127: 10}.get(frame[1] & 0x7F, 2)
+    assert frame[head : head + 4] == mask
+    body = frame[head + 4 :]
+    assert bytes(b ^ mask[i % 4] for i, b in enumerate(body)) == payload
+
+
+def test_the_handshake_is_checked() -> None:
+    request, key = handshake_request("127.0.0.1", 8000, "/ws")
+    assert b"Sec-WebSocket-Key: " + key + b"\r\n" in request
+    answer = (
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Accept: " + accept_value(key) + b"\r\n\r\n"
+    )
+    assert check_handshake(answer[:-1], key) is None  # not complete yet
+    assert check_handshake(answer + b"\x81\x00", key) == b"\x81\x00"
+    with pytest.raises(WebSocketProtocolError, match="does not match"):
+        check_handshake(answer.replace(accept_value(key), accept_value(b"other")), key)
+    with pytest.raises(WebSocketProtocolError, match="refused"):
+        check_handshake(b"HTTP/1.1 404 Not Found\r\n\r\n", key)
+
+
+def test_quantiles_of_a_histogram_of_tenth_milliseconds() -> None:
+    histogram = Counter({5: 50, 10: 49, 2000: 1})  # 0.5 ms, 1.0 ms, 200 ms
+    assert chat_load.quantile_ms(histogram, 0.5) == pytest.approx(0.55)
+    assert chat_load.quantile_ms(histogram, 0.99) == pytest.approx(1.05)
+    assert chat_load.quantile_ms(histogram, 1.0) == pytest.approx(200.05)
+    assert math.isnan(chat_load.quantile_ms(Counter(), 0.5))
+
+
+def test_each_room_spans_the_nodes_and_the_load_processes() -> None:
+    plan = chat_load.make_plan(quick=True, users=120, rooms=12, nodes=3, clients=4)
+    users = chat_load.users_of(plan)
+    assert len({u.name for u in users}) == 120
+    for room in {u.room for u in users}:
+        members = [u for u in users if u.room == room]
+        assert len(members) == 10
+        assert {u.node for u in members} == {0, 1, 2}
+        assert {u.client for u in members} == {0, 1, 2, 3}
+    assert sorted(Counter(u.node for u in users).values()) == [40, 40, 40]
+    assert sorted(Counter(u.client for u in users).values()) == [30, 30, 30, 30]
+
+
+def test_a_bad_plan_is_refused_with_the_reason() -> None:
+    with pytest.raises(ValueError, match="rooms <= users"):
+        chat_load.make_plan(quick=True, users=5, rooms=10)
+    with pytest.raises(ValueError, match="--factor"):
+        chat_load.make_plan(quick=True, factor=1.0)
+
+
+def test_the_no_group_commit_cluster_writes_one_append_per_transaction(tmp_path: Path) -> None:
+    cluster = ChatCluster(1, tmp_path, journal_options=chat_load.NO_GROUP_COMMIT)
+    (config,) = cluster.prepare()
+    assert NodeConfig.load(config).journal.group_commit_max_events == 1
+    (default,) = ChatCluster(1, tmp_path / "default").prepare()
+    assert NodeConfig.load(default).journal.group_commit_max_events > 1
+
+
+def test_the_smallest_plan_delivers_every_post_and_reports_the_keys() -> None:
+    plan = chat_load.Plan(
+        users=12, rooms=3, nodes=1, clients=2, start_rate=8, factor=2, max_steps=2, refine=0,
+        window=0.5, drain=20, joins_at_once=4, connect_limit=60,
+    )  # fmt: skip
+    report = chat_load.run_all(plan, progress=True)
+    for key in (
+        "posts_per_s_at_p99_100ms",
+        "baseline_posts_per_s_at_p99_100ms",
+        "no_group_commit_posts_per_s_at_p99_100ms",
+        "client_cpu_fraction",
+        "persisted_posts_per_s_per_node",
+        "persisted_posts_per_s_per_node_no_group_commit",
+    ):
+        assert key in report
+    assert set(report["targets"]) == {"cluster", "cluster_no_group_commit", "baseline"}
+    for name, target in report["targets"].items():
+        assert target["steps"], name
+        for step in target["steps"]:
+            assert step["posts"] == round(step["rate"] * plan.window), (name, step)
+            assert step["deliveries_expected"] == step["posts"] * 4, (name, step)
+            assert step["missing_deliveries"] == 0, (name, step)
+            assert step["acks"] == step["posts"], (name, step)
+            assert step["errors"] == 0, (name, step)
+            assert step["closed_connections"] == 0, (name, step)
+            assert 0 <= step["client_cpu_fraction"] < 1, (name, step)
+        if name != "baseline":
+            assert sum(target["rooms_by_node"].values()) == 3, name
+            for step in target["steps"]:
+                persisted = step["persisted_posts_per_s_by_node"]
+                assert sum(persisted.values()) == pytest.approx(step["posts"] / plan.window)
+    json.dumps(json_safe(report), allow_nan=False)  # the --json output
+    table = chat_load.format_table(report)
+    assert "posts/s at p99<=100ms" in table
