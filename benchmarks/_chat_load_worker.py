@@ -18,7 +18,7 @@ Commands:
 - ``tally`` (``tag``, ``final``): what this process received of the posts of ``tag`` so far:
   ``message`` frames (a delivery: the time from the post's send, its text, to the frame's
   arrival here, in a histogram of 0.1 ms buckets), ``ack`` frames of its own posts (the post is
-  in the journal) by room, ``error`` frames. ``final`` adds the histograms and forgets the tag.
+  in the journal), ``error`` frames. ``final`` adds the histograms and forgets the tag.
 - ``disconnect``: close every connection.
 
 Trio runs the commands and the connections' set-up (handshakes and joins, many at once, within
@@ -104,7 +104,6 @@ class Tally:
     receipt_hist: Counter[int] = attrs.Factory(Counter)
     acks: int = 0
     ack_hist: Counter[int] = attrs.Factory(Counter)
-    acks_by_room: Counter[str] = attrs.Factory(Counter)
     errors: int = 0
     error_texts: list[str] = attrs.Factory(list)
 
@@ -161,8 +160,8 @@ class LoadClient:
     index: int
     connections: list[Connection] = attrs.Factory(list)
     tallies: dict[str, Tally] = attrs.Factory(dict)
-    pending: dict[str, tuple[float, str]] = attrs.Factory(dict)
-    """Post id -> (send time, room), until its ack."""
+    pending: dict[str, float] = attrs.Factory(dict)
+    """Post id -> send time, until its ack."""
     stray: int = 0
     """Frames of steps already tallied for good (arrived after the drain)."""
     closed_by_server: int = 0
@@ -194,8 +193,7 @@ class LoadClient:
                 self.stray += 1
                 return
             tally.acks += 1
-            tally.ack_hist[int((now - sent[0]) * BUCKETS_PER_S)] += 1
-            tally.acks_by_room[sent[1]] += 1
+            tally.ack_hist[int((now - sent) * BUCKETS_PER_S)] += 1
         elif kind == "error":
             tally = self.tallies.get(tag_of(frame.get("id")) or "")
             if tally is None:
@@ -310,7 +308,7 @@ class LoadClient:
             except OSError:  # a full socket buffer included: the server stopped reading
                 written = -1
             if written == len(frame):
-                self.pending[post_id] = (now, conn.room)
+                self.pending[post_id] = now
                 schedule.tally.posts_by_room[conn.room] += 1
             else:
                 schedule.send_errors += 1
@@ -418,13 +416,14 @@ class LoadClient:
             "closed": self.closed_by_server,
         }
         if final:
+            # The engine thread may still count a late frame: the copies below are made in C,
+            # under the GIL, so they see a tally either before or after it.
             del self.tallies[tag]
-            for post_id in [p for p in self.pending if tag_of(p) == tag]:
-                del self.pending[post_id]
+            for post_id in [p for p in list(self.pending) if tag_of(p) == tag]:
+                self.pending.pop(post_id, None)
             answer.update(
                 receipt_hist=sorted(tally.receipt_hist.items()),
                 ack_hist=sorted(tally.ack_hist.items()),
-                acks_by_room=dict(tally.acks_by_room),
                 error_texts=tally.error_texts,
                 stray=self.stray,
             )

@@ -64,6 +64,7 @@ import resource
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -336,9 +337,8 @@ class Target:
     server_pids: list[int]
     members: dict[str, int]
     """Users per room."""
-    nodes_of_rooms: dict[str, str]
-    """Where each room runs (cluster targets; empty if not known)."""
-    nodes: int
+    journal: Callable[[], dict[str, JournalCounters]] | None = None
+    """The journal counters of each node (cluster targets)."""
     steps: int = 0
 
 
@@ -348,6 +348,7 @@ def run_step(target: Target, plan: Plan, rate: float, progress: bool) -> dict[st
     target.steps += 1
     tag = f"{target.name.replace('_', '')}{target.steps}"
     n = len(clients)
+    journal_before = target.journal() if target.journal else None
     start_at = time.monotonic() + 0.5
     seed = plan.seed * 100_000 + target.steps * n
     commands = [
@@ -384,12 +385,10 @@ def run_step(target: Target, plan: Plan, rate: float, progress: bool) -> dict[st
     finals = ask_all(clients, [{"cmd": "tally", "tag": tag, "final": True}] * n, 10)
     receipt_hist: Counter[int] = Counter()
     ack_hist: Counter[int] = Counter()
-    acks_by_room: Counter[str] = Counter()
     error_texts: list[str] = []
     for final in finals:
         receipt_hist.update(dict(map(tuple, final["receipt_hist"])))
         ack_hist.update(dict(map(tuple, final["ack_hist"])))
-        acks_by_room.update(final["acks_by_room"])
         error_texts += final["error_texts"]
     receipts = sum(f["receipts"] for f in finals)
     acks = sum(f["acks"] for f in finals)
@@ -413,16 +412,11 @@ def run_step(target: Target, plan: Plan, rate: float, progress: bool) -> dict[st
         "ack_p50_ms": quantile_ms(ack_hist, 0.5),
         "ack_p99_ms": quantile_ms(ack_hist, 0.99),
         "drained_after_s": drained_s,
-        "persisted_posts_per_s": acks / plan.window,
+        "acked_posts_per_s": acks / plan.window,
         **cpu,
     }
-    if target.nodes_of_rooms:
-        by_node: Counter[str] = Counter()
-        for room, count in acks_by_room.items():
-            by_node[target.nodes_of_rooms.get(room, "unknown")] += count
-        step["persisted_posts_per_s_by_node"] = {
-            node: count / plan.window for node, count in sorted(by_node.items())
-        }
+    if target.journal is not None and journal_before is not None:
+        step.update(journal_figures(journal_before, target.journal(), plan.window))
     reasons = []
     if step["missing_deliveries"] or acks + errors < posts:
         reasons.append(
@@ -509,13 +503,51 @@ def running_cluster(
         cluster.stop()  # closes the log files
 
 
-def room_nodes(cluster: ChatCluster) -> dict[str, str]:
-    """Room -> the node it runs on, from node 1's ``/cluster.json`` (empty if it does not say)."""
-    status = cluster.status(1, timeout=15.0)
-    if status is None:
-        return {}
+@attrs.frozen
+class JournalCounters:
+    """A node's journal counters, from its ``GET /metrics``."""
+
+    appends: float
+    """``p2pshard_journal_appends_total``: one per persist of an event-sourced entity."""
+    append_seconds: float
+    """``p2pshard_journal_append_duration_seconds_sum``."""
+
+
+def journal_counters(cluster: ChatCluster) -> dict[str, JournalCounters]:
+    """Each node's journal counters, read from its management endpoint's ``/metrics``."""
+    counters = {}
+    for i in cluster.procs:
+        url = cluster.management_url(i) + "metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as answer:
+                text = answer.read().decode()
+        except OSError as exc:
+            raise BenchmarkError(f"{cluster.name(i)}: {url} did not answer: {exc}") from exc
+        values = {}
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name in ("p2pshard_journal_appends_total",
+                        "p2pshard_journal_append_duration_seconds_sum"):  # fmt: skip
+                values[name] = float(value)
+        counters[cluster.name(i)] = JournalCounters(
+            values["p2pshard_journal_appends_total"],
+            values["p2pshard_journal_append_duration_seconds_sum"],
+        )
+    return counters
+
+
+def journal_figures(
+    before: dict[str, JournalCounters], after: dict[str, JournalCounters], window: float
+) -> dict[str, Any]:
+    """Appends per node over a step (its posts: nothing else is persisted meanwhile), per second
+    of the window, and the mean append's duration."""
+    appends = {node: after[node].appends - before[node].appends for node in sorted(after)}
+    seconds = sum(after[node].append_seconds - before[node].append_seconds for node in after)
+    total = sum(appends.values())
     return {
-        room: node for node, rooms in status["types"]["Room"]["entities"].items() for room in rooms
+        "journal_appends_by_node": appends,
+        "persisted_posts_per_s_by_node": {node: n / window for node, n in appends.items()},
+        "append_mean_ms": seconds / total * 1e3 if total else math.nan,
     }
 
 
@@ -526,7 +558,7 @@ def measure(
     clients: list[LoadProcess],
     plan: Plan,
     progress: bool,
-    nodes_of: Callable[[], dict[str, str]] | None = None,
+    journal: Callable[[], dict[str, JournalCounters]] | None = None,
 ) -> dict[str, Any]:
     """Connect and join every user, search the rate, disconnect."""
     users = users_of(plan)
@@ -541,15 +573,16 @@ def measure(
     connect_s = time.monotonic() - began
     progress_line(progress, f"  {name}: {connected} users joined {plan.rooms} rooms in "
                             f"{connect_s:.1f} s")  # fmt: skip
-    target = Target(name, clients, server_pids, dict(members), {}, plan.nodes)
+    target = Target(name, clients, server_pids, dict(members), journal)
     try:
         if connected != plan.users:
             raise BenchmarkError(f"{name}: {connected} of {plan.users} users connected")
-        if nodes_of is not None:
-            target.nodes_of_rooms = nodes_of()
         steps, best, saturated = search(lambda rate: run_step(target, plan, rate, progress), plan)
-    finally:
-        ask_all(clients, [{"cmd": "disconnect"}] * len(clients), 30)
+    except BaseException:
+        with contextlib.suppress(BenchmarkError):  # the first error is the one to tell
+            ask_all(clients, [{"cmd": "disconnect"}] * len(clients), 30)
+        raise
+    ask_all(clients, [{"cmd": "disconnect"}] * len(clients), 30)
     result: dict[str, Any] = {
         "connect_s": connect_s,
         "steps": steps,
@@ -557,8 +590,6 @@ def measure(
         "posts_per_s_at_p99_100ms": math.nan if best is None else best["rate"],
         "best_step": best,
     }
-    if target.nodes_of_rooms:
-        result["rooms_by_node"] = dict(Counter(target.nodes_of_rooms.values()))
     return result
 
 
@@ -589,7 +620,7 @@ def measure_cluster(
             clients,
             plan,
             progress,
-            nodes_of=lambda: room_nodes(cluster),
+            journal=lambda: journal_counters(cluster),
         )
 
 
@@ -622,10 +653,16 @@ def report_of(
 
     def best(target: str, key: str) -> float:
         step = results.get(target, {}).get("best_step")
-        return math.nan if step is None else float(step[key])
+        return math.nan if step is None or key not in step else float(step[key])
 
     def rate(target: str) -> float:
         return float(results.get(target, {}).get("posts_per_s_at_p99_100ms", math.nan))
+
+    def per_node(target: str) -> float:
+        step = results.get(target, {}).get("best_step")
+        if step is None:
+            return math.nan
+        return float(sum(step["persisted_posts_per_s_by_node"].values())) / plan.nodes
 
     fractions = [best(t, "client_cpu_fraction") for t in results]
     busiest = [best(t, "client_cpu_busiest_process") for t in results]
@@ -634,10 +671,10 @@ def report_of(
         "baseline_posts_per_s_at_p99_100ms": rate("baseline"),
         "no_group_commit_posts_per_s_at_p99_100ms": rate("cluster_no_group_commit"),
         "posts_per_s_ratio": rate("cluster") / rate("baseline"),
-        "persisted_posts_per_s_per_node": best("cluster", "persisted_posts_per_s") / plan.nodes,
-        "persisted_posts_per_s_per_node_no_group_commit": (
-            best("cluster_no_group_commit", "persisted_posts_per_s") / plan.nodes
-        ),
+        "persisted_posts_per_s_per_node": per_node("cluster"),
+        "persisted_posts_per_s_per_node_no_group_commit": per_node("cluster_no_group_commit"),
+        "append_mean_ms": best("cluster", "append_mean_ms"),
+        "append_mean_ms_no_group_commit": best("cluster_no_group_commit", "append_mean_ms"),
         "client_cpu_fraction": max((f for f in fractions if not math.isnan(f)), default=math.nan),
         "client_cpu_busiest_process": max(
             (f for f in busiest if not math.isnan(f)), default=math.nan
@@ -684,7 +721,7 @@ def format_table(report: dict[str, Any]) -> str:
         if best is not None and "persisted_posts_per_s_by_node" in best:
             split = best["persisted_posts_per_s_by_node"]
             persisted = (
-                f"{best['persisted_posts_per_s'] / counts['nodes']:,.0f} ("
+                f"{sum(split.values()) / counts['nodes']:,.0f} ("
                 + " / ".join(f"{v:,.0f}" for v in split.values())
                 + ")"
             )

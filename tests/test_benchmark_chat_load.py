@@ -164,6 +164,8 @@ def test_the_smallest_plan_delivers_every_post_and_reports_the_keys() -> None:
         "client_cpu_fraction",
         "persisted_posts_per_s_per_node",
         "persisted_posts_per_s_per_node_no_group_commit",
+        "append_mean_ms",
+        "append_mean_ms_no_group_commit",
     ):
         assert key in report
     assert set(report["targets"]) == {"cluster", "cluster_no_group_commit", "baseline"}
@@ -177,11 +179,9 @@ def test_the_smallest_plan_delivers_every_post_and_reports_the_keys() -> None:
             assert step["errors"] == 0, (name, step)
             assert step["closed_connections"] == 0, (name, step)
             assert 0 <= step["client_cpu_fraction"] < 1, (name, step)
-        if name != "baseline":
-            assert sum(target["rooms_by_node"].values()) == 3, name
+        if name != "baseline":  # each post is one append, counted by the node that ran its room
             for step in target["steps"]:
-                persisted = step["persisted_posts_per_s_by_node"]
-                assert sum(persisted.values()) == pytest.approx(step["posts"] / plan.window)
+                assert sum(step["journal_appends_by_node"].values()) == step["posts"], step
     json.dumps(json_safe(report), allow_nan=False)  # the --json output
     table = chat_load.format_table(report)
     assert "posts/s at p99<=100ms" in table
