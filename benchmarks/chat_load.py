@@ -21,11 +21,12 @@ process of the host). A step posts at one rate for a window, then waits (bounded
 member has received every post and every post has its ``ack``.
 
 The search: the first step posts at ``--start-rate``; each passing step is followed by one at
-``--factor`` times the rate, up to ``--max-steps``; after the first failing step, ``--refine``
-steps bisect (geometric mean) between the highest passing and the lowest failing rate. A step
-passes when the p99 of post -> each member's receipt is at most 100 ms, every delivery and ack
-arrived, no error frame came and no connection closed, and the load processes kept the pace (the
-posts went out at 95 % of the rate or more). The figure is the highest passing rate.
+``--factor`` times the rate (each failing one, before any passed, by one at the rate over
+``--factor``), up to ``--max-steps``; then ``--refine`` steps bisect (geometric mean) between the
+highest passing and the lowest failing rate. A step passes when the p99 of post -> each member's
+receipt is at most 100 ms, every delivery and ack arrived, no error frame came and no connection
+closed, and the load processes kept the pace (the posts went out at 95 % of the rate or more).
+The figure is the highest passing rate.
 
 Targets, one after another in the same run, with the same users, rooms and steps:
 
@@ -447,22 +448,30 @@ def run_step(target: Target, plan: Plan, rate: float, progress: bool) -> dict[st
 def search(
     run: Callable[[float], dict[str, Any]], plan: Plan
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None, bool]:
-    """Steps up until one fails, then bisect; the steps, the best passing one, and whether a
-    step failed (False: the rate never got high enough to fail: raise ``--max-steps``)."""
+    """The steps, the passing one of the highest rate, and whether some step failed.
+
+    From ``start_rate``, up by ``factor`` after each pass until a step fails (down by
+    ``factor`` after each failure until one passes, if the first fails), at most ``max_steps``
+    steps; then ``refine`` steps bisect between the highest pass and the lowest failure. A step
+    that leaves deliveries undelivered or connections closed ends the search. No failure means
+    the rate was never high enough (raise ``--max-steps`` or ``--start-rate``).
+    """
     steps: list[dict[str, Any]] = []
     best: dict[str, Any] | None = None
-    failed_rate: float | None = None
+    failed: float | None = None
     rate = plan.start_rate
     for _ in range(plan.max_steps):
         step = run(rate)
         steps.append(step)
-        if not step["passed"]:
-            failed_rate = rate
+        if step["passed"]:
+            best = step
+        else:
+            failed = rate if failed is None else min(failed, rate)
+        if (best is not None and failed is not None) or not step["clean"]:
             break
-        best = step
-        rate *= plan.factor
-    if best is not None and failed_rate is not None and steps[-1]["clean"]:
-        low, high = best["rate"], failed_rate
+        rate = rate * plan.factor if step["passed"] else rate / plan.factor
+    if best is not None and failed is not None and steps[-1]["clean"]:
+        low, high = best["rate"], failed
         for _ in range(plan.refine):
             step = run(math.sqrt(low * high))
             steps.append(step)
@@ -472,7 +481,7 @@ def search(
                 high = step["rate"]
             if not step["clean"]:
                 break
-    return steps, best, failed_rate is not None
+    return steps, best, failed is not None
 
 
 # ==== targets =====================================================================================

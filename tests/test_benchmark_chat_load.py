@@ -185,3 +185,36 @@ def test_the_smallest_plan_delivers_every_post_and_reports_the_keys() -> None:
     json.dumps(json_safe(report), allow_nan=False)  # the --json output
     table = chat_load.format_table(report)
     assert "posts/s at p99<=100ms" in table
+
+
+def fake_steps(capacity: float, *, unclean_above: float = math.inf) -> list[float]:
+    """The rates ``search`` tries against a target that passes up to ``capacity`` posts/s."""
+    rates: list[float] = []
+
+    def run(rate: float) -> dict[str, object]:
+        rates.append(rate)
+        return {"rate": rate, "passed": rate <= capacity, "clean": rate <= unclean_above}
+
+    plan = chat_load.make_plan(quick=True, start_rate=50, factor=2, max_steps=6, refine=2)
+    steps, best, saturated = chat_load.search(run, plan)
+    assert [s["rate"] for s in steps] == rates
+    assert saturated == any(r > capacity for r in rates)
+    passing = [r for r in rates if r <= capacity]
+    assert (best["rate"] if best else None) == (max(passing) if passing else None)
+    return rates
+
+
+def test_the_search_climbs_then_bisects() -> None:
+    assert fake_steps(130) == pytest.approx([50, 100, 200, 141.42, 118.92], abs=0.01)
+
+
+def test_the_search_comes_down_when_the_first_step_fails() -> None:
+    assert fake_steps(20) == pytest.approx([50, 25, 12.5, 17.68, 21.02], abs=0.01)
+
+
+def test_the_search_stops_at_a_step_that_leaves_deliveries_behind() -> None:
+    assert fake_steps(130, unclean_above=150) == [50, 100, 200]  # no bisecting after it
+
+
+def test_the_search_says_when_no_step_failed() -> None:
+    assert fake_steps(10_000) == [50, 100, 200, 400, 800, 1600]
