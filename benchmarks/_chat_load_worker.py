@@ -8,8 +8,9 @@ closes, on ``{"cmd": "stop"}``, or after ``--lifetime`` seconds.
 Commands:
 
 - ``connect`` (``users``: ``[user, room, url]`` triples, ``at_once``, ``within`` seconds): open one
-  WebSocket per user (``benchmarks/_websocket.py``, a lean client), join its room; answered once
-  every user has its ``joined`` frame. From then on the engine thread reads every connection.
+  WebSocket per user (``benchmarks/_websocket.py``, a lean client), join its room (again after
+  a second when the server answers "try again", as the chat page does); answered once every user
+  has its ``joined`` frame. From then on the engine thread reads every connection.
 - ``run`` (``tag``, ``rate``, ``start_at``, ``duration``, ``offset``, ``seed``): open-loop posts.
   Post ``k`` is due at ``start_at + (k + offset) / rate`` (``time.monotonic()``, the one clock
   of every process of the host), sent by a user drawn from the seed, whatever the answers to
@@ -68,6 +69,10 @@ logger = logging.getLogger("benchmarks.chat_load_worker")
 BUCKETS_PER_S = 10_000
 """Histogram buckets per second of latency: 0.1 ms each."""
 RECEIVE = 1 << 16
+JOIN_TRIES = 10
+"""Joins sent at most per user while the server answers "try again" (the room is slow)."""
+JOIN_RETRY_AFTER = 1.0
+"""Seconds before a join is sent again, as the chat page waits."""
 IDLE_POLL = 0.1
 """Seconds the engine waits at most, with no post due, before it looks at its stop flag."""
 RUN_MARGIN = 30.0
@@ -165,6 +170,8 @@ class LoadClient:
     stray: int = 0
     """Frames of steps already tallied for good (arrived after the drain)."""
     closed_by_server: int = 0
+    join_retries: int = 0
+    """Joins sent again because the server answered "try again"."""
     _epoll: select.epoll = attrs.Factory(select.epoll)
     _by_fd: dict[int, Connection] = attrs.Factory(dict)
     _wake: tuple[int, int] = attrs.Factory(os.pipe)
@@ -227,9 +234,10 @@ class LoadClient:
                     raise WorkerError(f"{url} closed the connection during the handshake")
                 answer += chunk
             conn = Connection(user, room, stream)
-            join = {"type": "join", "room": room, "user": user}
-            await stream.send_all(text_frame(json.dumps(join)))
+            join = text_frame(json.dumps({"type": "join", "room": room, "user": user}))
+            await stream.send_all(join)
             joined = False
+            tries = 1
             while True:
                 for opcode, payload in conn.reader.feed(data):
                     if opcode == OP_CLOSE:
@@ -238,7 +246,15 @@ class LoadClient:
                     if frame.get("type") == "joined":
                         joined = True
                     elif frame.get("type") == "error" and not joined:
-                        raise WorkerError(f"{user} could not join {room}: {frame['error']}")
+                        if not frame.get("retry") or tries >= JOIN_TRIES:
+                            raise WorkerError(
+                                f"{user} could not join {room} ({tries} tries): {frame['error']}"
+                            )
+                        # As the chat page does: the room is slow or moving, ask again.
+                        tries += 1
+                        self.join_retries += 1
+                        await trio.sleep(JOIN_RETRY_AFTER)
+                        await stream.send_all(join)
                     else:
                         self.on_frame(frame, time.monotonic())
                 if joined:
@@ -368,7 +384,11 @@ class LoadClient:
             thread = threading.Thread(target=self._engine, args=(stop,), name="engine", daemon=True)
             thread.start()
             self._engine_thread = (thread, stop)
-        return {"connected": len(self.connections), "seconds": time.monotonic() - began}
+        return {
+            "connected": len(self.connections),
+            "seconds": time.monotonic() - began,
+            "join_retries": self.join_retries,
+        }
 
     async def run(
         self, tag: str, rate: float, start_at: float, duration: float, offset: float, seed: int
@@ -438,6 +458,7 @@ class LoadClient:
         self.tallies.clear()
         self.pending.clear()
         self.closed_by_server = 0
+        self.join_retries = 0
         return {"closed": closed}
 
     async def stop_engine(self) -> None:
