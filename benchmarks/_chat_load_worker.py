@@ -7,20 +7,22 @@ closes, on ``{"cmd": "stop"}``, or after ``--lifetime`` seconds.
 
 Commands:
 
-- ``connect`` (``users``: ``[user, room, url]`` triples, ``at_once``, ``within`` seconds): open one
+- ``connect`` (``group``, ``users``: ``[user, room, url]`` triples, ``at_once``, ``within``
+  seconds): a group of connections (one per server measured, all kept open together): open one
   WebSocket per user (``benchmarks/_websocket.py``, a lean client), join its room (again after
   a second when the server answers "try again", as the chat page does); answered once every user
   has its ``joined`` frame. From then on the engine thread reads every connection.
-- ``run`` (``tag``, ``rate``, ``start_at``, ``duration``, ``offset``, ``seed``): open-loop posts.
-  Post ``k`` is due at ``start_at + (k + offset) / rate`` (``time.monotonic()``, the one clock
-  of every process of the host), sent by a user drawn from the seed, whatever the answers to
-  earlier posts; its text is its send time and its id ``<tag>-<index>-<k>``. Answered after the
-  last one, with the posts per room and how late the latest went out.
+- ``run`` (``group``, ``tag``, ``rate``, ``start_at``, ``duration``, ``offset``, ``seed``):
+  open-loop posts from the users of ``group``. Post ``k`` is due at ``start_at + (k + offset) /
+  rate`` (``time.monotonic()``, the one clock of every process of the host), sent by a user
+  drawn from the seed, whatever the answers to earlier posts; its text is its send time and its
+  id ``<tag>-<index>-<k>``. Answered after the last one, with the posts per room and how late
+  the latest went out.
 - ``tally`` (``tag``, ``final``): what this process received of the posts of ``tag`` so far:
   ``message`` frames (a delivery: the time from the post's send, its text, to the frame's
   arrival here, in a histogram of 0.1 ms buckets), ``ack`` frames of its own posts (the post is
   in the journal), ``error`` frames. ``final`` adds the histograms and forgets the tag.
-- ``disconnect``: close every connection.
+- ``disconnect``: close every connection (as ``stop`` does).
 
 Trio runs the commands and the connections' set-up (handshakes and joins, many at once, within
 a time limit). Once joined, the connections are served by one plain thread, the engine
@@ -94,6 +96,8 @@ class Connection:
     stream: trio.SocketStream
     reader: FrameReader = attrs.Factory(FrameReader)
     closed: bool = False
+    joins: int = 1
+    """Joins sent (more than one when the server answered "try again")."""
 
     @property
     def fd(self) -> int:
@@ -111,6 +115,8 @@ class Tally:
     ack_hist: Counter[int] = attrs.Factory(Counter)
     errors: int = 0
     error_texts: list[str] = attrs.Factory(list)
+    group: str = ""
+    """The connections the step posted from."""
 
     def error(self, text: str) -> None:
         self.errors += 1
@@ -160,18 +166,16 @@ def tag_of(post_id: object) -> str | None:
 
 @attrs.define(eq=False)
 class LoadClient:
-    """This process's connections and what they received, per step tag."""
+    """This process's connections, in groups (one per server), and what they received."""
 
     index: int
-    connections: list[Connection] = attrs.Factory(list)
+    groups: dict[str, list[Connection]] = attrs.Factory(dict)
     tallies: dict[str, Tally] = attrs.Factory(dict)
+    """Per step tag."""
     pending: dict[str, float] = attrs.Factory(dict)
     """Post id -> send time, until its ack."""
     stray: int = 0
     """Frames of steps already tallied for good (arrived after the drain)."""
-    closed_by_server: int = 0
-    join_retries: int = 0
-    """Joins sent again because the server answered "try again"."""
     _epoll: select.epoll = attrs.Factory(select.epoll)
     _by_fd: dict[int, Connection] = attrs.Factory(dict)
     _wake: tuple[int, int] = attrs.Factory(os.pipe)
@@ -252,7 +256,7 @@ class LoadClient:
                             )
                         # As the chat page does: the room is slow or moving, ask again.
                         tries += 1
-                        self.join_retries += 1
+                        conn.joins = tries
                         await trio.sleep(JOIN_RETRY_AFTER)
                         await stream.send_all(join)
                     else:
@@ -308,9 +312,7 @@ class LoadClient:
 
     def _lost(self, conn: Connection) -> None:
         self._forget(conn)
-        if not conn.closed:
-            conn.closed = True
-            self.closed_by_server += 1
+        conn.closed = True
 
     def _post_due(self, schedule: Schedule) -> None:
         now = time.monotonic()
@@ -349,12 +351,15 @@ class LoadClient:
 
     # -- commands -------------------------------------------------------------------------------
 
-    async def connect(self, users: list[list[str]], at_once: int, within: float) -> dict[str, Any]:
-        if self.connections:
-            raise WorkerError("already connected: disconnect first")
+    async def connect(
+        self, group: str, users: list[list[str]], at_once: int, within: float
+    ) -> dict[str, Any]:
+        if group in self.groups:
+            raise WorkerError(f"group {group!r} is connected already")
         limiter = trio.CapacityLimiter(at_once)
         began = time.monotonic()
         failures: list[str] = []
+        joined: list[Connection] = []
 
         async def one(user: str, room: str, url: str) -> None:
             async with limiter:
@@ -364,18 +369,19 @@ class LoadClient:
                     failures.append(f"{type(exc).__name__}: {exc}")
                     starting.cancel_scope.cancel()
                     return
-                self.connections.append(conn)
+                joined.append(conn)
 
         with trio.move_on_after(within) as scope:
             async with trio.open_nursery() as starting:
                 for user, room, url in users:
                     starting.start_soon(one, user, room, url)
         if failures or scope.cancelled_caught:
-            joined = len(self.connections)
-            await self.disconnect()
+            for conn in joined:
+                await conn.stream.aclose()
             why = failures[0] if failures else f"the time limit ({within:g} s)"
-            raise WorkerError(f"{joined} of {len(users)} users joined, then: {why}")
-        for conn in self.connections:
+            raise WorkerError(f"{len(joined)} of {len(users)} users joined, then: {why}")
+        self.groups[group] = joined
+        for conn in joined:
             self._by_fd[conn.fd] = conn
             self._epoll.register(conn.fd, select.EPOLLIN)
         if self._engine_thread is None:
@@ -385,22 +391,30 @@ class LoadClient:
             thread.start()
             self._engine_thread = (thread, stop)
         return {
-            "connected": len(self.connections),
+            "connected": len(joined),
             "seconds": time.monotonic() - began,
-            "join_retries": self.join_retries,
+            "join_retries": sum(c.joins - 1 for c in joined),
         }
 
     async def run(
-        self, tag: str, rate: float, start_at: float, duration: float, offset: float, seed: int
+        self,
+        group: str,
+        tag: str,
+        rate: float,
+        start_at: float,
+        duration: float,
+        offset: float,
+        seed: int,
     ) -> dict[str, Any]:
         self._check_engine()
         if tag in self.tallies or "-" in tag:
             raise WorkerError(f"tag {tag!r} is in use or has a '-'")
-        posters = [c for c in self.connections if not c.closed]
+        posters = [c for c in self.groups.get(group, []) if not c.closed]
         if not posters:
-            raise WorkerError("no open connection to post from: connect first")
+            raise WorkerError(f"no open connection of group {group!r} to post from")
         count = max(0, math.ceil(rate * duration - offset))  # due in [start_at, +duration)
         schedule = Schedule(tag, rate, start_at, offset, count, random.Random(seed), posters)
+        schedule.tally.group = group
         self.tallies[tag] = schedule.tally
         if count:
             self._schedule = schedule
@@ -433,7 +447,7 @@ class LoadClient:
             "receipts": tally.receipts,
             "acks": tally.acks,
             "errors": tally.errors,
-            "closed": self.closed_by_server,
+            "closed": sum(c.closed for c in self.groups[tally.group]),
         }
         if final:
             # The engine thread may still count a late frame: the copies below are made in C,
@@ -450,18 +464,7 @@ class LoadClient:
         return answer
 
     async def disconnect(self) -> dict[str, Any]:
-        closed = len(self.connections)
-        await self.stop_engine()
-        for conn in self.connections:
-            await conn.stream.aclose()
-        self.connections.clear()
-        self.tallies.clear()
-        self.pending.clear()
-        self.closed_by_server = 0
-        self.join_retries = 0
-        return {"closed": closed}
-
-    async def stop_engine(self) -> None:
+        """Stop the engine, close every connection."""
         if self._engine_thread is not None:
             thread, stop = self._engine_thread
             stop.set()
@@ -469,8 +472,16 @@ class LoadClient:
             await trio.to_thread.run_sync(thread.join, 5.0)
             self._engine_thread = None
             self._epoll.unregister(self._wake[0])
-        for conn in self.connections:
-            self._forget(conn)
+        closed = 0
+        for conns in self.groups.values():
+            for conn in conns:
+                self._forget(conn)
+                await conn.stream.aclose()
+                closed += 1
+        self.groups.clear()
+        self.tallies.clear()
+        self.pending.clear()
+        return {"closed": closed}
 
 
 async def run_command(client: LoadClient, command: dict[str, Any]) -> dict[str, Any]:

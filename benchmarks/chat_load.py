@@ -28,7 +28,10 @@ receipt is at most 100 ms, every delivery and ack arrived, no error frame came a
 closed, and the load processes kept the pace (the posts went out at 95 % of the rate or more).
 The figure is the highest passing rate.
 
-Targets, one after another in the same run, with the same users, rooms and steps:
+Targets, all running side by side in the same run, each with its own connections of the same
+users and rooms; their searches are interleaved, one step of each target per round, back to back
+(the order turning each round), so that the drift of a shared machine's background load falls on
+every target alike; the targets not being measured are idle meanwhile:
 
 - ``cluster``: the chat example as ``scripts/run-chat.sh`` runs it (``ChatCluster``: ``--nodes``
   node processes, TLS between them, the SQLite journal and lease file in a temporary directory);
@@ -67,7 +70,7 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +91,8 @@ BUCKETS_PER_MS = 10
 TARGETS = ("cluster", "cluster_no_group_commit", "baseline")
 NO_GROUP_COMMIT = {"group_commit_max_events": 1}
 """The ``[journal]`` keys of ``cluster_no_group_commit``: one append per transaction."""
-MAX_USERS = 20_000
-"""Users at most: each connection takes a local port of 127.0.0.1 (about 28,000 by default)."""
+MAX_CONNECTIONS = 24_000
+"""Users times targets at most: each connection takes a local port (about 28,000 by default)."""
 DESCRIPTORS_MARGIN = 256
 """File descriptors a process needs besides one per connection."""
 
@@ -126,8 +129,11 @@ class Plan:
         problems = []
         if self.rooms < 1 or self.users < self.rooms:
             problems.append(f"--users {self.users} --rooms {self.rooms}: need 1 <= rooms <= users")
-        if self.users > MAX_USERS:
-            problems.append(f"--users {self.users}: at most {MAX_USERS:,} (a local port each)")
+        if self.users * len(self.targets) > MAX_CONNECTIONS:
+            problems.append(
+                f"--users {self.users}: at most {MAX_CONNECTIONS // len(self.targets):,} with "
+                f"{len(self.targets)} targets (a local port per user and target)"
+            )
         if self.nodes < 1 or self.nodes > 32:
             problems.append(f"--nodes {self.nodes}: from 1 to 32")
         if self.clients < 1 or self.clients > self.users:
@@ -192,12 +198,13 @@ def users_of(plan: Plan) -> list[User]:
 def raise_descriptor_limit(plan: Plan) -> None:
     """Raise this process's soft limit (the nodes and the baseline inherit it), or fail early."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    needed = plan.users + DESCRIPTORS_MARGIN  # the baseline holds every connection
+    per_client = plan.users * len(plan.targets) // plan.clients
+    needed = max(plan.users, per_client) + DESCRIPTORS_MARGIN  # the baseline holds every user
     if hard != resource.RLIM_INFINITY and hard < needed:
         raise BenchmarkError(
-            f"{plan.users} users need about {needed} file descriptors in one process (the "
-            f"baseline server's), but the hard limit is {hard}: raise it (ulimit -Hn) or pass "
-            "fewer --users"
+            f"{plan.users} users need about {needed} file descriptors in one process, but the "
+            f"hard limit is {hard}: raise it (ulimit -Hn), or pass fewer --users or more "
+            "--clients"
         )
     if soft != resource.RLIM_INFINITY and soft < needed:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -340,6 +347,8 @@ class Target:
     """Users per room."""
     journal: Callable[[], dict[str, JournalCounters]] | None = None
     """The journal counters of each node (cluster targets)."""
+    connect_s: float = math.nan
+    join_retries: int = 0
     steps: int = 0
 
 
@@ -353,8 +362,8 @@ def run_step(target: Target, plan: Plan, rate: float, progress: bool) -> dict[st
     start_at = time.monotonic() + 0.5
     seed = plan.seed * 100_000 + target.steps * n
     commands = [
-        {"cmd": "run", "tag": tag, "rate": rate / n, "start_at": start_at,
-         "duration": plan.window, "offset": i / n, "seed": seed + i}
+        {"cmd": "run", "group": target.name, "tag": tag, "rate": rate / n,
+         "start_at": start_at, "duration": plan.window, "offset": i / n, "seed": seed + i}
         for i in range(n)
     ]  # fmt: skip
     for client, command in zip(clients, commands, strict=True):
@@ -445,10 +454,13 @@ def run_step(target: Target, plan: Plan, rate: float, progress: bool) -> dict[st
     return step
 
 
-def search(
-    run: Callable[[float], dict[str, Any]], plan: Plan
-) -> tuple[list[dict[str, Any]], dict[str, Any] | None, bool]:
-    """The steps, the passing one of the highest rate, and whether some step failed.
+Search = Generator[float, dict[str, Any], tuple[list[dict[str, Any]], dict[str, Any] | None, bool]]
+"""Yields the rate of each step, is sent the step's figures; returns the steps, the passing one
+of the highest rate and whether some step failed."""
+
+
+def search(plan: Plan) -> Search:
+    """The rates to try, one step at a time (sans-IO: the caller runs each step).
 
     From ``start_rate``, up by ``factor`` after each pass until a step fails (down by
     ``factor`` after each failure until one passes, if the first fails), at most ``max_steps``
@@ -461,7 +473,7 @@ def search(
     failed: float | None = None
     rate = plan.start_rate
     for _ in range(plan.max_steps):
-        step = run(rate)
+        step = yield rate
         steps.append(step)
         if step["passed"]:
             best = step
@@ -473,7 +485,7 @@ def search(
     if best is not None and failed is not None and steps[-1]["clean"]:
         low, high = best["rate"], failed
         for _ in range(plan.refine):
-            step = run(math.sqrt(low * high))
+            step = yield math.sqrt(low * high)
             steps.append(step)
             if step["passed"]:
                 best, low = step, step["rate"]
@@ -482,6 +494,43 @@ def search(
             if not step["clean"]:
                 break
     return steps, best, failed is not None
+
+
+def interleave(
+    targets: list[Target], plan: Plan, run: Callable[[Target, float], dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Run every target's search, one step of each per round, back to back.
+
+    The order within a round turns by one each round, so that no target always comes first:
+    the machine's background load, which drifts, is spread over the targets alike.
+    """
+    searches = {t.name: search(plan) for t in targets}
+    rates = {t.name: next(searches[t.name]) for t in targets}
+    found: dict[str, tuple[list[dict[str, Any]], dict[str, Any] | None, bool]] = {}
+    turn = 0
+    while rates:
+        for target in targets[turn % len(targets) :] + targets[: turn % len(targets)]:
+            if target.name not in rates:
+                continue
+            step = run(target, rates[target.name])
+            try:
+                rates[target.name] = searches[target.name].send(step)
+            except StopIteration as done:
+                found[target.name] = done.value
+                del rates[target.name]
+        turn += 1
+    results = {}
+    for target in targets:
+        steps, best, saturated = found[target.name]
+        results[target.name] = {
+            "connect_s": target.connect_s,
+            "join_retries": target.join_retries,
+            "steps": steps,
+            "saturated": saturated,
+            "posts_per_s_at_p99_100ms": math.nan if best is None else best["rate"],
+            "best_step": best,
+        }
+    return results
 
 
 # ==== targets =====================================================================================
@@ -560,7 +609,7 @@ def journal_figures(
     }
 
 
-def measure(
+def connect(
     name: str,
     url_of: Callable[[User], str],
     server_pids: list[int],
@@ -568,90 +617,88 @@ def measure(
     plan: Plan,
     progress: bool,
     journal: Callable[[], dict[str, JournalCounters]] | None = None,
-) -> dict[str, Any]:
-    """Connect and join every user, search the rate, disconnect."""
+) -> Target:
+    """Connect every user to the target and join its room."""
     users = users_of(plan)
-    members = Counter(u.room for u in users)
     commands = [
-        {"cmd": "connect", "users": [[u.name, u.room, url_of(u)] for u in users if u.client == i],
+        {"cmd": "connect", "group": name,
+         "users": [[u.name, u.room, url_of(u)] for u in users if u.client == i],
          "at_once": plan.joins_at_once, "within": plan.connect_limit}
         for i in range(len(clients))
     ]  # fmt: skip
     began = time.monotonic()
     answers = ask_all(clients, commands, plan.connect_limit + 30)
-    connect_s = time.monotonic() - began
+    target = Target(name, clients, server_pids, dict(Counter(u.room for u in users)), journal)
+    target.connect_s = time.monotonic() - began
+    target.join_retries = sum(a["join_retries"] for a in answers)
     connected = sum(a["connected"] for a in answers)
-    retries = sum(a["join_retries"] for a in answers)
-    progress_line(progress, f"  {name}: {connected} users joined {plan.rooms} rooms in "
-                            f"{connect_s:.1f} s ({retries} joins sent again)")  # fmt: skip
-    target = Target(name, clients, server_pids, dict(members), journal)
-    try:
-        if connected != plan.users:
-            raise BenchmarkError(f"{name}: {connected} of {plan.users} users connected")
-        steps, best, saturated = search(lambda rate: run_step(target, plan, rate, progress), plan)
-    except BaseException:
-        with contextlib.suppress(BenchmarkError):  # the first error is the one to tell
-            ask_all(clients, [{"cmd": "disconnect"}] * len(clients), 30)
-        raise
-    ask_all(clients, [{"cmd": "disconnect"}] * len(clients), 30)
-    result: dict[str, Any] = {
-        "connect_s": connect_s,
-        "join_retries": retries,
-        "steps": steps,
-        "saturated": saturated,
-        "posts_per_s_at_p99_100ms": math.nan if best is None else best["rate"],
-        "best_step": best,
-    }
-    return result
+    progress_line(
+        progress,
+        f"  {name}: {connected} users joined {plan.rooms} rooms in {target.connect_s:.1f} s "
+        f"({target.join_retries} joins sent again)",
+    )
+    if connected != plan.users:
+        raise BenchmarkError(f"{name}: {connected} of {plan.users} users connected")
+    return target
 
 
-def measure_baseline(
-    root: Path, clients: list[LoadProcess], plan: Plan, progress: bool
-) -> dict[str, Any]:
-    """The baseline server: started, measured, stopped."""
+@contextlib.contextmanager
+def running_baseline(root: Path) -> Iterator[BaselineProcess]:
+    """The baseline server, stopped at the end."""
     baseline = BaselineProcess(root / "baseline.log")
     try:
-        url = baseline.url
-        pids = [baseline.process.pid]
-        return measure("baseline", lambda u: url, pids, clients, plan, progress)
+        yield baseline
     finally:
         baseline.stop()
 
 
-def measure_cluster(
-    name: str, root: Path, clients: list[LoadProcess], plan: Plan, progress: bool
-) -> dict[str, Any]:
-    """A chat cluster (with ``[journal]`` as ``name`` says): started, measured, killed."""
+def start_target(
+    name: str,
+    root: Path,
+    stack: contextlib.ExitStack,
+    clients: list[LoadProcess],
+    plan: Plan,
+    progress: bool,
+) -> Target:
+    """Start the server(s) of target ``name`` (stopped when ``stack`` closes), connect the users."""
+    progress_line(progress, f"{name}: starting")
+    if name == "baseline":
+        baseline = stack.enter_context(running_baseline(root))
+        url = baseline.url
+        return connect(name, lambda u: url, [baseline.process.pid], clients, plan, progress)
     options = NO_GROUP_COMMIT if name == "cluster_no_group_commit" else {}
-    with running_cluster(root / name, plan, options) as cluster:
-        pids = [p.pid for p in cluster.procs.values()]
-        return measure(
-            name,
-            lambda u: cluster.ws_url(u.node + 1),
-            pids,
-            clients,
-            plan,
-            progress,
-            journal=lambda: journal_counters(cluster),
-        )
+    cluster = stack.enter_context(running_cluster(root / name, plan, options))
+    return connect(
+        name,
+        lambda u: cluster.ws_url(u.node + 1),
+        [p.pid for p in cluster.procs.values()],
+        clients,
+        plan,
+        progress,
+        journal=lambda: journal_counters(cluster),
+    )
 
 
 def run_all(plan: Plan, progress: bool) -> dict[str, Any]:
-    """Start the load processes, measure each target in turn, stop everything; the report."""
+    """Start the load processes and every target, run the searches, stop everything; the report.
+
+    The targets run side by side (idle but for the one being measured), so that their searches
+    can be interleaved step by step.
+    """
     started = time.monotonic()
     load_before = os.getloadavg()
     raise_descriptor_limit(plan)
-    results: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory(prefix="p2pshard-bench-chat-load-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="p2pshard-bench-chat-load-") as tmp,
+        contextlib.ExitStack() as stack,
+    ):
         root = Path(tmp)
         progress_line(progress, f"starting {plan.clients} load processes")
-        with load_processes(root, plan) as clients:
-            for name in plan.targets:
-                progress_line(progress, f"{name}: starting")
-                if name == "baseline":
-                    results[name] = measure_baseline(root, clients, plan, progress)
-                else:
-                    results[name] = measure_cluster(name, root, clients, plan, progress)
+        clients = stack.enter_context(load_processes(root, plan))
+        targets = [start_target(n, root, stack, clients, plan, progress) for n in plan.targets]
+        results = interleave(
+            targets, plan, lambda target, rate: run_step(target, plan, rate, progress)
+        )
     return report_of(plan, results, started, load_before)
 
 

@@ -196,7 +196,14 @@ def fake_steps(capacity: float, *, unclean_above: float = math.inf) -> list[floa
         return {"rate": rate, "passed": rate <= capacity, "clean": rate <= unclean_above}
 
     plan = chat_load.make_plan(quick=True, start_rate=50, factor=2, max_steps=6, refine=2)
-    steps, best, saturated = chat_load.search(run, plan)
+    search = chat_load.search(plan)
+    rate = next(search)
+    while True:
+        try:
+            rate = search.send(run(rate))
+        except StopIteration as done:
+            steps, best, saturated = done.value
+            break
     assert [s["rate"] for s in steps] == rates
     assert saturated == any(r > capacity for r in rates)
     passing = [r for r in rates if r <= capacity]
@@ -218,3 +225,27 @@ def test_the_search_stops_at_a_step_that_leaves_deliveries_behind() -> None:
 
 def test_the_search_says_when_no_step_failed() -> None:
     assert fake_steps(10_000) == [50, 100, 200, 400, 800, 1600]
+
+
+def test_the_searches_are_interleaved_in_turning_order() -> None:
+    plan = chat_load.make_plan(quick=True, start_rate=50, factor=2, max_steps=3, refine=0)
+    targets = [chat_load.Target(name, [], [], {}) for name in ("a", "b", "c")]
+    capacity = {"a": 60, "b": 1000, "c": 15}
+    order: list[tuple[str, float]] = []
+
+    def run(target: chat_load.Target, rate: float) -> dict[str, object]:
+        order.append((target.name, rate))
+        return {"rate": rate, "passed": rate <= capacity[target.name], "clean": True}
+
+    results = chat_load.interleave(targets, plan, run)
+    assert order == [
+        ("a", 50), ("b", 50), ("c", 50),  # round 1
+        ("b", 100), ("c", 25), ("a", 100),  # round 2 starts one further; a is done
+        ("c", 12.5), ("b", 200),  # c is done; b has had its three steps
+    ]  # fmt: skip
+    assert {n: r["posts_per_s_at_p99_100ms"] for n, r in results.items()} == {
+        "a": 50,
+        "b": 200,
+        "c": 12.5,
+    }
+    assert {n: r["saturated"] for n, r in results.items()} == {"a": True, "b": False, "c": True}
