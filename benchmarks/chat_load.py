@@ -117,7 +117,10 @@ class Plan:
     window: float
     """Seconds each step posts."""
     drain: float
-    """Seconds a step's deliveries and acks may take after its window."""
+    """Seconds a step's deliveries and acks may take after its window (else it fails)."""
+    settle: float
+    """Seconds after its window a failed step's stragglers are waited for, so that the next step
+    starts on a target that has caught up (if they do not come, the search ends)."""
     joins_at_once: int
     """Joins in flight per load process while connecting."""
     connect_limit: float
@@ -142,8 +145,10 @@ class Plan:
             problems.append(f"--start-rate {self.start_rate} --factor {self.factor}: > 0 and > 1")
         if self.max_steps < 1 or self.refine < 0:
             problems.append(f"--max-steps {self.max_steps} --refine {self.refine}: >= 1, >= 0")
-        if self.window <= 0 or self.drain <= 0:
-            problems.append(f"--window {self.window} --drain {self.drain}: both > 0")
+        if self.window <= 0 or not 0 < self.drain <= self.settle:
+            problems.append(
+                f"--window {self.window} --drain {self.drain}: > 0, and drain <= {self.settle:g}"
+            )
         unknown = set(self.targets) - set(TARGETS)
         if unknown or not self.targets:
             problems.append(f"targets {self.targets}: some of {', '.join(TARGETS)}")
@@ -153,7 +158,7 @@ class Plan:
     @property
     def time_limit(self) -> float:
         """Seconds the whole run may take at most (the load processes' lifetime)."""
-        step = self.window + self.drain + 40
+        step = self.window + self.settle + 40
         per_target = 120 + self.connect_limit + (self.max_steps + self.refine) * step
         return 60 + len(self.targets) * per_target
 
@@ -163,12 +168,12 @@ def make_plan(*, quick: bool, **overrides: Any) -> Plan:
     if quick:
         plan = Plan(
             users=600, rooms=60, nodes=3, clients=2, start_rate=50, factor=2.0, max_steps=6,
-            refine=0, window=1.5, drain=4.0, joins_at_once=16, connect_limit=60,
+            refine=0, window=1.5, drain=4.0, settle=15.0, joins_at_once=16, connect_limit=60,
         )  # fmt: skip
     else:
         plan = Plan(
             users=5000, rooms=500, nodes=3, clients=4, start_rate=50, factor=1.5, max_steps=12,
-            refine=2, window=5.0, drain=10.0, joins_at_once=8, connect_limit=300,
+            refine=2, window=5.0, drain=10.0, settle=60.0, joins_at_once=8, connect_limit=300,
         )  # fmt: skip
     return attrs.evolve(plan, **{k: v for k, v in overrides.items() if v is not None})
 
@@ -383,15 +388,23 @@ def run_step(target: Target, plan: Plan, rate: float, progress: bool) -> dict[st
     last = max(r["last_sent"] for r in runs if r["posts"])
     sent_per_s = posts / (last - first + 1 / rate) if posts else 0.0
 
-    deadline = time.monotonic() + plan.drain
+    window_end = start_at + plan.window
+    missing: tuple[int, int] | None = None  # deliveries, answers (acks or errors)
     while True:
         counts = ask_all(clients, [{"cmd": "tally", "tag": tag, "final": False}] * n, 10)
         receipts = sum(c["receipts"] for c in counts)
         answered = sum(c["acks"] + c["errors"] for c in counts)
-        if (receipts >= expected and answered >= posts) or time.monotonic() > deadline:
+        complete = receipts >= expected and answered >= posts
+        now = time.monotonic()
+        if missing is None and (complete or now > window_end + plan.drain):
+            missing = (expected - receipts, posts - answered)
+        # What is still missing after the drain is waited for longer (the target is not ready
+        # for the next step until it has caught up), but the step has failed.
+        if complete or now > window_end + plan.settle:
             break
         time.sleep(0.1)
-    drained_s = time.monotonic() - (start_at + plan.window)
+    drained_s = time.monotonic() - window_end
+    assert missing is not None  # set at the latest when the settle time ran out
     finals = ask_all(clients, [{"cmd": "tally", "tag": tag, "final": True}] * n, 10)
     receipt_hist: Counter[int] = Counter()
     ack_hist: Counter[int] = Counter()
@@ -411,7 +424,9 @@ def run_step(target: Target, plan: Plan, rate: float, progress: bool) -> dict[st
         "late_max_ms": max(r["late_max_ms"] for r in runs),
         "deliveries_expected": expected,
         "deliveries": receipts,
-        "missing_deliveries": expected - receipts,
+        "missing_deliveries": missing[0],
+        "missing_answers": missing[1],
+        "missing_after_settle": expected - receipts + max(0, posts - acks - errors),
         "acks": acks,
         "errors": errors,
         "error_texts": error_texts[:5],
@@ -428,10 +443,10 @@ def run_step(target: Target, plan: Plan, rate: float, progress: bool) -> dict[st
     if target.journal is not None and journal_before is not None:
         step.update(journal_figures(journal_before, target.journal(), plan.window))
     reasons = []
-    if step["missing_deliveries"] or acks + errors < posts:
+    if missing != (0, 0):
         reasons.append(
-            f"{step['missing_deliveries']} deliveries and {posts - acks - errors} acks "
-            f"missing {plan.drain:g} s after the window"
+            f"{missing[0]} deliveries and {missing[1]} acks missing {plan.drain:g} s after the "
+            "window"
         )
     if errors:
         reasons.append(f"{errors} errors ({'; '.join(error_texts[:2])})")
@@ -443,7 +458,7 @@ def run_step(target: Target, plan: Plan, rate: float, progress: bool) -> dict[st
         reasons.append(f"the load processes sent {sent_per_s:.0f}/s only")
     step["passed"] = not reasons
     step["reason"] = "; ".join(reasons)
-    step["clean"] = step["missing_deliveries"] == 0 and closed == 0 and acks + errors >= posts
+    step["clean"] = step["missing_after_settle"] == 0 and closed == 0
     progress_line(
         progress,
         f"  {target.name} step {target.steps}: {rate:,.0f} posts/s, p99 "

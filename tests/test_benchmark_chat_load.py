@@ -154,7 +154,7 @@ def test_the_no_group_commit_cluster_writes_one_append_per_transaction(tmp_path:
 def test_the_smallest_plan_delivers_every_post_and_reports_the_keys() -> None:
     plan = chat_load.Plan(
         users=12, rooms=3, nodes=1, clients=2, start_rate=8, factor=2, max_steps=2, refine=0,
-        window=0.5, drain=20, joins_at_once=4, connect_limit=60,
+        window=0.5, drain=20, settle=20, joins_at_once=4, connect_limit=60,
     )  # fmt: skip
     report = chat_load.run_all(plan, progress=True)
     for key in (
