@@ -10,15 +10,17 @@ How to run it (from the project root)::
 Progress lines go to stderr unless ``--json``.
 
 The load comes from several processes (``benchmarks/_chat_load_worker.py``, ``--clients`` of
-them), each a trio process holding its share of the users' WebSockets with a lean client
-(``benchmarks/_websocket.py``) so that the load costs the machine little. User ``u`` is in room
+them), each holding its share of the users' WebSockets with a lean client
+(``benchmarks/_websocket.py``) served by one epoll thread, so that the load costs the machine
+little. User ``u`` is in room
 ``u % rooms``; the members of a room are spread over the nodes and over the load processes, so a
 post's deliveries cross processes. The rate is open-loop: each load process sends its share of
 the posts at fixed times (a post is due at ``start + k / rate``; its poster is drawn from a
 seeded generator), whatever the answers, and stamps each with its send time; every member's
 process timestamps the ``message`` frame when its bytes arrive (one monotonic clock for every
-process of the host). A step posts at one rate for a window, then waits (bounded) until every
-member has received every post and every post has its ``ack``.
+process of the host; a frame is stamped at most 1 ms late, never early). A step posts at one
+rate for a window, then waits (``drain``) until every member has received every post and every
+post has its ``ack``; after a failed step, stragglers are waited for longer (``settle``).
 
 The search: the first step posts at ``--start-rate``; each passing step is followed by one at
 ``--factor`` times the rate (each failing one, before any passed, by one at the rate over
@@ -42,9 +44,11 @@ every target alike; the targets not being measured are idle meanwhile:
 - ``baseline``: the single-process trio fan-out server of ``benchmarks/_chat_baseline.py`` (no
   cluster, no journal, no TLS), every user connected to it.
 
-Persisted posts per second per node: the posts acknowledged (each ack follows the event's
-commit to the journal) in the highest passing step, per second of its window, over the nodes;
-the split by node comes from where the rooms run (the ``/cluster.json`` of node 1).
+Persisted posts per second per node: the appends each node's journal counted during the highest
+passing step (``p2pshard_journal_appends_total`` from its management endpoint's ``/metrics``,
+read before and after the step; nothing but posts is persisted meanwhile), per second of its
+window, averaged over the nodes (and each node's own); ``append_mean_ms`` from the nodes'
+``p2pshard_journal_append_duration_seconds``.
 
 CPU: for each step, the CPU time (``/proc/PID/stat``) of the load processes, of the server
 processes and of the whole machine (``/proc/stat``) over the step's window.
