@@ -9,8 +9,9 @@ Commands:
 
 - ``connect`` (``group``, ``users``: ``[user, room, url]`` triples, ``at_once``, ``within``
   seconds): a group of connections (one per server measured, all kept open together): open one
-  WebSocket per user (``benchmarks/_websocket.py``, a lean client), join its room (again after
-  a second when the server answers "try again", as the chat page does); answered once every user
+  WebSocket per user (``benchmarks/_websocket.py``: wsproto's protocol, the worker's own
+  I/O), join its room (again after a second when the server answers "try again", as the chat
+  page does); answered once every user
   has its ``joined`` frame. From then on the engine thread reads every connection.
 - ``run`` (``group``, ``tag``, ``rate``, ``start_at``, ``duration``, ``offset``, ``seed``):
   open-loop posts from the users of ``group``. Post ``k`` is due at ``start_at + (k + offset) /
@@ -27,7 +28,8 @@ Commands:
 Trio runs the commands and the connections' set-up (handshakes and joins, many at once, within
 a time limit). Once joined, the connections are served by one plain thread, the engine
 (:meth:`LoadClient._engine`): one ``epoll`` wait for every socket and for the next post's due
-time, one ``read`` per readable socket, frames cut and only the needed ones decoded, posts
+time, one ``read`` per readable socket, messages taken whole by wsproto and only the needed ones
+decoded as JSON, posts
 written straight to their sockets. A pass of trio's scheduler per wake-up (a task per
 connection, or a task waiting on the epoll descriptor, and a task sleeping until each post)
 cost several times the frame's own work when frames come one at a time, so the load process
@@ -58,15 +60,7 @@ import attrs
 import trio
 
 from benchmarks._process import Lines
-from benchmarks._websocket import (
-    OP_CLOSE,
-    OP_TEXT,
-    FrameReader,
-    WebSocketProtocolError,
-    check_handshake,
-    handshake_request,
-    text_frame,
-)
+from benchmarks._websocket import CLOSE, TEXT, ClientWebSocket, WebSocketProtocolError
 
 logger = logging.getLogger("benchmarks.chat_load_worker")
 
@@ -85,7 +79,7 @@ IDLE_POLL = 0.1
 """Seconds the engine waits at most, with no post due, before it looks at its stop flag."""
 RUN_MARGIN = 30.0
 """Seconds past a step's window its posts may take to go out before ``run`` fails."""
-MEMBERS_FRAME = b'{"type": "members"'
+MEMBERS_FRAME = '{"type": "members"'
 """How the frames this client does not need begin."""
 
 
@@ -100,7 +94,7 @@ class Connection:
     user: str
     room: str
     stream: trio.SocketStream
-    reader: FrameReader = attrs.Factory(FrameReader)
+    ws: ClientWebSocket
     closed: bool = False
     joins: int = 1
     """Joins sent (more than one when the server answered "try again")."""
@@ -222,37 +216,39 @@ class LoadClient:
 
     def on_bytes(self, conn: Connection, data: bytes, now: float) -> None:
         """Handle what a connection received at ``now``."""
-        for opcode, payload in conn.reader.feed(data):
-            if opcode == OP_CLOSE:
-                raise trio.BrokenResourceError(f"close frame {payload[:2]!r}")
+        for kind, payload in conn.ws.feed(data):
+            if kind == CLOSE:
+                raise trio.BrokenResourceError(f"the server closed the WebSocket: {payload!r}")
             # The members frames (half of all) are not needed: skip decoding them (both servers
             # write "type" first; a frame laid out otherwise is decoded, and ignored below).
-            if opcode == OP_TEXT and not payload.startswith(MEMBERS_FRAME):
+            if kind == TEXT and isinstance(payload, str) and not payload.startswith(MEMBERS_FRAME):
                 self.on_frame(json.loads(payload), now)
+        if pong := conn.ws.outgoing():
+            os.write(conn.fd, pong)
 
     async def _join(self, user: str, room: str, url: str) -> Connection:
         """Connect and join; the connection once its ``joined`` frame has come."""
         host, port, path = split_ws_url(url)
         stream = await trio.open_tcp_stream(host, port)
         try:
-            request, key = handshake_request(host, port, path)
-            await stream.send_all(request)
-            answer = b""
-            while (data := check_handshake(answer, key)) is None:
+            ws = ClientWebSocket(host, port, path)
+            await stream.send_all(ws.opening())
+            messages: list[tuple[str, str | bytes]] = []
+            while not ws.accepted:
                 chunk = await stream.receive_some(4096)
                 if not chunk:
                     raise WorkerError(f"{url} closed the connection during the handshake")
-                answer += chunk
-            conn = Connection(user, room, stream)
-            join = text_frame(json.dumps({"type": "join", "room": room, "user": user}))
+                messages += ws.feed(chunk)
+            conn = Connection(user, room, stream, ws)
+            join = ws.text(json.dumps({"type": "join", "room": room, "user": user}))
             await stream.send_all(join)
             joined = False
             tries = 1
             while True:
-                for opcode, payload in conn.reader.feed(data):
-                    if opcode == OP_CLOSE:
+                for kind, payload in messages:
+                    if kind == CLOSE:
                         raise WorkerError(f"{user}: {url} closed the connection at the join")
-                    frame = json.loads(payload) if opcode == OP_TEXT else {}
+                    frame = json.loads(payload) if kind == TEXT else {}
                     if frame.get("type") == "joined":
                         joined = True
                     elif frame.get("type") == "error" and not joined:
@@ -264,14 +260,19 @@ class LoadClient:
                         tries += 1
                         conn.joins = tries
                         await trio.sleep(JOIN_RETRY_AFTER)
-                        await stream.send_all(join)
+                        await stream.send_all(
+                            ws.text(json.dumps({"type": "join", "room": room, "user": user}))
+                        )
                     else:
                         self.on_frame(frame, time.monotonic())
                 if joined:
                     return conn
+                if pong := ws.outgoing():
+                    await stream.send_all(pong)
                 data = await stream.receive_some(RECEIVE)
                 if not data:
                     raise WorkerError(f"{user}: {url} closed the connection at the join")
+                messages = ws.feed(data)
         except BaseException:
             await stream.aclose()
             raise
@@ -330,7 +331,7 @@ class LoadClient:
             conn = schedule.rng.choice(schedule.posters)
             post_id = f"{schedule.tag}-{self.index}-{schedule.k}"
             text = json.dumps({"type": "post", "text": f"{now:.6f}", "id": post_id})
-            frame = text_frame(text)
+            frame = conn.ws.text(text)
             try:
                 written = -1 if conn.closed else os.write(conn.fd, frame)
             except OSError:  # a full socket buffer included: the server stopped reading

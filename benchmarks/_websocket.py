@@ -1,163 +1,105 @@
-"""A minimal client side of the WebSocket protocol (RFC 6455), sans-IO, for the chat load workers.
+"""The client side of one WebSocket for the chat load workers: wsproto's state machine, no I/O.
 
 Theory of operation: ``benchmarks/chat_load.py`` needs thousands of connections whose client
-costs little CPU, so that the load generator is not what limits the figures. A general library
-does much per frame (events, state checks, a task and a channel per message); this module does
-only what a chat client over 127.0.0.1 needs: the opening handshake (:func:`handshake_request`,
-:func:`check_handshake`), text frames out, masked with a fresh key as the protocol requires
-(:func:`text_frame`), and frames in, cut from the byte stream (:class:`FrameReader`). No
-extensions are offered, so the server compresses nothing. Fragmented messages are joined;
-control frames (close, ping, pong) are passed up as they are, for the caller to act on. It has
-no I/O and no clock: bytes in, messages out.
+costs little CPU, so that the load generator is not what limits the figures. So the workers do
+their own I/O (one epoll thread per process, no task or channel per message) and leave the
+protocol to wsproto, the sans-IO WebSocket implementation trio-websocket is built on:
+:class:`ClientWebSocket` turns bytes received into whole messages, and messages into bytes to
+send (masked, as a client's must be). Pings are answered: their pongs wait in
+:meth:`ClientWebSocket.outgoing` for the caller to send. No extension is offered, so the server
+compresses nothing.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import os
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import (
+    AcceptConnection,
+    BytesMessage,
+    CloseConnection,
+    Message,
+    Ping,
+    RejectConnection,
+    Request,
+    TextMessage,
+)
+from wsproto.utilities import RemoteProtocolError
 
-import attrs
-
-OP_CONTINUATION = 0x0
-OP_TEXT = 0x1
-OP_BINARY = 0x2
-OP_CLOSE = 0x8
-OP_PING = 0x9
-OP_PONG = 0xA
-
-_ACCEPT_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-MAX_HANDSHAKE = 16 * 1024
-"""Bytes of the server's handshake answer read at most before giving up."""
+TEXT = "text"
+BINARY = "binary"
+CLOSE = "close"
 
 
 class WebSocketProtocolError(Exception):
-    """The server broke the protocol (a bad handshake answer, a masked or malformed frame)."""
+    """The server refused the WebSocket or broke the protocol."""
 
 
-def handshake_request(host: str, port: int, path: str) -> tuple[bytes, bytes]:
-    """The opening GET request and its ``Sec-WebSocket-Key``.
-
-    Example:
-        >>> request, key = handshake_request("127.0.0.1", 8000, "/ws")
-        >>> request.startswith(b"GET /ws HTTP/1.1\\r\\n"), len(key)
-        (True, 24)
-    """
-    key = base64.b64encode(os.urandom(16))
-    request = (
-        f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
-        f"Connection: Upgrade\r\nSec-WebSocket-Key: {key.decode()}\r\n"
-        "Sec-WebSocket-Version: 13\r\n\r\n"
-    ).encode("latin-1")
-    return request, key
-
-
-def accept_value(key: bytes) -> bytes:
-    """The ``Sec-WebSocket-Accept`` value a server must answer ``key`` with."""
-    return base64.b64encode(hashlib.sha1(key + _ACCEPT_GUID).digest())
-
-
-def check_handshake(answer: bytes, key: bytes) -> bytes | None:
-    """Check the server's answer to the handshake; return the bytes after its head.
-
-    ``answer`` is what has been read so far. None means the head is not complete yet (read
-    more); a refusal or a wrong ``Sec-WebSocket-Accept`` raises :class:`WebSocketProtocolError`.
-    """
-    head, found, rest = answer.partition(b"\r\n\r\n")
-    if not found:
-        if len(answer) > MAX_HANDSHAKE:
-            raise WebSocketProtocolError(f"no end of the handshake answer in {len(answer)} bytes")
-        return None
-    lines = head.decode("latin-1").split("\r\n")
-    status = lines[0].split(" ", 2)
-    if len(status) < 2 or status[1] != "101":
-        raise WebSocketProtocolError(f"the server refused the WebSocket: {lines[0]!r}")
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    if headers.get("sec-websocket-accept", "").encode("latin-1") != accept_value(key):
-        raise WebSocketProtocolError("the server's Sec-WebSocket-Accept does not match the key")
-    return rest
-
-
-def text_frame(text: str, mask: bytes | None = None) -> bytes:
-    """One final text frame carrying ``text``, masked (with ``mask``, else a random key).
+class ClientWebSocket:
+    """One client WebSocket: the opening request, then messages in and out.
 
     Example:
-        >>> text_frame("Hi", b"\\x00\\x00\\x00\\x00")
-        b'\\x81\\x82\\x00\\x00\\x00\\x00Hi'
-    """
-    payload = text.encode("utf-8")
-    key = os.urandom(4) if mask is None else mask
-    n = len(payload)
-    if n < 126:
-        head = bytes((0x80 | OP_TEXT, 0x80 | n))
-    elif n < 1 << 16:
-        head = bytes((0x80 | OP_TEXT, 0x80 | 126)) + n.to_bytes(2, "big")
-    else:
-        head = bytes((0x80 | OP_TEXT, 0x80 | 127)) + n.to_bytes(8, "big")
-    repeated = (key * (n // 4 + 1))[:n]
-    masked = (int.from_bytes(payload, "big") ^ int.from_bytes(repeated, "big")).to_bytes(n, "big")
-    return head + key + masked
-
-
-@attrs.define(eq=False)
-class FrameReader:
-    """Cuts the server's frames from the bytes received; joins fragmented messages.
-
-    Example:
-        >>> reader = FrameReader()
-        >>> reader.feed(b"\\x81\\x02h")
-        []
-        >>> reader.feed(b"i\\x88\\x00")
-        [(1, b'hi'), (8, b'')]
+        >>> ws = ClientWebSocket("127.0.0.1", 8000, "/ws")
+        >>> ws.opening().startswith(b"GET /ws HTTP/1.1\\r\\n")
+        True
     """
 
-    _buffer: bytearray = attrs.Factory(bytearray)
-    _fragments: list[bytes] | None = None
-    _fragment_opcode: int = OP_TEXT
+    def __init__(self, host: str, port: int, path: str) -> None:
+        self._ws = WSConnection(ConnectionType.CLIENT)
+        self._opening = self._ws.send(Request(host=f"{host}:{port}", target=path))
+        self._parts: list[str | bytes] = []
+        self._outgoing = bytearray()
+        self.accepted = False
+        """Whether the server accepted the WebSocket (its 101 answer has been read)."""
 
-    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
-        """Add ``data``; return the complete messages and control frames, ``(opcode, payload)``."""
-        buffer = self._buffer
-        buffer += data
-        out: list[tuple[int, bytes]] = []
-        pos, end = 0, len(buffer)
-        while end - pos >= 2:
-            first, second = buffer[pos], buffer[pos + 1]
-            if second & 0x80:
-                raise WebSocketProtocolError("the server sent a masked frame")
-            if first & 0x70:
-                raise WebSocketProtocolError("a frame with reserved bits set (no extension)")
-            length, head = second & 0x7F, 2
-            if length == 126:
-                if end - pos < 4:
-                    break
-                length, head = int.from_bytes(buffer[pos + 2 : pos + 4], "big"), 4
-            elif length == 127:
-                if end - pos < 10:
-                    break
-                length, head = int.from_bytes(buffer[pos + 2 : pos + 10], "big"), 10
-            if end - pos < head + length:
-                break
-            payload = bytes(buffer[pos + head : pos + head + length])
-            pos += head + length
-            opcode, final = first & 0x0F, bool(first & 0x80)
-            if opcode >= OP_CLOSE:  # control frames are never fragmented
-                out.append((opcode, payload))
-            elif opcode == OP_CONTINUATION:
-                if self._fragments is None:
-                    raise WebSocketProtocolError("a continuation frame without a first fragment")
-                self._fragments.append(payload)
-                if final:
-                    out.append((self._fragment_opcode, b"".join(self._fragments)))
-                    self._fragments = None
-            elif self._fragments is not None:
-                raise WebSocketProtocolError("a new message before the last one's final fragment")
-            elif final:
-                out.append((opcode, payload))
-            else:
-                self._fragments, self._fragment_opcode = [payload], opcode
-        del buffer[:pos]
+    def opening(self) -> bytes:
+        """The opening handshake's request, to send first."""
+        return self._opening
+
+    def feed(self, data: bytes) -> list[tuple[str, str | bytes]]:
+        """Take bytes received; return the messages they complete as ``(kind, payload)``.
+
+        ``kind`` is :data:`TEXT` (payload a ``str``), :data:`BINARY`, or :data:`CLOSE` (payload
+        the close code and reason, as text): the server closed the WebSocket, or sent a frame
+        against the protocol (code 1002 and what was wrong). Empty ``data`` means the server
+        closed the stream.
+
+        Raises:
+            WebSocketProtocolError: the server refused the WebSocket, or its handshake answer
+                broke the protocol.
+        """
+        out: list[tuple[str, str | bytes]] = []
+        try:
+            self._ws.receive_data(data or None)
+            for event in self._ws.events():
+                if isinstance(event, AcceptConnection):
+                    self.accepted = True
+                elif isinstance(event, RejectConnection):
+                    raise WebSocketProtocolError(
+                        f"the server refused the WebSocket with status {event.status_code}"
+                    )
+                elif isinstance(event, TextMessage | BytesMessage):
+                    self._parts.append(
+                        event.data if isinstance(event.data, str) else bytes(event.data)
+                    )
+                    if event.message_finished:
+                        parts, self._parts = self._parts, []
+                        if isinstance(event, TextMessage):
+                            out.append((TEXT, "".join(p for p in parts if isinstance(p, str))))
+                        else:
+                            out.append((BINARY, b"".join(p for p in parts if isinstance(p, bytes))))
+                elif isinstance(event, Ping):
+                    self._outgoing += self._ws.send(event.response())
+                elif isinstance(event, CloseConnection):
+                    out.append((CLOSE, f"{event.code} {event.reason or ''}".strip()))
+        except RemoteProtocolError as exc:
+            raise WebSocketProtocolError(f"the server broke the WebSocket protocol: {exc}") from exc
         return out
+
+    def text(self, text: str) -> bytes:
+        """The bytes of one text message carrying ``text``, to send."""
+        return self._ws.send(Message(data=text))
+
+    def outgoing(self) -> bytes:
+        """Bytes the protocol itself must send (pongs), taken once."""
+        data, self._outgoing = bytes(self._outgoing), bytearray()
+        return data

@@ -10,8 +10,8 @@ How to run it (from the project root)::
 Progress lines go to stderr unless ``--json``.
 
 The load comes from several processes (``benchmarks/_chat_load_worker.py``, ``--clients`` of
-them), each holding its share of the users' WebSockets with a lean client
-(``benchmarks/_websocket.py``) served by one epoll thread, so that the load costs the machine
+them), each holding its share of the users' WebSockets (wsproto for the protocol,
+``benchmarks/_websocket.py``) served by one epoll thread, so that the load costs the machine
 little. User ``u`` is in room
 ``u % rooms``; the members of a room are spread over the nodes and over the load processes, so a
 post's deliveries cross processes. The rate is open-loop: each load process sends its share of

@@ -1,118 +1,90 @@
-"""``benchmarks.chat_load`` on its smallest plan, and the lean WebSocket client it loads with.
+"""``benchmarks.chat_load`` on its smallest plan, and the WebSocket client it loads with.
 
 The end-to-end test checks the benchmark's plumbing (real node processes, load processes and the
 baseline server, a few seconds of posts), not its figures: every post is delivered to every
-member of its room and acknowledged, and the report has the keys a script reads. The codec tests
-are byte-level and synchronous.
+member of its room and acknowledged, and the report has the keys a script reads. The client tests
+talk to wsproto's server side, in memory.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import (
+    AcceptConnection,
+    CloseConnection,
+    Message,
+    Ping,
+    Pong,
+    Request,
+    TextMessage,
+)
 
 from benchmarks import chat_load
 from benchmarks._report import json_safe
-from benchmarks._websocket import (
-    OP_BINARY,
-    OP_CLOSE,
-    OP_PING,
-    OP_TEXT,
-    FrameReader,
-    WebSocketProtocolError,
-    accept_value,
-    check_handshake,
-    handshake_request,
-    text_frame,
-)
+from benchmarks._websocket import BINARY, CLOSE, TEXT, ClientWebSocket, WebSocketProtocolError
 from examples.chat.cluster import ChatCluster
 from p2pshard import NodeConfig
 
 
-def server_frame(opcode: int, payload: bytes, *, final: bool = True) -> bytes:
-    n = len(payload)
-    first = (0x80 if final else 0) | opcode
-    if n < 126:
-        return bytes((first, n)) + payload
-    if n < 1 << 16:
-        return bytes((first, 126)) + n.to_bytes(2, "big") + payload
-    return bytes((first, 127)) + n.to_bytes(8, "big") + payload
+def accepted_pair() -> tuple[ClientWebSocket, WSConnection]:
+    """A client whose opening a wsproto server accepted, and that server."""
+    client = ClientWebSocket("127.0.0.1", 8000, "/ws")
+    server = WSConnection(ConnectionType.SERVER)
+    server.receive_data(client.opening())
+    (request,) = server.events()
+    assert isinstance(request, Request)
+    assert request.target == "/ws"
+    assert client.feed(server.send(AcceptConnection())) == []
+    assert client.accepted
+    return client, server
 
 
-def test_frames_are_cut_the_same_whatever_the_chunks_they_arrive_in() -> None:
+def test_messages_come_whole_whatever_the_chunks_they_arrive_in() -> None:
+    client, server = accepted_pair()
     stream = (
-        server_frame(OP_TEXT, b"short")
-        + server_frame(OP_TEXT, b"m" * 300)  # 16-bit length
-        + server_frame(OP_PING, b"p")
-        + server_frame(OP_BINARY, b"b" * 70_000)  # 64-bit length
-        + server_frame(OP_TEXT, b"frag", final=False)  # a fragmented message, a ping inside
-        + server_frame(OP_PING, b"")
-        + server_frame(0x0, b"mented")
-        + server_frame(OP_CLOSE, b"\x03\xe8")
+        server.send(Message(data="short"))
+        + server.send(Message(data="m" * 300))
+        + server.send(Message(data=b"b" * 70_000))
+        + server.send(Message(data="frag", message_finished=False))
+        + server.send(Message(data="mented"))
     )
-    expected = [
-        (OP_TEXT, b"short"),
-        (OP_TEXT, b"m" * 300),
-        (OP_PING, b"p"),
-        (OP_BINARY, b"b" * 70_000),
-        (OP_PING, b""),
-        (OP_TEXT, b"fragmented"),
-        (OP_CLOSE, b"\x03\xe8"),
-    ]
-    for size in (1, 2, 3, 7, 125, 4096, len(stream)):
-        reader = FrameReader()
+    expected = [(TEXT, "short"), (TEXT, "m" * 300), (BINARY, b"b" * 70_000), (TEXT, "fragmented")]
+    for size in (1, 3, 125, 4096, len(stream)):
+        client, _ = accepted_pair()
         got = []
         for start in range(0, len(stream), size):
-            got += reader.feed(stream[start : start + size])
+            got += client.feed(stream[start : start + size])
         assert got == expected, size
 
 
-@pytest.mark.parametrize(
-    ("data", "error"),
-    [
-        (bytes((0x81, 0x81)) + b"mask" + b"x", "masked"),
-        (bytes((0xC1, 0x01)) + b"x", "reserved bits"),
-        (server_frame(0x0, b"x"), "without a first fragment"),
-        (server_frame(OP_TEXT, b"a", final=False) + server_frame(OP_TEXT, b"b"), "final fragment"),
-    ],
-)
-def test_a_frame_against_the_protocol_is_refused(data: bytes, error: str) -> None:
-    with pytest.raises(WebSocketProtocolError, match=error):
-        FrameReader().feed(data)
+def test_what_the_client_sends_the_server_reads_and_a_ping_is_answered() -> None:
+    client, server = accepted_pair()
+    server.receive_data(client.text('{"type": "post"}') + client.text("é" * 70_000))
+    texts = [e.data for e in server.events() if isinstance(e, TextMessage)]
+    assert "".join(texts) == '{"type": "post"}' + "é" * 70_000
+    assert client.feed(server.send(Ping(b"p"))) == []
+    server.receive_data(client.outgoing())
+    assert [e for e in server.events() if isinstance(e, Pong)] == [Pong(b"p")]
+    assert client.outgoing() == b""
 
 
-@pytest.mark.parametrize("size", [0, 5, 125, 126, 65_535, 65_536])
-def test_a_text_frame_is_masked_and_unmasks_to_its_text(size: int) -> None:
-    text = ("é" * size)[:size]  # some two-byte characters
-    mask = os.urandom(4)
-    frame = text_frame(text, mask)
-    payload = text.encode()
-    assert frame[0] == 0x81  # final, text
-    assert frame[1] & 0x80  # masked
-    head = {126: 4, 127: 10}.get(frame[1] & 0x7F, 2)
-    assert frame[head : head + 4] == mask
-    body = frame[head + 4 :]
-    assert bytes(b ^ mask[i % 4] for i, b in enumerate(body)) == payload
-
-
-def test_the_handshake_is_checked() -> None:
-    request, key = handshake_request("127.0.0.1", 8000, "/ws")
-    assert b"Sec-WebSocket-Key: " + key + b"\r\n" in request
-    answer = (
-        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-        b"Sec-WebSocket-Accept: " + accept_value(key) + b"\r\n\r\n"
-    )
-    assert check_handshake(answer[:-1], key) is None  # not complete yet
-    assert check_handshake(answer + b"\x81\x00", key) == b"\x81\x00"
-    with pytest.raises(WebSocketProtocolError, match="does not match"):
-        check_handshake(answer.replace(accept_value(key), accept_value(b"other")), key)
+def test_a_close_or_a_broken_frame_is_reported_as_a_close_and_a_refusal_raises() -> None:
+    client, server = accepted_pair()
+    assert client.feed(server.send(CloseConnection(code=1001, reason="bye"))) == [
+        (CLOSE, "1001 bye")
+    ]
+    refused = ClientWebSocket("127.0.0.1", 8000, "/ws")
     with pytest.raises(WebSocketProtocolError, match="refused"):
-        check_handshake(b"HTTP/1.1 404 Not Found\r\n\r\n", key)
+        refused.feed(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+    client, _ = accepted_pair()
+    broken = client.feed(bytes((0x81, 0x81)) + b"mask" + b"x")  # a server must not mask
+    assert broken == [(CLOSE, "1002 client received unexpected masked frame")]
 
 
 def test_quantiles_of_a_histogram_of_tenth_milliseconds() -> None:
