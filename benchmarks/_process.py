@@ -1,7 +1,8 @@
-"""A benchmark's node process and its command pipe: one JSON object per line each way.
+"""A benchmark's worker process and its command pipe: one JSON object per line each way.
 
-Shared by the benchmarks that drive node processes (``replicator.py``, ``sharding.py``): each
-starts its worker program with :class:`CommandProcess` and adds its own start-up and stop steps.
+Shared by the benchmarks that drive worker processes (``replicator.py``, ``sharding.py``,
+``chat_load.py``): each starts its worker program with :class:`CommandProcess` and adds its own
+start-up and stop steps; a worker reads its commands with :class:`Lines`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import subprocess
 import time
 from pathlib import Path
 from typing import Any
+
+import trio
 
 ROOT = Path(__file__).resolve().parent.parent
 """The project root: the working directory of every worker process."""
@@ -102,3 +105,22 @@ class CommandProcess:
             if pipe is not None:
                 with contextlib.suppress(OSError):
                     pipe.close()
+
+
+class Lines:
+    """Lines of a byte stream (a worker's commands); cancellable, unlike a file read in a thread."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self._stream = stream
+        self._buffer = bytearray()
+
+    async def readline(self) -> str | None:
+        """The next line without its newline; None at the end of the stream."""
+        while (end := self._buffer.find(b"\n")) < 0:
+            chunk = await self._stream.receive_some(1 << 16)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line = bytes(self._buffer[:end])
+        del self._buffer[: end + 1]
+        return line.decode()

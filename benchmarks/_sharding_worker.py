@@ -40,6 +40,7 @@ import httpx
 import trio
 
 from benchmarks import transport as transport_bench
+from benchmarks._process import Lines
 from benchmarks._report import quantiles_us
 from membership import Address
 from membership._member import MemberStatus
@@ -756,25 +757,6 @@ async def cmd_pingpong_client(
 
 
 # ---- the command loop ---------------------------------------------------------------------------
-
-
-class Lines:
-    """Lines of a byte stream; cancellable, unlike a file read in a thread."""
-
-    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
-        self._stream = stream
-        self._buffer = bytearray()
-
-    async def readline(self) -> str | None:
-        """The next line without its newline; None at the end of the stream."""
-        while (end := self._buffer.find(b"\n")) < 0:
-            chunk = await self._stream.receive_some(1 << 16)
-            if not chunk:
-                return None
-            self._buffer += chunk
-        line = bytes(self._buffer[:end])
-        del self._buffer[: end + 1]
-        return line.decode()
 
 
 async def run_command(state: State, command: dict[str, Any]) -> dict[str, Any]:

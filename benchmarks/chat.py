@@ -16,11 +16,12 @@ the journal; the room then sends one ``Deliver`` per node, whose gateway pushes 
 a ``members`` frame to each local member.
 
 Baseline, in the same run: the same 100 clients, the same client code and frames, against a
-single trio process (this file run with ``--baseline-server``) that keeps the room in a dict: on
-a post it pushes the same ``message`` and ``members`` frames into each member's queue (512
-frames, a writer task per connection, as the chat nodes do) and answers ``ack``. No cluster, no
-journal, no TLS: what any WebSocket fan-out in Python costs here, this client included (the 100
-clients share one process, which is part of both figures).
+single trio process (``benchmarks/_chat_baseline.py``) that keeps the room in a dict: on a post
+it pushes the same ``message`` and ``members`` frames into each member's queue (512 frames, a
+writer task per connection, as the chat nodes do) and answers ``ack``. No cluster, no journal,
+no TLS: what any WebSocket fan-out in Python costs here, this client included (the 100 clients
+share one process, which is part of both figures; ``benchmarks/chat_load.py`` spreads its
+clients over several processes).
 
 1. ``fanout``: posts one at a time (each by the next user in turn), each followed until all 100
    members (the poster too) have its ``message`` frame: latency from the post being sent to
@@ -38,13 +39,9 @@ stopped and the temporary directory removed.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
-import select
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,17 +51,14 @@ from typing import Any
 
 import attrs
 import trio
-import trio_websocket
 
-from benchmarks._process import ROOT, BenchmarkError
+from benchmarks._chat_baseline import BaselineProcess
+from benchmarks._process import BenchmarkError
 from benchmarks._report import benchmark_parser, cell, progress_line, quantiles_ms, run_and_print
 from examples.chat.client import ChatClient, open_chat_client
 from examples.chat.cluster import ChatCluster, free_base_port
 
-HOST = "127.0.0.1"
 NODES = 3
-QUEUE = 512
-"""Frames queued per connection before the baseline server drops it (as the chat nodes do)."""
 JOINS_AT_ONCE = 10
 WAIT = 15.0
 """Seconds any one answer or delivery may take before the benchmark fails."""
@@ -96,107 +90,6 @@ def make_plan(*, quick: bool) -> Plan:
         rounds=1 if quick else 3,
         part_limit=120.0 if quick else 300.0,
     )
-
-
-async def baseline_server() -> None:
-    """A single-process fan-out server speaking the chat frames; prints its port, serves forever."""
-    members: dict[int, tuple[str, trio.MemorySendChannel[dict[str, Any]]]] = {}
-    seq = 0
-
-    def names() -> list[str]:
-        return sorted({user for user, _ in members.values()})
-
-    def push(key: int, frame: dict[str, Any]) -> None:
-        entry = members.get(key)
-        if entry is None:
-            return
-        try:
-            entry[1].send_nowait(frame)
-        except trio.WouldBlock:  # too slow: dropped, as a chat node drops it
-            members.pop(key, None)
-            entry[1].close()
-
-    async def handler(request: trio_websocket.WebSocketRequest) -> None:
-        ws = await request.accept()
-        key = id(ws)
-        send, receive = trio.open_memory_channel[dict[str, Any]](QUEUE)
-
-        async def writer() -> None:
-            with contextlib.suppress(trio_websocket.ConnectionClosed):
-                async with receive:
-                    async for frame in receive:
-                        await ws.send_message(json.dumps(frame))
-                await ws.aclose(code=1013, reason="too slow")
-
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(writer)
-                await send.send({"type": "hello", "node": "baseline", "nodes": []})
-                with contextlib.suppress(trio_websocket.ConnectionClosed):
-                    while True:
-                        handle(key, send, json.loads(await ws.get_message()))
-                nursery.cancel_scope.cancel()
-        finally:
-            members.pop(key, None)
-
-    def handle(
-        key: int, send: trio.MemorySendChannel[dict[str, Any]], frame: dict[str, Any]
-    ) -> None:
-        nonlocal seq
-        if frame["type"] == "join":
-            members[key] = (frame["user"], send)
-            push(key, {"type": "joined", "room": frame["room"], "user": frame["user"],
-                       "members": names(), "history": []})  # fmt: skip
-            for other in list(members):
-                if other != key:
-                    push(other, {"type": "members", "members": names()})
-        elif frame["type"] == "post" and key in members:
-            seq += 1
-            message = {"seq": seq, "user": members[key][0], "text": frame["text"],
-                       "id": frame["id"], "at": time.time()}  # fmt: skip
-            listed = names()
-            for other in list(members):
-                push(other, {"type": "message", "message": message})
-                push(other, {"type": "members", "members": listed})
-            push(key, {"type": "ack", "id": frame["id"], "seq": seq, "duplicate": False})
-
-    async with trio.open_nursery() as nursery:
-        server = await nursery.start(trio_websocket.serve_websocket, handler, HOST, 0, None)
-        print(server.port, flush=True)
-
-
-class BaselineProcess:
-    """The baseline server as a process of its own, like each chat node."""
-
-    def __init__(self, log: Path) -> None:
-        self._log = log.open("wb")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.chat", "--baseline-server"],
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            cwd=ROOT,
-            start_new_session=True,
-        )
-        assert self.process.stdout is not None
-        ready, _, _ = select.select([self.process.stdout], [], [], 20)
-        line = self.process.stdout.readline() if ready else b""
-        if not line.strip().isdigit():
-            self.stop()
-            raise BenchmarkError(f"the baseline server did not start; see {log}")
-        self.url = f"ws://{HOST}:{int(line)}/ws"
-
-    def stop(self) -> None:
-        """SIGTERM, a bounded wait, then SIGKILL."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        if self.process.stdout is not None:
-            self.process.stdout.close()
-        self._log.close()
 
 
 # ==== measurements ================================================================================
@@ -445,11 +338,7 @@ def format_table(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Parse the arguments, run the benchmark, print the table or the JSON."""
     parser = benchmark_parser(__doc__, quick="smaller counts; under a minute")
-    parser.add_argument("--baseline-server", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.baseline_server:
-        trio.run(baseline_server)
-        return 0
     plan = make_plan(quick=args.quick)
     return run_and_print(
         lambda: run_all(plan, progress=not args.json),

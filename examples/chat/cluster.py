@@ -14,6 +14,8 @@ one signal, from it. The tests use :class:`ChatCluster` directly.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import random
@@ -28,6 +30,8 @@ from types import FrameType
 from typing import IO, Any
 
 import attrs
+
+from p2pshard.cli import main as p2pshard_command
 
 _ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,6 +54,8 @@ class ChatCluster:
     plus ``management_offset``; a node's ``/cluster`` page reads it when it is there."""
     cluster: str = "chat"
     log_level: str = "INFO"
+    journal_options: dict[str, int] = attrs.Factory(dict)
+    """More keys of each node's ``[journal]`` table, e.g. ``{"group_commit_max_events": 1}``."""
     log_to_files: bool = False
     procs: dict[int, subprocess.Popen[bytes]] = attrs.Factory(dict)
     _logs: list[IO[bytes]] = attrs.Factory(list)
@@ -83,15 +89,14 @@ class ChatCluster:
         data = self.data_dir.resolve()
         data.mkdir(parents=True, exist_ok=True)
         ca = data / "ca"
-        certs = [sys.executable, "-m", "p2pshard", "certs"]
         if not (ca / "ca.pem").exists():
-            _quiet([*certs, "init", "--cluster", self.cluster, "--out", str(ca)])
+            _certs("init", "--cluster", self.cluster, "--out", str(ca))
         seeds = ", ".join(_toml_str(f"127.0.0.1:{self.port(i)}") for i in range(1, self.nodes + 1))
         paths = []
         for i in range(1, self.nodes + 1):
             node_dir = data / self.name(i)
             if not (node_dir / "node.pem").exists():
-                _quiet([*certs, "node", self.name(i), "--ca", str(ca), "--out", str(node_dir)])
+                _certs("node", self.name(i), "--ca", str(ca), "--out", str(node_dir))
             path = node_dir / "node.toml"
             path.write_text(
                 f"""# a chat node (written by examples/chat/cluster.py)
@@ -123,6 +128,7 @@ safety_margin = 1.0
 backend = "sqlite"
 path = {_toml_str(data / "journal.db")}
 """
+                + "".join(f"{key} = {value:d}\n" for key, value in self.journal_options.items())
                 + (
                     f"""
 [management]
@@ -281,8 +287,12 @@ def free_base_port(nodes: int, *, tries: int = 50) -> int:
     raise RuntimeError(f"no free ports for a {nodes}-node chat cluster in {tries} tries")
 
 
-def _quiet(command: list[str]) -> None:
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, cwd=_ROOT)
+def _certs(*args: str) -> None:
+    """``p2pshard certs ARGS``, run in this process (an interpreter per call took seconds)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        status = p2pshard_command(["certs", *args])
+    if status != 0:
+        raise RuntimeError(f"p2pshard certs {' '.join(args)} failed with status {status}")
 
 
 class _Stop(Exception):
