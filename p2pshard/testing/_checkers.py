@@ -283,8 +283,9 @@ def check_journal_calls(
         ...     AcceptedCall("C|a", "recover", 7, 0, 0, 1.0),
         ...     AcceptedCall("C|a", "append", 4, 1, 1, 2.0),
         ... ]
-        >>> [str(v) for v in check_journal_calls(calls, {"C|a": 1})]  # doctest: +ELLIPSIS
-        ['journal-fencing: C|a: append at 1 under token 4 was accepted after token 7 had...']
+        >>> (violation,) = check_journal_calls(calls, {"C|a": 1})
+        >>> print(violation)  # doctest: +ELLIPSIS
+        journal-fencing: C|a: append at 1 under token 4 was accepted after token 7 had...
     """
     found = []
     fences: dict[str, tuple[int, float]] = {}
