@@ -312,6 +312,7 @@ def samples() -> list[object]:
         make("p2pshard.testing.Probe"),
         make("p2pshard.testing.Stall", seconds=1.5),
         make("p2pshard.testing.Deliver", room="Room/r1", first=3, posts=(("alice", 3), ("bob", 4))),
+        make("p2pshard.testing.Copied", room="Room/r1", sender="alice", seq=3),
         # a user's message class on its own
         increment,
         user,
