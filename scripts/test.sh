@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole test suite: lint, types, the docs site, tests (in two pytest-xdist workers). `scripts/test.sh --slow`
+# The whole test suite: lint, types, the docs site, tests (in three pytest-xdist workers). `scripts/test.sh --slow`
 # adds soak and many-seed runs; any other arguments go to pytest (-n 0: one process). The etcd
 # lease tests start their own etcd server and the PostgreSQL journal tests their own PostgreSQL,
 # the chat example's browser test drives a headless Chromium, and the network-namespace tests (run
@@ -110,7 +110,9 @@ ruff format --check .
 mypy
 # Docs must build without a warning (broken link, page outside the nav; no --quiet, it hides them).
 NO_MKDOCS_2_WARNING=1 mkdocs build --strict
-# Two workers (CI has two cores): most tests wait on real processes, sockets and servers, and the
-# long chaos runs would otherwise leave the second core idle. Pass -n 0 to run in one process.
+# Three workers on CI's two cores: many tests spend their time waiting on real processes,
+# sockets, servers and timeouts, and with two workers a core sat idle about a quarter of the run
+# (the last run with two took 810 s of tests for about 1,200 s of CPU; with three, 2026-11-27,
+# 619 s for 1,100 s). Pass -n 0 to run in one process, -n 2 for two workers.
 # --durations=25 lists the slowest tests of every run, so that CI shows what eats its 15 minutes.
-python -m pytest -n 2 --dist worksteal --durations=25 "$@"
+python -m pytest -n 3 --dist worksteal --durations=25 "$@"
