@@ -193,7 +193,7 @@ class JournalBatcher:
         counts = self._counts
         try:
             while True:
-                if not await _more(self._recoveries):
+                if not await work_waiting(self._recoveries):
                     break
                 batch = self._recoveries.take_batch()
                 counts["recovery_batches"] += 1
@@ -260,7 +260,7 @@ class JournalBatcher:
         counts = self._counts
         try:
             while True:
-                if not await _more(self._snapshots):
+                if not await work_waiting(self._snapshots):
                     break
                 batch = self._snapshots.take_batch()
                 counts["snapshot_batches"] += 1
@@ -309,11 +309,13 @@ class JournalBatcher:
         return outcomes
 
 
-async def _more(queue: RecoveryQueue[Any] | SnapshotQueue[Any]) -> bool:
-    """Whether ``queue`` has work, after letting the tasks just answered add theirs.
+async def work_waiting(queue: object) -> bool:
+    """Whether ``queue`` has work, once the tasks just answered have had the chance to add theirs.
 
-    Two scheduling rounds (trio may run this task before or after them in the first), so that
-    what they ask next goes out in one batch rather than one alone first.
+    ``queue`` is anything true while it holds work. The journals' batch loops (appends,
+    recoveries, snapshots) call it before they end. Two scheduling rounds (trio may run this
+    task before or after them in the first), so that what they ask next goes out in one batch
+    rather than one alone first.
     """
     if not queue:
         await trio.lowlevel.cancel_shielded_checkpoint()

@@ -46,7 +46,7 @@ import trio
 
 from .._errors import JournalConflict, JournalError, JournalFenced
 from ._batching import StreamRead, assemble_recoveries, fence_raises, plan_snapshots
-from ._gather import drain_snapshots
+from ._gather import drain_snapshots, work_waiting
 from ._group_commit import AppendQueue, PendingAppend, StreamRow, plan_batch, streams_of
 from ._journal import (
     DEFAULT_GROUP_COMMIT_MAX_BYTES,
@@ -558,13 +558,8 @@ class MemoryJournal:
         """
         try:
             while True:
-                if not self._queue:
-                    # The tasks just answered may append again at once: let them run first
-                    # (two scheduling rounds, as the SQL journals' committer does).
-                    await trio.lowlevel.cancel_shielded_checkpoint()
-                    await trio.lowlevel.cancel_shielded_checkpoint()
-                    if not self._queue:
-                        break
+                if not await work_waiting(self._queue):  # the answered tasks' next appends
+                    break
                 batch = self._queue.take_batch()
                 self._counts["batches"] += 1
                 self._counts["largest_batch"] = max(self._counts["largest_batch"], len(batch))

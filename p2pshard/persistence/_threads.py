@@ -47,7 +47,7 @@ import trio
 
 from .._errors import JournalError
 from ._batching import StreamRead, assemble_recoveries
-from ._gather import drain_snapshots
+from ._gather import drain_snapshots, work_waiting
 from ._group_commit import AppendQueue, PendingAppend
 from ._journal import (
     JournalSettings,
@@ -441,15 +441,8 @@ class ThreadedJournal(Generic[Conn]):
         """
         try:
             while True:
-                if not self._queue:
-                    # The tasks just answered may append again at once: let them all run (two
-                    # scheduling rounds: trio may run this task before or after them in the
-                    # first), then look again, so that their appends go out together rather
-                    # than one alone first.
-                    await trio.lowlevel.cancel_shielded_checkpoint()
-                    await trio.lowlevel.cancel_shielded_checkpoint()
-                    if not self._queue:
-                        break
+                if not await work_waiting(self._queue):  # the answered tasks' next appends
+                    break
                 batch = self._queue.take_batch()
                 now = trio.current_time()
                 late = [t for t in batch if t.deadline <= now]
