@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import logging
 import math
@@ -277,13 +278,7 @@ class EtcdLeaseBackend:
         what = f"acquire of lease {name!r}"
         key = _b64(self.prefix + name)
         asked = math.ceil(ttl)
-
-        def granted(answer: _Json) -> _Grant:
-            _revision(answer)
-            grant = _Grant(_int(answer, "ID"), _int(answer, "TTL"))
-            if grant.lease_id == 0 or grant.ttl < asked:
-                raise _BadAnswer(f"granted {grant}, asked for a TTL of {asked} s")
-            return grant
+        granted = functools.partial(_granted, asked)
 
         def created(answer: _Json) -> int | _Kv:
             if _succeeded(answer):
@@ -392,13 +387,7 @@ class EtcdLeaseBackend:
         if not 0 < ttl <= _MAX_TTL:
             raise ValueError(f"lease ttl {ttl!r} is invalid: must be in (0, {_MAX_TTL}] seconds")
         asked = math.ceil(ttl)
-
-        def granted(answer: _Json) -> _Grant:
-            _revision(answer)
-            grant = _Grant(_int(answer, "ID"), _int(answer, "TTL"))
-            if grant.lease_id == 0 or grant.ttl < asked:
-                raise _BadAnswer(f"granted {grant}, asked for a TTL of {asked} s")
-            return grant
+        granted = functools.partial(_granted, asked)
 
         what = f"grant of the node lease of {owner!r}"
         grant = await self._post("/v3/lease/grant", {"TTL": str(asked)}, what, granted)
@@ -597,6 +586,15 @@ class EtcdLeaseBackend:
         raise LeaseUnavailable(
             f"etcd: {what} failed: could not connect to any endpoint ({'; '.join(failures)})"
         )
+
+
+def _granted(asked: int, answer: _Json) -> _Grant:
+    """The lease etcd granted, checked: an id, and at least the ``asked`` TTL in seconds."""
+    _revision(answer)
+    grant = _Grant(_int(answer, "ID"), _int(answer, "TTL"))
+    if grant.lease_id == 0 or grant.ttl < asked:
+        raise _BadAnswer(f"granted {grant}, asked for a TTL of {asked} s")
+    return grant
 
 
 def _read(answer: _Json) -> list[_Kv]:
