@@ -83,7 +83,7 @@ import pycrdt
 import trio
 
 from benchmarks import transport as transport_bench
-from benchmarks._process import BenchmarkError, CommandProcess
+from benchmarks._process import BenchmarkError, CommandProcess, Lines
 from benchmarks._report import benchmark_parser, progress_line, quantiles_us
 from crdt import ReplicationError, WriteLocal, WriteMajority
 from membership import MemberStatus
@@ -168,25 +168,6 @@ def latency_us(samples: Sequence[float]) -> dict[str, float | None]:
 
 
 # ==== the node process (--worker) ================================================================
-
-
-class Lines:
-    """Lines of a byte stream; cancellable, unlike a file read in a thread."""
-
-    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
-        self._stream = stream
-        self._buffer = bytearray()
-
-    async def readline(self) -> str | None:
-        """The next line without its newline; None at the end of the stream."""
-        while (end := self._buffer.find(b"\n")) < 0:
-            chunk = await self._stream.receive_some(1 << 16)
-            if not chunk:
-                return None
-            self._buffer += chunk
-        line = bytes(self._buffer[:end])
-        del self._buffer[: end + 1]
-        return line.decode()
 
 
 def set_field(field: str, value: str) -> Callable[[pycrdt.Doc[Any]], None]:
