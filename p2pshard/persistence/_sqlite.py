@@ -20,6 +20,12 @@ those that pass and writes their streams' rows; one commit, one fsync, for the w
 refused append wrote nothing, the others commit; an error of the storage rolls the whole batch
 back.
 
+The journal checkpoints the write-ahead log itself (``PRAGMA wal_checkpoint(PASSIVE)``) after
+a group commit once commits have written about :data:`CHECKPOINT_PAGES` pages since its last one,
+after the batch is answered (``p2pshard.persistence._threads``). SQLite's own automatic
+checkpoint runs inside the commit that crosses its threshold, so every append of that batch
+would wait for the copy into the database file and its fsync; it stays on as the backstop.
+
 The blocking calls run in worker threads (at most ``threads`` at a time), each on a connection
 from a small pool that stays open (``p2pshard.persistence._threads``), which also keeps the
 write-ahead log from being checkpointed away after every call. A call has
@@ -32,6 +38,7 @@ append is unknown (it may still commit).
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -57,6 +64,13 @@ from ._journal import (
 from ._threads import RECOVERY_READ, ThreadedJournal
 
 _T = TypeVar("_T")
+
+logger = logging.getLogger("p2pshard.persistence")
+
+CHECKPOINT_PAGES = 1000
+"""Pages (estimated: a page per event and per stream row, and one per 4 KiB of events) that
+group commits write to the log before the journal checkpoints it after the next one; SQLite's
+own automatic checkpoint, inside a commit, is at 1,000 pages too."""
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS p2pshard_journal_streams (
@@ -148,6 +162,8 @@ class SqliteJournal(ThreadedJournal[sqlite3.Connection]):
         )
         super().__init__(settings, threads)
         self.path = Path(path)
+        self._unchecked = 0
+        """Estimated pages written since the journal's last checkpoint of its own."""
 
     # -- connections and transactions ---------------------------------------------------------
 
@@ -221,6 +237,26 @@ class SqliteJournal(ThreadedJournal[sqlite3.Connection]):
             conn.executemany("INSERT INTO p2pshard_journal_events VALUES (?, ?, ?)", plan.events)
             _put_streams(conn, ((pid, s.highest, s.fence) for pid, s in plan.streams.items()))
         return plan.refusals
+
+    def _after_commit(self, conn: sqlite3.Connection, batch: Sequence[PendingAppend]) -> None:
+        # SQLite's automatic checkpoint runs inside the commit that crosses its threshold, so
+        # every append of that batch would wait for it (copying pages into the database file,
+        # an fsync of it). This one runs after the batch is answered, while the answered tasks
+        # prepare their next appends; the automatic one stays as the backstop.
+        written = self._unchecked + len(batch) + sum(len(a.events) + (a.size >> 12) for a in batch)
+        if written < CHECKPOINT_PAGES:
+            self._unchecked = written
+            return
+        self._unchecked = 0
+        try:
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error as exc:
+            logger.warning(
+                "%s: checkpoint after a group commit failed (%s); SQLite's automatic "
+                "checkpoint tries again",
+                self._describe(),
+                exc,
+            )
 
     def _read_recoveries(
         self, conn: sqlite3.Connection, requests: Sequence[tuple[str, int | None]]

@@ -27,6 +27,12 @@ when its ``operation_timeout`` has passed is failed, with nothing written, when 
 (so an append waits at most about twice ``operation_timeout``: the commit before it, then its
 own).
 
+The answers go out from the worker thread the moment the transaction has committed. The
+backend's upkeep after a commit (``_after_commit``: SQLite checkpoints its write-ahead log
+there) runs after them in the same thread, while the answered tasks prepare their next
+appends; the next batch waits for it. An upkeep that fails or outlasts ``operation_timeout`` is
+logged and the appends before it stay acknowledged.
+
 Recoveries and snapshots come in batches too (:class:`p2pshard.BatchJournal`; the entity side
 gathers them, ``p2pshard.persistence._gather``): :meth:`ThreadedJournal.recover_many` is one
 call on one connection that raises the fences the batch's tokens ask for and reads every
@@ -38,6 +44,7 @@ one transaction. ``recover`` and ``save_snapshot`` are batches of one.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
@@ -56,6 +63,8 @@ from ._journal import (
     check_recoveries,
     check_snapshots,
 )
+
+logger = logging.getLogger("p2pshard.persistence")
 
 Conn = TypeVar("Conn")
 _T = TypeVar("_T")
@@ -257,6 +266,14 @@ class ThreadedJournal(Generic[Conn]):
         return self._transaction(
             conn, batch[0].persistence_id, "group commit", lambda c: self._commit_batch(c, batch)
         )
+
+    def _after_commit(self, conn: Conn, batch: Sequence[PendingAppend]) -> None:
+        """Upkeep after ``batch`` committed, in its thread, once its appends are answered.
+
+        It runs while the answered tasks prepare their next appends; the next batch waits for
+        it. The batch is durable and answered, so it must not raise for a failure of its own
+        (log it). By default nothing; SQLite checkpoints its write-ahead log here.
+        """
 
     # -- the pool -----------------------------------------------------------------------------
 
@@ -462,37 +479,81 @@ class ThreadedJournal(Generic[Conn]):
             self._committing = False
 
     async def _commit(self, batch: list[_Ticket]) -> None:
+        """Write ``batch`` in one transaction in a worker thread and answer each of its appends.
+
+        The answers go out the moment the transaction has committed, from the thread (through
+        trio's run queue), before the backend's upkeep (:meth:`_after_commit`) runs in the same
+        thread; this returns when both are done.
+        """
         counts = self._counts
         counts["batches"] += 1
         counts["largest_batch"] = max(counts["largest_batch"], len(batch))
+        token = trio.lowlevel.current_trio_token()
+        answered = False
 
-        def work() -> list[JournalError | None]:
-            return self._with_connection(lambda conn: self._write_batch(conn, batch))
+        def answer(refusals: list[JournalError | None]) -> None:  # in the trio thread
+            nonlocal answered
+            if answered:
+                return
+            answered = True
+            counts["commits"] += 1
+            refused = 0
+            for ticket, refusal in zip(batch, refusals, strict=True):
+                if refusal is not None:
+                    refused += 1
+                ticket.answer(refusal)
+            counts["appends"] += len(batch) - refused
+            counts["refused"] += refused
+
+        def commit(conn: Conn) -> list[JournalError | None]:
+            refusals = self._write_batch(conn, batch)
+            try:
+                token.run_sync_soon(answer, refusals)  # runs before this call's own result
+            except trio.RunFinishedError:  # abandoned past its timeout, and trio has ended
+                return refusals
+            self._after_commit(conn, batch)
+            return refusals
 
         try:
             with trio.move_on_after(self._timeout):
                 refusals = await trio.to_thread.run_sync(
-                    work, limiter=self._commit_limiter, abandon_on_cancel=True
+                    self._with_connection,
+                    commit,
+                    limiter=self._commit_limiter,
+                    abandon_on_cancel=True,
                 )
-                counts["commits"] += 1
-                for ticket, refusal in zip(batch, refusals, strict=True):
-                    counts["appends" if refusal is None else "refused"] += 1
-                    ticket.answer(refusal)
+                answer(refusals)
                 return
+            if answered:  # committed and answered; the upkeep after it is left to finish alone
+                logger.warning(
+                    "%s: the upkeep after a group commit did not finish within "
+                    "operation_timeout (%g s); the next batch waits for it",
+                    self._describe(),
+                    self._timeout,
+                )
+                return
+            answered = True  # an answer the abandoned thread sends later is not given
             self._fail(
                 batch,
                 None,
                 f"did not finish within operation_timeout ({self._timeout:g} s); its outcome "
                 "is unknown",
             )
-        except JournalError as exc:  # the transaction was refused as a whole, nothing written
-            self._fail(batch, exc, f"refused: {str(exc).split(': ', 1)[-1]}", kind=type(exc))
-        except Exception as exc:
-            text = str(exc).strip() or type(exc).__name__
-            self._fail(batch, exc, f"failed: {text}; nothing of its batch was written")
-        except BaseException as exc:  # KeyboardInterrupt and the like: answer, then go on up
-            self._fail(batch, exc, "was interrupted; its outcome is unknown")
-            raise
+        except BaseException as exc:
+            if answered:  # the upkeep after the commit failed: the batch is durable, answered
+                if not isinstance(exc, Exception):
+                    raise
+                logger.warning("%s: after a group commit: %s", self._describe(), exc)
+                return
+            answered = True
+            if isinstance(exc, JournalError):  # refused as a whole, nothing written
+                self._fail(batch, exc, f"refused: {str(exc).split(': ', 1)[-1]}", kind=type(exc))
+            elif isinstance(exc, Exception):
+                text = str(exc).strip() or type(exc).__name__
+                self._fail(batch, exc, f"failed: {text}; nothing of its batch was written")
+            else:  # KeyboardInterrupt and the like: answer, then go on up
+                self._fail(batch, exc, "was interrupted; its outcome is unknown")
+                raise
 
     def _fail(
         self,
