@@ -238,7 +238,9 @@ class SqliteJournal(ThreadedJournal[sqlite3.Connection]):
             _put_streams(conn, ((pid, s.highest, s.fence) for pid, s in plan.streams.items()))
         return plan.refusals
 
-    def _after_commit(self, conn: sqlite3.Connection, batch: Sequence[PendingAppend]) -> None:
+    def _upkeep_after(
+        self, batch: Sequence[PendingAppend]
+    ) -> Callable[[sqlite3.Connection], None] | None:
         # SQLite's automatic checkpoint runs inside the commit that crosses its threshold, so
         # every append of that batch would wait for it (copying pages into the database file,
         # an fsync of it). This one runs after the batch is answered, while the answered tasks
@@ -246,8 +248,11 @@ class SqliteJournal(ThreadedJournal[sqlite3.Connection]):
         written = self._unchecked + len(batch) + sum(len(a.events) + (a.size >> 12) for a in batch)
         if written < CHECKPOINT_PAGES:
             self._unchecked = written
-            return
+            return None
         self._unchecked = 0
+        return self._checkpoint
+
+    def _checkpoint(self, conn: sqlite3.Connection) -> None:
         try:
             conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
         except sqlite3.Error as exc:

@@ -27,11 +27,11 @@ when its ``operation_timeout`` has passed is failed, with nothing written, when 
 (so an append waits at most about twice ``operation_timeout``: the commit before it, then its
 own).
 
-The answers go out from the worker thread the moment the transaction has committed. The
-backend's upkeep after a commit (``_after_commit``: SQLite checkpoints its write-ahead log
-there) runs after them in the same thread, while the answered tasks prepare their next
-appends; the next batch waits for it. An upkeep that fails or outlasts ``operation_timeout`` is
-logged and the appends before it stay acknowledged.
+When the backend has upkeep due after a commit (``_upkeep_after``: SQLite checkpoints its
+write-ahead log), the answers go out from the worker thread the moment the transaction has
+committed, and the upkeep runs after them in the same thread, while the answered tasks prepare
+their next appends; the next batch waits for it. An upkeep that fails or outlasts
+``operation_timeout`` is logged and the appends before it stay acknowledged.
 
 Recoveries and snapshots come in batches too (:class:`p2pshard.BatchJournal`; the entity side
 gathers them, ``p2pshard.persistence._gather``): :meth:`ThreadedJournal.recover_many` is one
@@ -267,13 +267,15 @@ class ThreadedJournal(Generic[Conn]):
             conn, batch[0].persistence_id, "group commit", lambda c: self._commit_batch(c, batch)
         )
 
-    def _after_commit(self, conn: Conn, batch: Sequence[PendingAppend]) -> None:
-        """Upkeep after ``batch`` committed, in its thread, once its appends are answered.
+    def _upkeep_after(self, batch: Sequence[PendingAppend]) -> Callable[[Conn], None] | None:
+        """The upkeep due after ``batch`` committed, or None; called in the commit's thread.
 
-        It runs while the answered tasks prepare their next appends; the next batch waits for
-        it. The batch is durable and answered, so it must not raise for a failure of its own
-        (log it). By default nothing; SQLite checkpoints its write-ahead log here.
+        What it returns runs on the commit's connection in the same thread once the batch's
+        appends are answered, while the answered tasks prepare their next appends; the next
+        batch waits for it. The batch is durable and answered, so it must not raise for a
+        failure of its own (log it). By default none; SQLite checkpoints its write-ahead log.
         """
+        return None
 
     # -- the pool -----------------------------------------------------------------------------
 
@@ -481,9 +483,9 @@ class ThreadedJournal(Generic[Conn]):
     async def _commit(self, batch: list[_Ticket]) -> None:
         """Write ``batch`` in one transaction in a worker thread and answer each of its appends.
 
-        The answers go out the moment the transaction has committed, from the thread (through
-        trio's run queue), before the backend's upkeep (:meth:`_after_commit`) runs in the same
-        thread; this returns when both are done.
+        When the backend has upkeep due after the commit (:meth:`_upkeep_after`), the answers
+        go out from the thread the moment the transaction has committed (through trio's run
+        queue), before the upkeep runs in the same thread; this returns when both are done.
         """
         counts = self._counts
         counts["batches"] += 1
@@ -507,11 +509,13 @@ class ThreadedJournal(Generic[Conn]):
 
         def commit(conn: Conn) -> list[JournalError | None]:
             refusals = self._write_batch(conn, batch)
-            try:
-                token.run_sync_soon(answer, refusals)  # runs before this call's own result
-            except trio.RunFinishedError:  # abandoned past its timeout, and trio has ended
-                return refusals
-            self._after_commit(conn, batch)
+            upkeep = self._upkeep_after(batch)
+            if upkeep is not None:  # (if not, this call's own result carries the answers)
+                try:
+                    token.run_sync_soon(answer, refusals)  # runs before this call's result
+                except trio.RunFinishedError:  # abandoned past its timeout; trio has ended
+                    return refusals
+                upkeep(conn)
             return refusals
 
         try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -51,13 +51,21 @@ class GatedJournal(SqliteJournal):
         self.upkept: list[list[str]] = []
         self.fail_with: Exception | None = None
 
-    def _after_commit(self, conn: sqlite3.Connection, batch: Sequence[PendingAppend]) -> None:
-        self.upkept.append([a.persistence_id for a in batch])
-        if self.gates:
-            self.gates.pop(0).hold()
-        if self.fail_with is not None:
-            raise self.fail_with
-        super()._after_commit(conn, batch)
+    def _upkeep_after(
+        self, batch: Sequence[PendingAppend]
+    ) -> Callable[[sqlite3.Connection], None] | None:
+        checkpoint = super()._upkeep_after(batch)
+
+        def upkeep(conn: sqlite3.Connection) -> None:
+            self.upkept.append([a.persistence_id for a in batch])
+            if self.gates:
+                self.gates.pop(0).hold()
+            if self.fail_with is not None:
+                raise self.fail_with
+            if checkpoint is not None:
+                checkpoint(conn)
+
+        return upkeep
 
 
 async def events_of(journal: SqliteJournal, pid: str) -> list[bytes]:
