@@ -20,11 +20,12 @@ those that pass and writes their streams' rows; one commit, one fsync, for the w
 refused append wrote nothing, the others commit; an error of the storage rolls the whole batch
 back.
 
-The journal checkpoints the write-ahead log itself (``PRAGMA wal_checkpoint(PASSIVE)``) after
-a group commit once commits have written about :data:`CHECKPOINT_PAGES` pages since its last one,
-after the batch is answered (``p2pshard.persistence._threads``). SQLite's own automatic
-checkpoint runs inside the commit that crosses its threshold, so every append of that batch
-would wait for the copy into the database file and its fsync; it stays on as the backstop.
+Under heavy load the journal checkpoints the write-ahead log itself (``PRAGMA
+wal_checkpoint(PASSIVE)``): after a batch of at least :data:`CHECKPOINT_BATCH` appends, once
+commits have written about :data:`CHECKPOINT_PAGES` pages since its last one, and after that
+batch is answered (``p2pshard.persistence._threads``). SQLite's own automatic checkpoint runs
+inside the commit that crosses its threshold, so every append of that batch would wait for the
+copy into the database file and its fsync; it stays on, for lighter loads and as the backstop.
 
 The blocking calls run in worker threads (at most ``threads`` at a time), each on a connection
 from a small pool that stays open (``p2pshard.persistence._threads``), which also keeps the
@@ -68,9 +69,16 @@ _T = TypeVar("_T")
 logger = logging.getLogger("p2pshard.persistence")
 
 CHECKPOINT_PAGES = 1000
-"""Pages (estimated: a page per event and per stream row, and one per 4 KiB of events) that
-group commits write to the log before the journal checkpoints it after the next one; SQLite's
-own automatic checkpoint, inside a commit, is at 1,000 pages too."""
+"""Pages (estimated: one per append and per event, and one per 4 KiB of events) that group
+commits write to the log before the journal checkpoints it after a batch of at least
+:data:`CHECKPOINT_BATCH` appends; SQLite's own automatic checkpoint, inside a commit, is at
+1,000 pages too."""
+
+CHECKPOINT_BATCH = 128
+"""Appends a batch needs for the journal to checkpoint after it: the work of that many answered
+tasks preparing their next appends covers much of a checkpoint's time. After smaller batches
+SQLite's automatic checkpoint stays in charge, as before."""
+
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS p2pshard_journal_streams (
@@ -246,7 +254,7 @@ class SqliteJournal(ThreadedJournal[sqlite3.Connection]):
         # an fsync of it). This one runs after the batch is answered, while the answered tasks
         # prepare their next appends; the automatic one stays as the backstop.
         written = self._unchecked + len(batch) + sum(len(a.events) + (a.size >> 12) for a in batch)
-        if written < CHECKPOINT_PAGES:
+        if written < CHECKPOINT_PAGES or len(batch) < CHECKPOINT_BATCH:
             self._unchecked = written
             return None
         self._unchecked = 0

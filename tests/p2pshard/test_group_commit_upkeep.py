@@ -2,8 +2,9 @@
 
 A batch's appends are answered the moment its transaction has committed; the backend's upkeep
 after the commit (SQLite: the checkpoint of its write-ahead log) runs after that in the commit's
-thread, and the next batch waits for it. SQLite checkpoints there once group commits have
-written enough pages, so that no commit has SQLite's automatic checkpoint inside it. A failing
+thread, and the next batch waits for it. SQLite checkpoints there after a large batch once group
+commits have written enough pages, so that under heavy load no commit has SQLite's automatic
+checkpoint inside it. A failing
 or stalled upkeep never fails appends that are already durable.
 """
 
@@ -165,6 +166,7 @@ async def test_sqlite_checkpoints_after_group_commits_not_inside_them(
 ) -> None:
     path = tmp_path / "journal.db"
     monkeypatch.setattr(_sqlite, "CHECKPOINT_PAGES", 1_000_000_000, raising=False)
+    monkeypatch.setattr(_sqlite, "CHECKPOINT_BATCH", 1, raising=False)
     journal = SqliteJournal(path)
     stored = 0
 
@@ -186,8 +188,21 @@ async def test_sqlite_checkpoints_after_group_commits_not_inside_them(
     await add(1)  # 2 more: none
     assert database_file(path) == checkpointed
     await add(2)  # 3 more, 5 in all: the next
-    assert database_file(path) != checkpointed
+    checkpointed_again = database_file(path)
+    assert checkpointed_again != checkpointed
     assert len(await events_of(journal, "T|a")) == stored == 5 * 3 + 1 + 4 + 1 + 2
+
+    monkeypatch.setattr(_sqlite, "CHECKPOINT_BATCH", 2, raising=False)
+    await add(6)  # enough pages, but a batch of one append: SQLite's own checkpoint's business
+    assert database_file(path) == checkpointed_again
+    async with trio.open_nursery() as nursery:  # three at once: the first commits alone, the
+        nursery.start_soon(add, 1)  # other two wait for it and go as a batch of two
+        nursery.start_soon(partial(journal.append, "T|b", 1, [EVENT], token=None))
+        nursery.start_soon(partial(journal.append, "T|c", 1, [EVENT], token=None))
+    assert journal.group_commit_statistics().largest_batch == 2
+    # The batch was answered before its checkpoint ran; the next commit waits for it.
+    await journal.append("T|b", 2, [EVENT], token=None)
+    assert database_file(path) != checkpointed_again
     await journal.aclose()
 
 
@@ -195,6 +210,7 @@ async def test_a_failing_sqlite_checkpoint_is_logged_and_fails_no_append(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(_sqlite, "CHECKPOINT_PAGES", 1, raising=False)
+    monkeypatch.setattr(_sqlite, "CHECKPOINT_BATCH", 1, raising=False)
 
     class Broken(SqliteJournal):
         def _connect(self) -> sqlite3.Connection:
