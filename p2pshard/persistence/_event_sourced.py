@@ -65,7 +65,7 @@ from membership import MessageDecodeError, SerializationError
 from membership.internal import decode_value, encode_value
 
 from .._errors import JournalConflict, JournalError, JournalFenced
-from ..sharding._entity import EntityContext
+from ..sharding._entity import EntityContext, EntityState
 from ._gather import SnapshotTicket, journal_batcher
 from ._journal import Journal, Recovery
 from ._journal_stats import journal_counters
@@ -118,6 +118,7 @@ class EventSourcedEntity(abc.ABC, Generic[S]):
 
     def __init__(self, ctx: EntityContext, journal: Journal) -> None:
         self._journal = journal
+        self._ctx = ctx
         self._persistence_id = f"{ctx.type_name}|{ctx.entity_id}"
         self._logger = ctx.logger
         self._state: S | None = None
@@ -364,12 +365,17 @@ class EventSourcedEntity(abc.ABC, Generic[S]):
         if exc is None:
             self._snapshot_stored = max(self._snapshot_stored, seq)
         elif isinstance(exc, JournalFenced | JournalConflict):
-            self._logger.warning(
-                "%s: snapshot at %d refused; the incarnation ends at its next message: %s",
-                pid,
-                seq,
-                exc,
-            )
+            if self._ctx.state is EntityState.ACTIVE:
+                self._logger.warning(
+                    "%s: snapshot at %d refused; the incarnation ends at its next message: %s",
+                    pid,
+                    seq,
+                    exc,
+                )
+            else:  # it stopped meanwhile (a hand-off: the new holder's recovery fenced it)
+                self._logger.debug(
+                    "%s: snapshot at %d of a stopped incarnation refused: %s", pid, seq, exc
+                )
             self._snapshot_refused = exc
         else:
             self._logger.warning("%s: snapshot at %d failed (tried again later): %s", pid, seq, exc)

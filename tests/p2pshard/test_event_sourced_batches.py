@@ -55,6 +55,7 @@ from p2pshard.persistence._batching import (
 )
 from p2pshard.persistence._gather import JournalBatcher, journal_batcher
 from p2pshard.persistence._group_commit import StreamRow
+from p2pshard.sharding._entity import EntityEvent
 from p2pshard.testing import PostgresServer, running_postgres
 from tests._support.sharding_sim import CounterSim, sim_cluster
 
@@ -317,6 +318,32 @@ async def test_a_held_snapshot_write_does_not_hold_up_the_next_command(
     assert recovery.snapshot is not None
     assert recovery.snapshot[0] == 4
     assert (recovery.events, recovery.highest_seq) == ((), 4)
+
+
+async def test_the_refused_snapshot_of_a_stopped_incarnation_is_not_a_warning(
+    backend: Journal, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a hand-off the old incarnation's queued snapshot is fenced: expected, not a fault."""
+    held = HeldJournal(backend)
+    entity, ctx = tally(held, fresh().split("|")[1], token=7)
+    pid = entity.persistence_id
+    held.hold()
+    await entity.receive(1, ctx)
+    await entity.receive(2, ctx)
+    with trio.fail_after(30):
+        await held.entered.wait()
+    ctx._set(EntityEvent.STOP)  # the shard is handed off: the incarnation stops...
+    ctx._set(EntityEvent.STOPPED)
+    await backend.recover(pid, 8)  # ...and the new holder's recovery raises the fence
+    with caplog.at_level(logging.DEBUG, logger=ctx.logger.name):
+        held.release()
+        await drained(held)
+    said = [(r.levelno, r.getMessage()) for r in caplog.records]
+    said = [(level, text) for level, text in said if "snapshot at 2" in text]
+    assert len(said) == 1
+    assert said[0][0] == logging.DEBUG
+    assert "snapshot at 2 of a stopped incarnation refused" in said[0][1]
+    assert (await backend.recover(pid, None)).snapshot is None
 
 
 async def test_a_refused_snapshot_ends_the_incarnation_and_a_failed_one_is_tried_again(
