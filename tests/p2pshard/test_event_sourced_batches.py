@@ -320,18 +320,24 @@ async def test_a_held_snapshot_write_does_not_hold_up_the_next_command(
     assert (recovery.events, recovery.highest_seq) == ((), 4)
 
 
-async def test_the_refused_snapshot_of_a_stopped_incarnation_is_not_a_warning(
-    backend: Journal, caplog: pytest.LogCaptureFixture
-) -> None:
-    """After a hand-off the old incarnation's queued snapshot is fenced: expected, not a fault."""
+async def snapshot_held_at_2(backend: Journal) -> tuple[HeldJournal, Tally, EntityContext]:
+    """An entity with token 7 whose snapshot at 2 is inside the journal's writer, held there."""
     held = HeldJournal(backend)
     entity, ctx = tally(held, fresh().split("|")[1], token=7)
-    pid = entity.persistence_id
     held.hold()
     await entity.receive(1, ctx)
     await entity.receive(2, ctx)
     with trio.fail_after(30):
         await held.entered.wait()
+    return held, entity, ctx
+
+
+async def test_the_refused_snapshot_of_a_stopped_incarnation_is_not_a_warning(
+    backend: Journal, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a hand-off the old incarnation's queued snapshot is fenced: expected, not a fault."""
+    held, entity, ctx = await snapshot_held_at_2(backend)
+    pid = entity.persistence_id
     ctx._set(EntityEvent.STOP)  # the shard is handed off: the incarnation stops...
     ctx._set(EntityEvent.STOPPED)
     await backend.recover(pid, 8)  # ...and the new holder's recovery raises the fence
@@ -349,14 +355,8 @@ async def test_the_refused_snapshot_of_a_stopped_incarnation_is_not_a_warning(
 async def test_a_refused_snapshot_ends_the_incarnation_and_a_failed_one_is_tried_again(
     backend: Journal, caplog: pytest.LogCaptureFixture
 ) -> None:
-    held = HeldJournal(backend)
-    entity, ctx = tally(held, fresh().split("|")[1], token=7)
+    held, entity, ctx = await snapshot_held_at_2(backend)
     pid = entity.persistence_id
-    held.hold()
-    await entity.receive(1, ctx)
-    await entity.receive(2, ctx)
-    with trio.fail_after(30):
-        await held.entered.wait()
     await backend.recover(pid, 8)  # a newer holder of the shard's lease takes the stream
     with caplog.at_level(logging.WARNING):
         held.release()
