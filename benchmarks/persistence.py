@@ -2,9 +2,11 @@
 
 How to run it (from the project root)::
 
-    .venv/bin/python -m benchmarks.persistence            # full run, about a minute
+    .venv/bin/python -m benchmarks.persistence            # full run, about 4 minutes
     .venv/bin/python -m benchmarks.persistence --quick    # smaller counts, well under a minute
     .venv/bin/python -m benchmarks.persistence --json     # one JSON object instead of the table
+    .venv/bin/python -m benchmarks.persistence --appends --backend sqlite --streams 256
+                                                          # one figure: SQLite at 256 streams
 
 Progress lines go to stderr unless ``--json``.
 
@@ -34,7 +36,8 @@ sequence checks) and, for PostgreSQL, the extra round trips of those statements;
 is the commit: appends that arrive while one is committed go out together in the next
 (``p2pshard.persistence._group_commit``).
 
-The entity side (``--entity`` runs only these):
+The entity side (``--entity`` runs only these, ``--appends`` none of them; ``--backend`` picks
+one backend, ``--streams`` the stream counts of the closed-loop windows):
 
 - ``recovery``: 1,000 streams (five events, a snapshot at the third) recover at once with a new
   fencing token, as remembered entities do after a rebalance or a crash: gathered into batched
@@ -299,13 +302,18 @@ async def throughput(
 
 
 async def measure(
-    label: str, journal: Journal, baseline: Baseline, plan: Plan, show: bool
+    label: str,
+    journal: Journal,
+    baseline: Baseline,
+    plan: Plan,
+    show: bool,
+    streams: tuple[int, ...] = STREAMS,
 ) -> dict[str, Any]:
     progress(show, f"{label}: append latency")
     try:
         result = await latencies(journal, baseline, plan, show)
         result["streams"] = {}
-        for tasks in STREAMS:
+        for tasks in streams:
             progress(show, f"{label}: {tasks} tasks in closed loop, {plan.rounds} x 2 windows")
             figures = await throughput(journal, baseline, plan, tasks)
             result["streams"][str(tasks)] = figures
@@ -314,9 +322,9 @@ async def measure(
                 f"  {figures['appends_per_s']:,.0f} appends/s (raw {figures['baseline_per_s']:,.0f}"
                 f"), p99 {figures['append_p99_ms']:.1f} ms, {figures['batch']:.1f} per commit",
             )
-        result.update(
-            {k: result["streams"]["16"][k] for k in ("appends_per_s", "baseline_per_s", "ratio")}
-        )
+        if streams:  # the fewest streams' figures, at the top level too
+            fewest = result["streams"][str(min(streams))]
+            result.update({k: fewest[k] for k in ("appends_per_s", "baseline_per_s", "ratio")})
     finally:
         await journal.aclose()
         baseline.close()
@@ -458,66 +466,84 @@ def temporary_directory() -> Iterator[Path]:
         yield Path(name)
 
 
+BACKENDS = ("sqlite", "postgresql")
+
+
 def run_all(
-    plan: Plan, show: bool, *, appends: bool = True, before: Path | None = None
+    plan: Plan,
+    show: bool,
+    *,
+    appends: bool = True,
+    entity_side: bool = True,
+    backends: tuple[str, ...] = BACKENDS,
+    streams: tuple[int, ...] = STREAMS,
+    before: Path | None = None,
 ) -> dict[str, Any]:
+    """The figures of the chosen ``backends``: appends (at each of ``streams``), the entity side."""
     started = time.perf_counter()
     report: dict[str, Any] = {
         "plan": attrs.asdict(plan),
         "cpus": os.cpu_count(),
         "load_average_before": os.getloadavg()[0],
+        "streams": list(streams),
     }
     entity: dict[str, Any] = {"before": None if before is None else str(before)}
     report["entity"] = entity
-    with temporary_directory() as tmp:
-        if appends:
-            report["sqlite"] = trio.run(
-                measure,
-                "sqlite",
-                SqliteJournal(tmp / "journal.db"),
-                sqlite_baseline(tmp / "baseline.db"),
-                plan,
-                show,
-            )
-        entity["sqlite_recovery"] = trio.run(
-            measure_recovery,
-            "sqlite",
-            SqliteJournal(tmp / "recovery.db", operation_timeout=RECOVERY_TIMEOUT),
-            plan,
-            show,
-        )
-        progress(show, f"sqlite: snapshot-heavy commands, {ENTITIES} entities")
-        entity["sqlite_snapshot_heavy"] = snapshot_heavy(
-            "sqlite", lambda i: str(tmp / f"entity-{i}.db"), plan, before, show
-        )
-    try:
-        with running_postgres(fsync=True) as server:
+    if "sqlite" in backends:
+        with temporary_directory() as tmp:
             if appends:
-                report["postgresql"] = trio.run(
+                report["sqlite"] = trio.run(
                     measure,
-                    "postgresql",
-                    PostgresJournal(server.dsn),
-                    postgres_baseline(server.dsn),
+                    "sqlite",
+                    SqliteJournal(tmp / "journal.db"),
+                    sqlite_baseline(tmp / "baseline.db"),
+                    plan,
+                    show,
+                    streams,
+                )
+            if entity_side:
+                entity["sqlite_recovery"] = trio.run(
+                    measure_recovery,
+                    "sqlite",
+                    SqliteJournal(tmp / "recovery.db", operation_timeout=RECOVERY_TIMEOUT),
                     plan,
                     show,
                 )
-            entity["postgresql_recovery"] = trio.run(
-                measure_recovery,
-                "postgresql",
-                PostgresJournal(server.dsn, operation_timeout=RECOVERY_TIMEOUT),
-                plan,
-                show,
-            )
-            progress(show, f"postgresql: snapshot-heavy commands, {ENTITIES} entities")
-            entity["postgresql_snapshot_heavy"] = snapshot_heavy(
-                "postgresql", lambda i: server.dsn, plan, before, show
-            )
-    except PostgresNotInstalled as exc:
-        report["postgresql"] = None
-        report["postgresql_missing"] = str(exc)
+                progress(show, f"sqlite: snapshot-heavy commands, {ENTITIES} entities")
+                entity["sqlite_snapshot_heavy"] = snapshot_heavy(
+                    "sqlite", lambda i: str(tmp / f"entity-{i}.db"), plan, before, show
+                )
+    if "postgresql" in backends:
+        try:
+            with running_postgres(fsync=True) as server:
+                if appends:
+                    report["postgresql"] = trio.run(
+                        measure,
+                        "postgresql",
+                        PostgresJournal(server.dsn),
+                        postgres_baseline(server.dsn),
+                        plan,
+                        show,
+                        streams,
+                    )
+                if entity_side:
+                    entity["postgresql_recovery"] = trio.run(
+                        measure_recovery,
+                        "postgresql",
+                        PostgresJournal(server.dsn, operation_timeout=RECOVERY_TIMEOUT),
+                        plan,
+                        show,
+                    )
+                    progress(show, f"postgresql: snapshot-heavy commands, {ENTITIES} entities")
+                    entity["postgresql_snapshot_heavy"] = snapshot_heavy(
+                        "postgresql", lambda i: server.dsn, plan, before, show
+                    )
+        except PostgresNotInstalled as exc:
+            report["postgresql"] = None
+            report["postgresql_missing"] = str(exc)
     for label, key in (("sqlite", "sqlite"), ("postgresql", "postgres")):
         r = report.get(label)
-        at_256 = None if r is None else r["streams"]["256"]
+        at_256 = None if r is None else r["streams"].get("256")
         report[f"{key}_appends_256_ratio"] = None if at_256 is None else at_256["ratio"]
         report[f"{key}_append_p99_ms_256"] = None if at_256 is None else at_256["append_p99_ms"]
         report[f"{key}_append_1_p50_ratio"] = None if r is None else r["ratio_p50"]
@@ -615,10 +641,11 @@ def format_table(report: dict[str, Any]) -> str:
             if rows
             else []
         ),
-        line(entity_header),
-        line(tuple("-" * w for w in widths)),
-        *(line(row) for row in entity_rows),
-        "",
+        *(
+            [line(entity_header), line(tuple("-" * w for w in widths)), *map(line, entity_rows), ""]
+            if entity_rows
+            else []
+        ),
         f"total {report['elapsed_s']:.0f} s on {report['cpus']} CPUs; 1-minute load average "
         f"before the run {report['load_average_before']:.2f}",
     ]
@@ -647,15 +674,43 @@ def main(argv: list[str] | None = None) -> int:
         "--entity", action="store_true", help="only the entity side: recoveries, snapshots"
     )
     parser.add_argument(
+        "--appends", action="store_true", help="only the appends: no recoveries, no snapshots"
+    )
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        action="append",
+        help="measure only this backend; repeat it for several (default: both)",
+    )
+    parser.add_argument(
+        "--streams",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="concurrent streams of the closed-loop windows (default: "
+        f"{' '.join(map(str, STREAMS))})",
+    )
+    parser.add_argument(
         "--before",
         type=Path,
         metavar="TREE",
         help="a checkout of an earlier release: its snapshot-heavy windows, alternately",
     )
     args = parser.parse_args(argv)
+    if args.entity and args.appends:
+        parser.error("--entity and --appends leave nothing to measure together; give one")
+    streams = STREAMS if args.streams is None else tuple(sorted(set(args.streams)))
+    if any(n < 1 for n in streams):
+        parser.error(f"--streams takes counts from 1, not {min(streams)}")
     before = None if args.before is None else args.before.resolve()
     report = run_all(
-        make_plan(quick=args.quick), show=not args.json, appends=not args.entity, before=before
+        make_plan(quick=args.quick),
+        show=not args.json,
+        appends=not args.entity,
+        entity_side=not args.appends,
+        backends=BACKENDS if args.backend is None else tuple(dict.fromkeys(args.backend)),
+        streams=streams,
+        before=before,
     )
     print(json.dumps(report, indent=2) if args.json else format_table(report))
     return 0

@@ -1,0 +1,60 @@
+"""``benchmarks.persistence`` measures what its options choose, and refuses what makes no sense.
+
+A tiny plan (a few samples, short windows) on SQLite only: the figures' shape, not their values.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import persistence
+
+
+@pytest.fixture
+def tiny_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        persistence,
+        "make_plan",
+        lambda *, quick: persistence.Plan(samples=5, rounds=1, window=0.2),
+    )
+
+
+def test_only_the_chosen_backend_and_streams_are_measured(
+    tiny_plan: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--appends", "--backend", "sqlite", "--streams", "8", "4", "8", "--json"]
+    assert persistence.main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["streams"] == [4, 8]
+    assert list(report["sqlite"]["streams"]) == ["4", "8"]
+    assert report["sqlite"]["streams"]["8"]["appends_per_s"] > 0
+    assert report["sqlite"]["appends_per_s"] == report["sqlite"]["streams"]["4"]["appends_per_s"]
+    assert "postgresql" not in report
+    assert report["entity"] == {"before": None}  # --appends: no recoveries, no snapshots
+    assert report["sqlite_appends_256_ratio"] is None  # 256 streams were not measured
+    assert report["sqlite_append_1_p50_ratio"] > 0
+
+    assert persistence.main(["--appends", "--backend", "sqlite", "--streams", "4"]) == 0
+    table = capsys.readouterr().out
+    assert "appends/s, 4 streams at once" in table
+    assert "entity side" not in table
+    assert "postgresql" not in table.split("\n", 1)[1]  # only the title names it
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--entity", "--appends"], "--entity and --appends leave nothing to measure together"),
+        (["--streams", "0"], "--streams takes counts from 1, not 0"),
+        (["--backend", "mysql"], "invalid choice: 'mysql'"),
+    ],
+)
+def test_options_that_make_no_sense_are_refused(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        persistence.main(argv)
+    assert exited.value.code == 2
+    assert said in capsys.readouterr().err
