@@ -40,7 +40,7 @@ from ..sharding._sharding import Sharding
 from ._fanout import INBOX, ROOM, Deliver, copy_to_member
 from ._history import History
 from ._sim import SimCluster
-from ._workload import COUNTER, Add, Added, Read, Stall
+from ._workload import COUNTER, Add, Added, CountsAdded, Read, Stall
 
 SNAPSHOT_EVERY = 10
 """Events between the workload entities' snapshots: often, so that chaos runs recover from
@@ -77,15 +77,9 @@ def journaled_counter(journal: Journal) -> Callable[[EntityContext], Any]:
     Answered with the count once the event is stored; ``Read`` and ``Stall`` as the plain one.
     """
 
-    class Counter(EventSourcedEntity[int]):
+    class Counter(CountsAdded):
         def __init__(self, ctx: EntityContext) -> None:
             super().__init__(ctx, journal)
-
-        def empty_state(self) -> int:
-            return 0
-
-        def apply_event(self, state: int, event: object) -> int:
-            return state + 1 if isinstance(event, Added) else state
 
         async def handle_command(self, command: object, ctx: EntityContext) -> object:
             match command:

@@ -78,14 +78,13 @@ from membership import ClusterError, MemberStatus, SingletonContext
 from .._config import NodeConfig
 from .._node import Node, open_node
 from ..cli._exit import EXIT_DOWNED
-from ..persistence._event_sourced import EventSourcedEntity
 from ..persistence._journal import Journal
 from ..sharding._allocation import EntityId
 from ..sharding._entity import EntityContext
 from ..sharding._extractor import HashExtractor
 from ..sharding._region import ShardRegion
 from ..sharding._settings import ShardingSettings
-from ._workload import COUNTER, Add, Added, Probe, Read
+from ._workload import COUNTER, Add, Added, CountsAdded, Probe, Read
 
 PROBE = "chaos-probe"
 """The singleton probe's name (and its lease's)."""
@@ -174,16 +173,10 @@ def event_sourced_counter(
     ``node_name``.
     """
 
-    class Counter(EventSourcedEntity[int]):
+    class Counter(CountsAdded):
         def __init__(self, ctx: EntityContext) -> None:
             super().__init__(ctx, journal)
             self.key = f"{ctx.type_name}/{ctx.entity_id}"
-
-        def empty_state(self) -> int:
-            return 0
-
-        def apply_event(self, state: int, event: object) -> int:
-            return state + 1 if isinstance(event, Added) else state
 
         async def handle_command(self, command: object, ctx: EntityContext) -> object:
             match command:

@@ -22,6 +22,7 @@ import trio
 
 from membership import ClusterError, SingletonContext, message
 
+from ..persistence._event_sourced import EventSourcedEntity
 from ..sharding._entity import EntityContext
 from ._history import History
 from ._sim import SimCluster, node_name
@@ -67,6 +68,16 @@ class Added:
 
     sender: str
     seq: int
+
+
+class CountsAdded(EventSourcedEntity[int]):
+    """What the event-sourced counters share: the count of their ``Added`` events."""
+
+    def empty_state(self) -> int:
+        return 0
+
+    def apply_event(self, state: int, event: object) -> int:
+        return state + 1 if isinstance(event, Added) else state
 
 
 COUNTER = "Counter"

@@ -23,6 +23,7 @@ from typing import Any
 import pycrdt
 import trio
 
+from benchmarks._process import Lines
 from crdt import (
     ReadAll,
     ReadConsistency,
@@ -49,25 +50,6 @@ READS: dict[str, ReadConsistency] = {
     "majority": ReadMajority(timeout=TIMEOUT),
     "all": ReadAll(timeout=TIMEOUT),
 }
-
-
-class Lines:
-    """Lines of a byte stream; cancellable, unlike a file read in a thread."""
-
-    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
-        self._stream = stream
-        self._buffer = bytearray()
-
-    async def readline(self) -> str | None:
-        """The next line without its newline; None at the end of the stream."""
-        while (end := self._buffer.find(b"\n")) < 0:
-            chunk = await self._stream.receive_some(1 << 16)
-            if not chunk:
-                return None
-            self._buffer += chunk
-        line = bytes(self._buffer[:end])
-        del self._buffer[: end + 1]
-        return line.decode()
 
 
 def answer(line: str) -> None:

@@ -31,6 +31,7 @@ import time
 import trio
 from pycrdt import Map
 
+from benchmarks._process import Lines
 from crdt import ReadLocal
 from membership import MemberStatus
 from p2pshard import (
@@ -42,7 +43,7 @@ from p2pshard import (
     open_node,
 )
 from p2pshard.sharding._remember import entities_key
-from tests._support.durable_worker import Lines, answer, is_up
+from tests._support.durable_worker import answer, is_up
 
 TYPE_NAME = "Counter"
 SHARDS = 20

@@ -17,8 +17,8 @@ from subprocess import PIPE
 import attrs
 import trio
 
+from benchmarks._process import Lines
 from membership import ClusterSettings
-from tests._support.durable_worker import Lines
 
 REPO = Path(__file__).resolve().parents[2]
 """The project root: the working directory of every worker process."""
