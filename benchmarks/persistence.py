@@ -489,55 +489,44 @@ def run_all(
     }
     entity: dict[str, Any] = {"before": None if before is None else str(before)}
     report["entity"] = entity
+
+    def backend(
+        label: str,
+        journal: Callable[..., Journal],
+        baseline: Callable[[], Baseline],
+        entity_target: Callable[[int], str],
+    ) -> None:
+        """One backend's figures; ``journal(**tuning)`` makes a journal, ``baseline()`` its own."""
+        if appends:
+            report[label] = trio.run(measure, label, journal(), baseline(), plan, show, streams)
+        if entity_side:
+            recovery_journal = journal(operation_timeout=RECOVERY_TIMEOUT)
+            entity[f"{label}_recovery"] = trio.run(
+                measure_recovery, label, recovery_journal, plan, show
+            )
+            progress(show, f"{label}: snapshot-heavy commands, {ENTITIES} entities")
+            entity[f"{label}_snapshot_heavy"] = snapshot_heavy(
+                label, entity_target, plan, before, show
+            )
+
     if "sqlite" in backends:
         with temporary_directory() as tmp:
-            if appends:
-                report["sqlite"] = trio.run(
-                    measure,
-                    "sqlite",
-                    SqliteJournal(tmp / "journal.db"),
-                    sqlite_baseline(tmp / "baseline.db"),
-                    plan,
-                    show,
-                    streams,
-                )
-            if entity_side:
-                entity["sqlite_recovery"] = trio.run(
-                    measure_recovery,
-                    "sqlite",
-                    SqliteJournal(tmp / "recovery.db", operation_timeout=RECOVERY_TIMEOUT),
-                    plan,
-                    show,
-                )
-                progress(show, f"sqlite: snapshot-heavy commands, {ENTITIES} entities")
-                entity["sqlite_snapshot_heavy"] = snapshot_heavy(
-                    "sqlite", lambda i: str(tmp / f"entity-{i}.db"), plan, before, show
-                )
+            files = itertools.count()
+            backend(
+                "sqlite",
+                lambda **tuning: SqliteJournal(tmp / f"journal-{next(files)}.db", **tuning),
+                lambda: sqlite_baseline(tmp / "baseline.db"),
+                lambda i: str(tmp / f"entity-{i}.db"),
+            )
     if "postgresql" in backends:
         try:
             with running_postgres(fsync=True) as server:
-                if appends:
-                    report["postgresql"] = trio.run(
-                        measure,
-                        "postgresql",
-                        PostgresJournal(server.dsn),
-                        postgres_baseline(server.dsn),
-                        plan,
-                        show,
-                        streams,
-                    )
-                if entity_side:
-                    entity["postgresql_recovery"] = trio.run(
-                        measure_recovery,
-                        "postgresql",
-                        PostgresJournal(server.dsn, operation_timeout=RECOVERY_TIMEOUT),
-                        plan,
-                        show,
-                    )
-                    progress(show, f"postgresql: snapshot-heavy commands, {ENTITIES} entities")
-                    entity["postgresql_snapshot_heavy"] = snapshot_heavy(
-                        "postgresql", lambda i: server.dsn, plan, before, show
-                    )
+                backend(
+                    "postgresql",
+                    lambda **tuning: PostgresJournal(server.dsn, **tuning),
+                    lambda: postgres_baseline(server.dsn),
+                    lambda i: server.dsn,
+                )
         except PostgresNotInstalled as exc:
             report["postgresql"] = None
             report["postgresql_missing"] = str(exc)
