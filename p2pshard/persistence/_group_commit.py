@@ -199,3 +199,28 @@ def plan_batch(batch: Sequence[PendingAppend], stored: Mapping[str, StreamRow]) 
             events.extend((pid, first_seq + i, e) for i, e in enumerate(append.events))
         rows[pid] = changed[pid] = (first_seq + len(append.events) - 1, fence)
     return BatchPlan(events, {pid: StreamRow(*row) for pid, row in changed.items()}, refusals)
+
+
+def checkpoint_due(
+    unchecked: int, batch: Sequence[PendingAppend], *, pages: int, min_batch: int
+) -> tuple[int, bool]:
+    """After ``batch`` committed: the log pages since the last checkpoint, and whether one is due.
+
+    ``unchecked`` is the estimate before the batch: a page per append and per event, and one per
+    4 KiB of events. A checkpoint is due once the estimate reaches ``pages``, after a batch of at
+    least ``min_batch`` appends (the work of that many answered tasks covers much of it); the
+    count then starts again from 0.
+
+    Example:
+        >>> batch = [PendingAppend(f"R|{i}", 1, [b"e"], None) for i in range(3)]
+        >>> checkpoint_due(0, batch, pages=10, min_batch=2)
+        (6, False)
+        >>> checkpoint_due(6, batch, pages=10, min_batch=2)
+        (0, True)
+        >>> checkpoint_due(6, batch[:1], pages=10, min_batch=2)  # a lone append: not after it
+        (8, False)
+    """
+    written = unchecked + len(batch) + sum(len(a.events) + (a.size >> 12) for a in batch)
+    if written < pages or len(batch) < min_batch:
+        return written, False
+    return 0, True

@@ -48,7 +48,7 @@ from typing import TypeVar
 from .._errors import JournalError
 from .._store_version import newer_schema
 from ._batching import StreamRead, fence_raises, group_rows, plan_snapshots
-from ._group_commit import PendingAppend, StreamRow, plan_batch, streams_of
+from ._group_commit import PendingAppend, StreamRow, checkpoint_due, plan_batch, streams_of
 from ._journal import (
     DEFAULT_CONNECTIONS,
     DEFAULT_GROUP_COMMIT_MAX_BYTES,
@@ -253,12 +253,10 @@ class SqliteJournal(ThreadedJournal[sqlite3.Connection]):
         # every append of that batch would wait for it (copying pages into the database file,
         # an fsync of it). This one runs after the batch is answered, while the answered tasks
         # prepare their next appends; the automatic one stays as the backstop.
-        written = self._unchecked + len(batch) + sum(len(a.events) + (a.size >> 12) for a in batch)
-        if written < CHECKPOINT_PAGES or len(batch) < CHECKPOINT_BATCH:
-            self._unchecked = written
-            return None
-        self._unchecked = 0
-        return self._checkpoint
+        self._unchecked, due = checkpoint_due(
+            self._unchecked, batch, pages=CHECKPOINT_PAGES, min_batch=CHECKPOINT_BATCH
+        )
+        return self._checkpoint if due else None
 
     def _checkpoint(self, conn: sqlite3.Connection) -> None:
         try:

@@ -23,7 +23,7 @@ import trio
 
 from p2pshard import SqliteJournal
 from p2pshard.persistence import _sqlite
-from p2pshard.persistence._group_commit import PendingAppend
+from p2pshard.persistence._group_commit import PendingAppend, checkpoint_due
 
 EVENT = b"e" * 100
 
@@ -67,6 +67,17 @@ class GatedJournal(SqliteJournal):
                 checkpoint(conn)
 
         return upkeep
+
+
+def test_when_a_checkpoint_is_due_after_a_group_commit() -> None:
+    """The sans-IO rule: pages estimated since the last one, and only after a large batch."""
+    small = [PendingAppend(f"T|{i}", 1, [EVENT], None) for i in range(4)]  # 2 pages each
+    large = [PendingAppend("T|big", 1, [b"x" * 10_000, EVENT], None)]  # 1 + 2 + 2 pages
+    assert checkpoint_due(0, small, pages=10, min_batch=4) == (8, False)
+    assert checkpoint_due(8, small, pages=10, min_batch=4) == (0, True)
+    assert checkpoint_due(8, small, pages=10, min_batch=5) == (16, False)  # batch too small
+    assert checkpoint_due(0, large, pages=5, min_batch=1) == (0, True)
+    assert checkpoint_due(0, large, pages=6, min_batch=1) == (5, False)
 
 
 async def events_of(journal: SqliteJournal, pid: str) -> list[bytes]:
