@@ -42,8 +42,12 @@ _ids = itertools.count()
 
 
 def fresh_id() -> str:
-    """A persistence id no other test used (the PostgreSQL server is shared by the module)."""
-    return f"Kit|{os.getpid()}-{next(_ids)}"
+    """A persistence id no other test used (the PostgreSQL server is shared by the module).
+
+    Not ``Kit|...``: the kit numbers its own streams so, with a counter of its own, in the same
+    database.
+    """
+    return f"KitTest|{os.getpid()}-{next(_ids)}"
 
 
 @attrs.define
