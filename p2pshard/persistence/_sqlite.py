@@ -18,7 +18,10 @@ Appends are group-committed (``p2pshard.persistence._group_commit``): one transa
 the rows of the batch's streams, checks each append against them in order, inserts the events of
 those that pass and writes their streams' rows; one commit, one fsync, for the whole batch. A
 refused append wrote nothing, the others commit; an error of the storage rolls the whole batch
-back.
+back. A lone append (a batch of one) to a stream that has a row skips the read: one conditional
+``UPDATE`` (:data:`_CONTINUE_STREAM`) moves the row on if the append passes the same rules, and
+its events are inserted; if it changes nothing (a new stream, or a refusal), the batch path
+decides, and says why.
 
 Under heavy load the journal checkpoints the write-ahead log itself (``PRAGMA
 wal_checkpoint(PASSIVE)``): after a batch of at least :data:`CHECKPOINT_BATCH` appends, once
@@ -131,6 +134,20 @@ def _put_streams(conn: sqlite3.Connection, rows: Iterable[tuple[str, int, int | 
     )
 
 
+_CONTINUE_STREAM = (
+    "UPDATE p2pshard_journal_streams SET highest = ?1, "
+    "fence = CASE WHEN ?2 IS NOT NULL AND (fence IS NULL OR ?2 > fence) THEN ?2 ELSE fence END "
+    "WHERE persistence_id = ?3 AND highest = ?4 AND (?2 IS NULL OR fence IS NULL OR ?2 >= fence)"
+)
+"""A lone append's stream row, moved on in one statement if the append passes the rules of
+:func:`p2pshard.persistence._group_commit.plan_batch` (it continues the stored highest sequence
+number; its token, if any, is not below the fence, and raises it): parameters ``(last_seq,
+token, persistence_id, first_seq - 1)``. It changes no row for a new stream or an append that is
+refused; the batch path then decides, and says why. A test holds the two to the same decisions.
+"""
+
+_INSERT_EVENT = "INSERT INTO p2pshard_journal_events VALUES (?, ?, ?)"
+
 _RAISE_FENCE = (
     "INSERT INTO p2pshard_journal_streams VALUES (?, 0, ?) ON CONFLICT (persistence_id) "
     "DO UPDATE SET fence = excluded.fence WHERE p2pshard_journal_streams.fence IS NULL "
@@ -240,9 +257,23 @@ class SqliteJournal(ThreadedJournal[sqlite3.Connection]):
     def _commit_batch(
         self, conn: sqlite3.Connection, batch: Sequence[PendingAppend]
     ) -> list[JournalError | None]:
+        if len(batch) == 1:  # a lone append: two statements, not four, when it passes
+            append = batch[0]
+            pid, first_seq, events = append.persistence_id, append.first_seq, append.events
+            moved = conn.execute(
+                _CONTINUE_STREAM, (append.last_seq, append.token, pid, first_seq - 1)
+            )
+            if moved.rowcount == 1:
+                if len(events) == 1:
+                    conn.execute(_INSERT_EVENT, (pid, first_seq, events[0]))
+                else:
+                    conn.executemany(
+                        _INSERT_EVENT, [(pid, first_seq + i, e) for i, e in enumerate(events)]
+                    )
+                return [None]
         plan = plan_batch(batch, _streams(conn, streams_of(batch)))
         if plan.events:
-            conn.executemany("INSERT INTO p2pshard_journal_events VALUES (?, ?, ?)", plan.events)
+            conn.executemany(_INSERT_EVENT, plan.events)
             _put_streams(conn, ((pid, s.highest, s.fence) for pid, s in plan.streams.items()))
         return plan.refusals
 

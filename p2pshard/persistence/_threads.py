@@ -429,12 +429,10 @@ class ThreadedJournal(Generic[Conn]):
         ticket = _Ticket(
             pid, first_seq, events, token, deadline=trio.current_time() + self._timeout
         )
-        self._queue.add(ticket)
         if not self._committing:  # then nothing else waits: this append commits at once, alone
             self._committing = True
             try:
-                with trio.CancelScope(shield=True):
-                    await self._commit(self._queue.take_batch())
+                await self._commit([ticket])
             finally:
                 if self._queue:  # appends came meanwhile: the committer takes over
                     trio.lowlevel.spawn_system_task(
@@ -443,6 +441,7 @@ class ThreadedJournal(Generic[Conn]):
                 else:
                     self._committing = False
         else:
+            self._queue.add(ticket)
             try:
                 await ticket.wait()
             except BaseException:
@@ -475,17 +474,18 @@ class ThreadedJournal(Generic[Conn]):
                     )
                     batch = [t for t in batch if t.deadline > now]
                 if batch:
-                    with trio.CancelScope(shield=True):
-                        await self._commit(batch)
+                    await self._commit(batch)
         finally:
             self._committing = False
 
     async def _commit(self, batch: list[_Ticket]) -> None:
         """Write ``batch`` in one transaction in a worker thread and answer each of its appends.
 
-        When the backend has upkeep due after the commit (:meth:`_upkeep_after`), the answers
-        go out from the thread the moment the transaction has committed (through trio's run
-        queue), before the upkeep runs in the same thread; this returns when both are done.
+        Shielded from the caller's cancellation and bounded by ``operation_timeout`` (one cancel
+        scope does both: an append that commits alone pays for one). When the backend has
+        upkeep due after the commit (:meth:`_upkeep_after`), the answers go out from the thread
+        the moment the transaction has committed (through trio's run queue), before the upkeep
+        runs in the same thread; this returns when both are done.
         """
         counts = self._counts
         counts["batches"] += 1
@@ -519,7 +519,7 @@ class ThreadedJournal(Generic[Conn]):
             return refusals
 
         try:
-            with trio.move_on_after(self._timeout):
+            with trio.CancelScope(deadline=trio.current_time() + self._timeout, shield=True):
                 refusals = await trio.to_thread.run_sync(
                     self._with_connection,
                     commit,

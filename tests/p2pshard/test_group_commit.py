@@ -648,6 +648,77 @@ async def test_the_postgresql_append_function_decides_as_plan_batch_does(
     await journal.aclose()
 
 
+async def test_the_sqlite_journal_decides_as_plan_batch_does_and_a_lone_append_reads_nothing(
+    tmp_path: Path,
+) -> None:
+    """Random batches: the refusals, rows and events SQLite stores are those ``plan_batch`` makes.
+
+    A lone append to a stream that has a row moves that row on with one conditional ``UPDATE``
+    instead of reading it first: one that passes runs no ``SELECT``. Some streams start with a
+    row that only a recovery's fence made (highest 0).
+    """
+    seed = random.randrange(1 << 32)
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    journal = SqliteJournal(tmp_path / "journal.db")
+    streams = [f"Random|{i}" for i in range(6)]
+    for pid in streams[:2]:
+        await journal.recover(pid, rng.randint(1, 5))  # a row: highest 0, a fence
+    conn = journal._connect()
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+
+    def stored_rows() -> dict[str, StreamRow]:
+        rows = conn.execute("SELECT persistence_id, highest, fence FROM p2pshard_journal_streams")
+        return {pid: StreamRow(highest, fence) for pid, highest, fence in rows}
+
+    events: dict[str, list[tuple[int, bytes]]] = {s: [] for s in streams}
+    fast = 0
+    for _ in range(150):
+        stored = stored_rows()
+        highest = {s: stored.get(s, StreamRow(0, None)).highest for s in streams}
+        batch = []
+        for _ in range(rng.choice([1, 1, 1, rng.randint(2, 6)])):
+            pid = rng.choice(streams)
+            append = PendingAppend(
+                pid,
+                max(1, highest[pid] + rng.choice([1, 1, 1, 1, 0, 2, -3])),
+                [rng.randbytes(rng.randint(0, 3)) for _ in range(rng.randint(1, 3))],
+                rng.choice([None, rng.randint(1, 8)]),
+            )
+            batch.append(append)
+            if rng.random() < 0.8:  # mostly in sequence, like an entity's appends
+                highest[pid] = max(highest[pid], append.last_seq)
+        plan = plan_batch(batch, stored)
+        statements.clear()
+        refusals = journal._write_batch(conn, batch)
+        assert [None if r is None else (type(r), str(r)) for r in refusals] == [
+            None if r is None else (type(r), str(r)) for r in plan.refusals
+        ], seed
+        if len(batch) == 1 and batch[0].persistence_id in stored and plan.refusals == [None]:
+            assert not [s for s in statements if s.lstrip().upper().startswith("SELECT")], (
+                seed,
+                statements,
+            )
+            fast += 1
+        after = stored_rows()
+        for pid in streams:
+            want = plan.streams.get(pid, stored.get(pid))
+            assert after.get(pid) == want, seed
+        for pid, seq, data in plan.events:
+            events[pid].append((seq, data))
+    assert fast > 20, seed  # the conditional update was taken often enough to mean something
+    for pid in streams:
+        rows = conn.execute(
+            "SELECT seq, payload FROM p2pshard_journal_events WHERE persistence_id = ? "
+            "ORDER BY seq",
+            (pid,),
+        ).fetchall()
+        assert rows == events[pid], seed
+    conn.close()
+    await journal.aclose()
+
+
 async def test_a_postgresql_database_of_the_previous_release_is_used_as_it_is(
     postgres: PostgresServer,
 ) -> None:
