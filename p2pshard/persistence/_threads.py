@@ -236,15 +236,6 @@ class ThreadedJournal(Generic[Conn]):
         """Run ``fn`` in one transaction on ``conn``, committed if it returns."""
         raise NotImplementedError
 
-    def _commit_batch(
-        self, conn: Conn, batch: Sequence[PendingAppend]
-    ) -> list[JournalError | None]:
-        """Write ``batch`` inside the open transaction; return each append's refusal or None.
-
-        Reads the batch's stream rows, writes what ``plan_batch`` makes of them.
-        """
-        raise NotImplementedError
-
     def _read_recoveries(
         self, conn: Conn, requests: Sequence[tuple[str, int | None]]
     ) -> dict[str, StreamRead]:
@@ -258,14 +249,12 @@ class ThreadedJournal(Generic[Conn]):
         raise NotImplementedError
 
     def _write_batch(self, conn: Conn, batch: Sequence[PendingAppend]) -> list[JournalError | None]:
-        """Write and commit ``batch``; return each append's refusal or None.
+        """Write and commit ``batch``, one transaction; return each append's refusal or None.
 
-        By default ``_commit_batch`` in a ``_transaction``; a backend that writes a batch
-        otherwise (PostgreSQL: one statement) overrides this instead.
+        Checks each append against its stream's stored row as ``plan_batch`` does and writes
+        those that pass. On an error of the storage, nothing is written and it raises.
         """
-        return self._transaction(
-            conn, batch[0].persistence_id, "group commit", lambda c: self._commit_batch(c, batch)
-        )
+        raise NotImplementedError
 
     def _upkeep_after(self, batch: Sequence[PendingAppend]) -> Callable[[Conn], None] | None:
         """The upkeep due after ``batch`` committed, or None; called in the commit's thread.

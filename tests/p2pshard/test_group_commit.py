@@ -38,6 +38,7 @@ from p2pshard import (
     JournalSettings,
     MemoryJournal,
     PostgresJournal,
+    SnapshotWrite,
     SqliteJournal,
 )
 from p2pshard.persistence._group_commit import (
@@ -672,9 +673,19 @@ async def test_the_sqlite_journal_decides_as_plan_batch_does_and_a_lone_append_r
         rows = conn.execute("SELECT persistence_id, highest, fence FROM p2pshard_journal_streams")
         return {pid: StreamRow(highest, fence) for pid, highest, fence in rows}
 
+    other = sqlite3.connect(tmp_path / "journal.db", isolation_level=None)
     events: dict[str, list[tuple[int, bytes]]] = {s: [] for s in streams}
     fast = 0
     for _ in range(150):
+        if rng.random() < 0.15:  # a fence raised by another connection, or by this journal
+            pid, fence = rng.choice(streams), rng.randint(1, 9)
+            if rng.random() < 0.5:
+                other.execute(
+                    "UPDATE p2pshard_journal_streams SET fence = ? WHERE persistence_id = ?",
+                    (fence, pid),
+                )
+            else:
+                journal._read_recoveries(conn, [(pid, fence)])
         stored = stored_rows()
         highest = {s: stored.get(s, StreamRow(0, None)).highest for s in streams}
         batch = []
@@ -716,7 +727,79 @@ async def test_the_sqlite_journal_decides_as_plan_batch_does_and_a_lone_append_r
         ).fetchall()
         assert rows == events[pid], seed
     conn.close()
+    other.close()
     await journal.aclose()
+
+
+async def test_sqlite_batches_reuse_the_rows_they_wrote_until_anything_else_writes(
+    tmp_path: Path,
+) -> None:
+    """A batch of appends reads no stream row that the journal's last batch left, unless
+    another connection (of this process or another) or another call of this journal on the
+    same connection has changed stream rows since; then it reads them, and sees the change."""
+    path = tmp_path / "journal.db"
+    journal, elsewhere = SqliteJournal(path), SqliteJournal(path)
+    a, b, c = "Known|a", "Known|b", "Known|c"
+    await journal.recover(a, None)  # creates the tables
+    conn = journal._connect()
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    seq = dict.fromkeys((a, b, c), 0)
+
+    def batch(*specs: tuple[str, int | None]) -> list[type[JournalError] | None]:
+        """One append per ``(stream, token)``, each at its stream's next sequence number."""
+        appends_ = [PendingAppend(pid, seq[pid] + 1, [b"e"], token) for pid, token in specs]
+        statements.clear()
+        refusals = journal._write_batch(conn, appends_)
+        for append, refusal in zip(appends_, refusals, strict=True):
+            if refusal is None:
+                seq[append.persistence_id] += 1
+        return [None if r is None else type(r) for r in refusals]
+
+    def read_rows() -> bool:
+        return any("FROM p2pshard_journal_streams" in s for s in statements)
+
+    assert batch((a, 1), (b, 1), (c, 1)) == [None, None, None]
+    assert read_rows()
+    assert batch((a, 1), (b, 1)) == [None, None]
+    assert not read_rows()  # nothing else wrote: the rows of the last batch are still stored
+
+    await elsewhere.recover(a, 5)  # another connection raises a's fence
+    assert batch((a, 1), (b, 1)) == [JournalFenced, None]
+    assert read_rows()
+
+    journal._read_recoveries(conn, [(b, 6)])  # this journal, on the same connection
+    assert batch((b, 1), (c, 1)) == [JournalFenced, None]
+    assert read_rows()
+
+    snapshot = SnapshotWrite(c, seq[c], b"state", 7)  # a snapshot's higher token raises c's fence
+    journal._transaction(conn, c, "snapshot", lambda db: journal._write_snapshots(db, [snapshot]))
+    assert batch((c, 1), (a, 5)) == [JournalFenced, None]
+    assert read_rows()
+
+    await elsewhere.append(a, seq[a] + 1, [b"by another writer"], token=5)
+    assert batch((a, 5), (b, 6)) == [JournalConflict, None]  # a's number is taken now
+    assert read_rows()
+    seq[a] += 1  # the other writer's event
+    assert batch((a, 5), (b, 6)) == [None, None]  # the rows it read (a's refusal's too) serve
+    assert not read_rows()
+
+    poison = sqlite3.connect(path, isolation_level=None)
+    poison.execute(
+        "CREATE TRIGGER poison BEFORE INSERT ON p2pshard_journal_events "
+        "WHEN NEW.persistence_id = 'Known|c' BEGIN SELECT RAISE(ABORT, 'injected'); END"
+    )
+    with pytest.raises(sqlite3.IntegrityError, match="injected"):
+        batch((b, 6), (c, 7))  # fails as a whole: b's row did not move on
+    poison.execute("DROP TRIGGER poison")
+    poison.close()
+    assert batch((b, 6), (c, 7)) == [None, None]
+    assert read_rows()  # the failed batch's rows were forgotten
+    recovered = await journal.recover(b, None)
+    assert recovered.highest_seq == seq[b]
+    conn.close()
+    await journal.aclose()
+    await elsewhere.aclose()
 
 
 async def test_a_postgresql_database_of_the_previous_release_is_used_as_it_is(
