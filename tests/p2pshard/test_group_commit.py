@@ -382,6 +382,63 @@ async def test_a_fenced_and_an_out_of_sequence_append_fail_alone_in_their_batch(
         await check.append(good[2], 2, [b"x"], token=6)
 
 
+async def test_a_takeover_during_group_commits_fences_every_later_append_of_the_old_holder(
+    backend: Backend,
+) -> None:
+    """Writers append to their streams with token 1 through one journal, in batches, while each
+    stream is taken over (recovered with token 2) at a random moment: half of them through
+    another journal while the writers go on, half through that same journal while no append is
+    in flight (the recovery then takes the connection the commits were using from the pool). An
+    append of the old holder acknowledged after the takeover would be split brain: none is,
+    every writer ends fenced, and the stream holds exactly the acknowledged events."""
+    seed = random.randrange(1 << 32)
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    old, other = backend.journal(operation_timeout=20.0), backend.journal(operation_timeout=20.0)
+    streams = [fresh_id(f"takeover{i}") for i in range(16)]
+    acked: dict[str, list[int]] = {pid: [] for pid in streams}
+    seen_at_takeover: dict[str, int] = {}
+    fenced: set[str] = set()
+    turns = trio.Semaphore(len(streams))  # a takeover that holds every turn has the pool alone
+    under_way = trio.Event()  # every writer has an acknowledged append
+
+    async def writer(pid: str) -> None:
+        for seq in itertools.count(1):
+            try:
+                async with turns:
+                    await old.append(pid, seq, [f"{pid} {seq}".encode()], token=1)
+            except JournalFenced:
+                fenced.add(pid)
+                return
+            acked[pid].append(seq)
+            if all(acked.values()):
+                under_way.set()
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for pid in streams:
+                nursery.start_soon(writer, pid)
+            await under_way.wait()
+            for k, pid in enumerate(rng.sample(streams, len(streams))):
+                await trio.sleep(rng.uniform(0.002, 0.02))
+                if k % 2:
+                    recovery = await other.recover(pid, 2)
+                else:
+                    for _ in streams:
+                        await turns.acquire()
+                    recovery = await old.recover(pid, 2)
+                    for _ in streams:
+                        turns.release()
+                seen_at_takeover[pid] = recovery.highest_seq
+    assert fenced == set(streams), seed
+    statistics = old.group_commit_statistics()
+    assert statistics.largest_batch > 1, seed  # the writers' appends went out in batches
+    for pid in streams:
+        assert max(acked[pid]) <= seen_at_takeover[pid], (seed, pid)
+        events = (await other.recover(pid, None)).events
+        assert [seq for seq, _ in events] == acked[pid], (seed, pid)
+
+
 async def test_a_storage_failure_fails_the_whole_batch_and_a_retry_writes_each_once(
     backend: Backend,
 ) -> None:
@@ -547,6 +604,8 @@ async def test_kill_9_during_heavy_group_commits_loses_no_acknowledged_event(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(read_lines, worker)
             await until(worker, lambda: worker.count("ok") >= 3000, "3000 acknowledgements")
+            # The worker reports its batches every 0.2 s; 3000 appends can take less.
+            await until(worker, lambda: worker.count("stats") > 0, "a report of its batches")
             worker.process.send_signal(signal.SIGKILL)
             await worker.process.wait()
     assert worker.process.returncode == -signal.SIGKILL
