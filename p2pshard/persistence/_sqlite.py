@@ -305,14 +305,15 @@ class SqliteJournal(ThreadedJournal[sqlite3.Connection]):
         self, conn: sqlite3.Connection, batch: Sequence[PendingAppend]
     ) -> list[JournalError | None]:
         known = self._known
-        conn.execute("BEGIN IMMEDIATE")
         try:
-            refusals, rows = self._write_appends(conn, batch, known)
-            conn.execute("COMMIT")
+            refusals, rows = self._transaction(
+                conn,
+                batch[0].persistence_id,
+                "group commit",
+                lambda c: self._write_appends(c, batch, known),
+            )
         except BaseException:
             known.forget()
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
             raise
         known.rows.update(rows)
         return refusals
