@@ -27,7 +27,7 @@ once. Batches are committed one after another, so the order of appends per strea
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from typing import Generic, TypeVar
 
 import attrs
@@ -111,17 +111,37 @@ class AppendQueue(Generic[_A]):
                 return True
         return False
 
-    def take_batch(self) -> list[_A]:
+    def take_batch(
+        self, *, busy: Container[str] = frozenset(), max_appends: int | None = None
+    ) -> list[_A]:
         """The appends of the next transaction, oldest first, within the limits.
 
         The first append is always taken, even above the limits alone; the others while the
-        batch's events and bytes stay within ``max_events`` and ``max_bytes``. Appends are
-        taken in order: one that does not fit ends the batch, so none overtakes another.
+        batch's events and bytes stay within ``max_events`` and ``max_bytes`` (and its appends
+        within ``max_appends``, if given). Appends are taken in order: one that does not fit
+        ends the batch, so none overtakes another. The appends of the streams in ``busy`` (those
+        of a batch still in flight) stay waiting, in their order, and those of other streams
+        may pass them: an append must not be checked before the one before it on its stream
+        has committed.
+
+        Example:
+            >>> queue: AppendQueue[PendingAppend] = AppendQueue(max_events=9, max_bytes=1 << 20)
+            >>> for pid, seq in [("R|a", 2), ("R|b", 1), ("R|a", 3), ("R|c", 1)]:
+            ...     queue.add(PendingAppend(pid, seq, [b"e"], None))
+            >>> [(a.persistence_id, a.first_seq) for a in queue.take_batch(busy={"R|a"})]
+            [('R|b', 1), ('R|c', 1)]
+            >>> [(a.persistence_id, a.first_seq) for a in queue.take_batch()]
+            [('R|a', 2), ('R|a', 3)]
         """
         batch: list[_A] = []
+        most = len(self._waiting) if max_appends is None else max(1, max_appends)
+        held: deque[_A] = deque()
         events = size = 0
-        while self._waiting:
+        while self._waiting and len(batch) < most:
             head = self._waiting[0]
+            if head.persistence_id in busy:
+                held.append(self._waiting.popleft())
+                continue
             if batch and (
                 events + len(head.events) > self._max_events or size + head.size > self._max_bytes
             ):
@@ -129,6 +149,9 @@ class AppendQueue(Generic[_A]):
             batch.append(self._waiting.popleft())
             events += len(head.events)
             size += head.size
+        if held:  # back at the front, in their order
+            held.extend(self._waiting)
+            self._waiting = held
         return batch
 
 

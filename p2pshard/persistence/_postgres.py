@@ -299,6 +299,7 @@ class PostgresJournal(ThreadedJournal[Connection]):
     """
 
     _driver_errors = (psycopg.Error, OSError)
+    _commits_at_once = 2
 
     def __init__(
         self,

@@ -66,6 +66,11 @@ from ._journal import (
 
 logger = logging.getLogger("p2pshard.persistence")
 
+SPLIT_BATCHES_FROM = 64
+"""Appends waiting, at least, for the committer to split them among the free commit slots
+(with more than one; one batch each), so that one commits while the tasks answered by the
+other prepare their next appends."""
+
 Conn = TypeVar("Conn")
 _T = TypeVar("_T")
 
@@ -112,6 +117,8 @@ class GroupCommitStatistics:
     """Appends failed with their whole batch (storage error, timeout)."""
     largest_batch: int
     """The most appends one transaction held."""
+    most_in_flight: int = 0
+    """The most transactions of appends being committed at once (PostgreSQL: up to two)."""
     recovery_batches: int = 0
     """Batched recoveries read (``recover_many`` calls, ``recover`` included): transactions."""
     recoveries: int = 0
@@ -159,6 +166,10 @@ class ThreadedJournal(Generic[Conn]):
     _driver_errors: tuple[type[BaseException], ...] = (OSError,)
     """Exceptions of the driver that mean "this call failed" (a JournalError to the caller)."""
 
+    _commits_at_once = 1
+    """Batches of appends in flight at once, each on a connection of its own (on streams of
+    their own). One for a backend whose writers take turns anyway (SQLite)."""
+
     def __init__(self, settings: JournalSettings, threads: int) -> None:
         self._timeout = settings.operation_timeout
         self._max_event_size = settings.max_event_size
@@ -173,8 +184,14 @@ class ThreadedJournal(Generic[Conn]):
             max_events=settings.group_commit_max_events,
             max_bytes=settings.group_commit_max_bytes,
         )
-        self._committing = False
-        self._commit_limiter = trio.CapacityLimiter(1)
+        self._committer_running = False
+        self._in_flight = 0
+        """Batches of appends being committed (a lone append's included)."""
+        self._appends_in_flight = 0
+        self._busy: dict[str, int] = {}
+        """The streams of the batches in flight, each with its number of appends in them."""
+        self._commit_done = trio.lowlevel.ParkingLot()
+        self._commit_limiter = trio.CapacityLimiter(self._commits_at_once)
         self._counts = dict.fromkeys(
             (
                 "batches",
@@ -183,6 +200,7 @@ class ThreadedJournal(Generic[Conn]):
                 "refused",
                 "failed",
                 "largest_batch",
+                "most_in_flight",
                 "recovery_batches",
                 "recoveries",
                 "snapshot_batches",
@@ -418,19 +436,17 @@ class ThreadedJournal(Generic[Conn]):
         ticket = _Ticket(
             pid, first_seq, events, token, deadline=trio.current_time() + self._timeout
         )
-        if not self._committing:  # then nothing else waits: this append commits at once, alone
-            self._committing = True
-            try:
-                await self._commit([ticket])
-            finally:
-                if self._queue:  # appends came meanwhile: the committer takes over
-                    trio.lowlevel.spawn_system_task(
-                        self._committer, name=f"{self._describe()} commits"
-                    )
-                else:
-                    self._committing = False
+        if not self._in_flight and not self._committer_running:
+            # Nothing is being committed, so nothing waits: this append commits at once, alone.
+            self._take_off([ticket])
+            await self._fly([ticket])
         else:
             self._queue.add(ticket)
+            if not self._committer_running:  # behind a lone append: the committer takes over
+                self._committer_running = True
+                trio.lowlevel.spawn_system_task(self._committer, name=f"{self._describe()} commits")
+            elif self._in_flight < self._commits_at_once:
+                self._commit_done.unpark_all()  # a free slot: the committer, if it waits, goes
             try:
                 await ticket.wait()
             except BaseException:
@@ -439,33 +455,93 @@ class ThreadedJournal(Generic[Conn]):
         if ticket.error is not None:
             raise ticket.error
 
+    def _take_off(self, batch: list[_Ticket]) -> None:
+        """Count ``batch`` in flight, its streams busy, until :meth:`_fly` has committed it."""
+        self._in_flight += 1
+        self._appends_in_flight += len(batch)
+        counts = self._counts
+        counts["most_in_flight"] = max(counts["most_in_flight"], self._in_flight)
+        busy = self._busy
+        for ticket in batch:
+            busy[ticket.persistence_id] = busy.get(ticket.persistence_id, 0) + 1
+
+    async def _fly(self, batch: list[_Ticket]) -> None:
+        """:meth:`_commit` a batch counted in flight by :meth:`_take_off`; then land it."""
+        try:
+            await self._commit(batch)
+        finally:
+            self._in_flight -= 1
+            self._appends_in_flight -= len(batch)
+            busy = self._busy
+            for ticket in batch:
+                left = busy.pop(ticket.persistence_id) - 1
+                if left:
+                    busy[ticket.persistence_id] = left
+            self._commit_done.unpark_all()
+
+    async def _next_done(self) -> None:
+        """Until a batch in flight is answered or an append finds a slot free; then two rounds.
+
+        In those rounds the tasks just answered queue their next appends, so that these go out
+        together.
+        """
+        await self._commit_done.park()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
     async def _committer(self) -> None:
         """Commit batch after batch while appends wait; then end (the next append restarts it).
 
-        A system task, so that the next batch starts the moment the last commit returns, while
-        the tasks of the answered appends run, and so that no caller's cancellation stops it.
-        Each commit is shielded and bounded by ``operation_timeout``.
+        A system task, so that the next batch starts the moment a commit returns, while the
+        tasks of the answered appends run, and so that no caller's cancellation stops it. Each
+        commit is shielded and bounded by ``operation_timeout``. With room for more than one
+        batch in flight (``_commits_at_once``), the next batch goes out while others are still
+        being committed, without their streams: an append waits until the one before it on its
+        stream has committed.
         """
         try:
-            while True:
-                if not await work_waiting(self._queue):  # the answered tasks' next appends
-                    break
-                batch = self._queue.take_batch()
-                now = trio.current_time()
-                late = [t for t in batch if t.deadline <= now]
-                if late:
-                    self._fail(
-                        late,
-                        None,
-                        f"waited operation_timeout ({self._timeout:g} s) for earlier appends to "
-                        "commit; nothing was written",
-                        together=False,
-                    )
-                    batch = [t for t in batch if t.deadline > now]
-                if batch:
-                    await self._commit(batch)
-        finally:
-            self._committing = False
+            async with trio.open_nursery() as nursery:
+                while True:
+                    if self._in_flight >= self._commits_at_once:
+                        await self._next_done()
+                        continue
+                    if not await work_waiting(self._queue):  # the answered tasks' next appends
+                        if not self._in_flight:
+                            # Now, not after the nursery's end (a checkpoint): an append that
+                            # came then would wait in the queue with no committer to take it.
+                            self._committer_running = False
+                            break
+                        await self._next_done()
+                        continue
+                    share = None
+                    outstanding = len(self._queue) + self._appends_in_flight
+                    if self._commits_at_once > 1 and outstanding >= SPLIT_BATCHES_FROM:
+                        # An equal share of all outstanding appends per batch in flight; with
+                        # none in flight a smaller one, so that batches go out staggered: one
+                        # commits while the tasks the other answered make their next appends.
+                        slots = self._commits_at_once + (not self._in_flight)
+                        share = -(-outstanding // slots)
+                    batch = self._queue.take_batch(busy=self._busy, max_appends=share)
+                    if not batch:  # all that waits is on streams in flight
+                        await self._next_done()
+                        continue
+                    now = trio.current_time()
+                    late = [t for t in batch if t.deadline <= now]
+                    if late:
+                        self._fail(
+                            late,
+                            None,
+                            f"waited operation_timeout ({self._timeout:g} s) for earlier appends "
+                            "to commit; nothing was written",
+                            together=False,
+                        )
+                        batch = [t for t in batch if t.deadline > now]
+                    if batch:
+                        self._take_off(batch)
+                        nursery.start_soon(self._fly, batch)
+        except BaseException:
+            self._committer_running = False
+            raise
 
     async def _commit(self, batch: list[_Ticket]) -> None:
         """Write ``batch`` in one transaction in a worker thread and answer each of its appends.
