@@ -21,7 +21,9 @@ What the shell (``p2pshard.persistence._threads``) does with the plan: it writes
 then each append is answered, success or its refusal. If the storage fails (an I/O error, a
 full disk, the commit itself), the transaction is rolled back and every append of the batch
 fails with that error: nothing is acknowledged that is not durable, and a retry writes each
-once. Batches are committed one after another, so the order of appends per stream is kept.
+once. A batch never holds an append whose stream has one in a batch still being committed
+(:meth:`AppendQueue.take_batch`'s ``busy``), so the order of appends per stream is kept even
+where two batches are in flight at once.
 """
 
 from __future__ import annotations

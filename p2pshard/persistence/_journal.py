@@ -173,7 +173,8 @@ class JournalSettings:
         default=DEFAULT_CONNECTIONS, validator=in_range(1, 1000, integer=True)
     )
     """sqlite, postgresql: connections kept open, and so calls (recoveries, snapshots) run at
-    once; appends use one at a time, in batches (default 4)."""
+    once (default 4). Appends use connections of their own besides, in batches: SQLite one,
+    PostgreSQL up to two, each committing a batch while the other's appends are answered."""
 
     def __attrs_post_init__(self) -> None:
         name = type(self).__name__

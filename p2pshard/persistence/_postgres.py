@@ -27,7 +27,9 @@ holds the two to the same decisions on random batches). The function is created 
 when it is missing (under the advisory lock); the version in its name is its own: a later
 release that changes it adds another name, so that nodes of two releases sharing a database
 during a rolling upgrade each call their own, and the tables, and their schema version, stay
-as they were.
+as they were. Two batches may be in flight at once (``_commits_at_once``), on streams of their
+own (``p2pshard.persistence._threads``): each locks only its own rows, so neither waits for the
+other.
 
 A recovery, or a batch of them, is one round trip: one pipeline sends BEGIN, one statement that
 raises the fences the tokens ask for (inserting the rows of new streams; its row locks wait for

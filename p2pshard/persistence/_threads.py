@@ -12,20 +12,26 @@ one transaction around a function (``_transaction``), the errors its driver rais
 (``_driver_errors``) and how it names itself in messages (``_describe``).
 
 Appends are group-committed (the rules: ``p2pshard.persistence._group_commit``). An append that
-finds no commit running commits itself at once, in its own task. Appends arriving meanwhile join
-the journal's queue and wait for their answer; when that commit returns, the journal's
-committer, a trio system task, takes over: it takes the next batch from the queue (the oldest
-appends, within the limits), writes it in one transaction in a worker thread of its own on a
-pooled connection (the backend's ``_write_batch``), answers each append of the batch (success,
-its refusal, or for a storage error the failure of all of them), and at once takes the next
-batch, until the queue is empty, and ends. A lone append therefore commits at once; appends
-arriving during a commit go out together in the next. Only one batch is in flight at a time, so
-order per stream is kept. Each commit is shielded from cancellation and bounded by
-``operation_timeout`` (after it, every append of the batch fails with an unknown outcome). An
-append cancelled while it waits in the queue leaves it with nothing written; one still waiting
-when its ``operation_timeout`` has passed is failed, with nothing written, when its turn comes
-(so an append waits at most about twice ``operation_timeout``: the commit before it, then its
-own).
+finds nothing being committed commits itself at once, in its own task. Appends arriving
+meanwhile join the journal's queue and wait for their answer, and the journal's committer, a
+trio system task, takes over: when a commit slot is free it takes the next batch from the queue
+(the oldest appends, within the limits), writes it in one transaction in a worker thread of its
+own on a pooled connection (the backend's ``_write_batch``), answers each append of the batch
+(success, its refusal, or for a storage error the failure of all of them), and goes on until
+the queue is empty and nothing is in flight, and ends. A lone append therefore commits at once;
+appends arriving during a commit go out together in the next. A backend may have more than one
+batch in flight (``_commits_at_once``: PostgreSQL two, each on a connection of its own; SQLite
+one, as its writers take turns anyway): the committer then sends the next batch while another
+is being committed, and the server writes one while the node answers the other's appends. A
+batch leaves out the streams of the batches in flight (their appends wait, in their order), so
+an append is checked only once the one before it on its stream has committed, and order per
+stream is kept. Under load each batch takes an equal share of the outstanding appends (a
+smaller one when none is in flight, so that the batches go out staggered rather than together).
+Each commit is shielded from cancellation and bounded by ``operation_timeout`` (after it, every
+append of the batch fails with an unknown outcome). An append cancelled while it waits in the
+queue leaves it with nothing written; one still waiting when its ``operation_timeout`` has
+passed is failed, with nothing written, when its turn comes (so an append waits at most about
+twice ``operation_timeout``: the commit before it, then its own).
 
 When the backend has upkeep due after a commit (``_upkeep_after``: SQLite checkpoints its
 write-ahead log), the answers go out from the worker thread the moment the transaction has
@@ -445,8 +451,8 @@ class ThreadedJournal(Generic[Conn]):
             if not self._committer_running:  # behind a lone append: the committer takes over
                 self._committer_running = True
                 trio.lowlevel.spawn_system_task(self._committer, name=f"{self._describe()} commits")
-            elif self._in_flight < self._commits_at_once:
-                self._commit_done.unpark_all()  # a free slot: the committer, if it waits, goes
+            elif self._in_flight < self._commits_at_once and self._commit_done:
+                self._commit_done.unpark_all()  # a slot is free and the committer waits: it goes
             try:
                 await ticket.wait()
             except BaseException:
