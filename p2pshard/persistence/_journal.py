@@ -174,7 +174,8 @@ class JournalSettings:
     )
     """sqlite, postgresql: connections kept open, and so calls (recoveries, snapshots) run at
     once (default 4). Appends use connections of their own besides, in batches: SQLite one,
-    PostgreSQL up to two, each committing a batch while the other's appends are answered."""
+    PostgreSQL up to two under heavy load, each committing a batch while the other's appends
+    are answered."""
 
     def __attrs_post_init__(self) -> None:
         name = type(self).__name__

@@ -25,8 +25,10 @@ one, as its writers take turns anyway): the committer then sends the next batch 
 is being committed, and the server writes one while the node answers the other's appends. A
 batch leaves out the streams of the batches in flight (their appends wait, in their order), so
 an append is checked only once the one before it on its stream has committed, and order per
-stream is kept. Under load each batch takes an equal share of the outstanding appends (a
-smaller one when none is in flight, so that the batches go out staggered rather than together).
+stream is kept. This overlap starts at :data:`OVERLAP_FROM` outstanding appends (waiting and in
+flight); then each batch takes an equal share of them (a smaller one when none is in flight, so
+that the batches go out staggered rather than together). Under lighter load one batch goes at a
+time, as its cost is then mostly a round trip and an fsync.
 Each commit is shielded from cancellation and bounded by ``operation_timeout`` (after it, every
 append of the batch fails with an unknown outcome). An append cancelled while it waits in the
 queue leaves it with nothing written; one still waiting when its ``operation_timeout`` has
@@ -72,10 +74,11 @@ from ._journal import (
 
 logger = logging.getLogger("p2pshard.persistence")
 
-SPLIT_BATCHES_FROM = 64
-"""Appends waiting, at least, for the committer to split them among the free commit slots
-(with more than one; one batch each), so that one commits while the tasks answered by the
-other prepare their next appends."""
+OVERLAP_FROM = 128
+"""Outstanding appends (waiting, and in the batches in flight) from which a backend with more
+than one commit slot sends a batch while another is in flight, and splits them among the slots.
+Under lighter load a batch's time is mostly the commit's fixed cost (a round trip, an fsync),
+and the appends go out together, one batch at a time."""
 
 Conn = TypeVar("Conn")
 _T = TypeVar("_T")
@@ -175,6 +178,9 @@ class ThreadedJournal(Generic[Conn]):
     _commits_at_once = 1
     """Batches of appends in flight at once, each on a connection of its own (on streams of
     their own). One for a backend whose writers take turns anyway (SQLite)."""
+
+    _overlap_from = OVERLAP_FROM
+    """Outstanding appends from which a batch goes out beside another (:data:`OVERLAP_FROM`)."""
 
     def __init__(self, settings: JournalSettings, threads: int) -> None:
         self._timeout = settings.operation_timeout
@@ -451,8 +457,12 @@ class ThreadedJournal(Generic[Conn]):
             if not self._committer_running:  # behind a lone append: the committer takes over
                 self._committer_running = True
                 trio.lowlevel.spawn_system_task(self._committer, name=f"{self._describe()} commits")
-            elif self._in_flight < self._commits_at_once and self._commit_done:
-                self._commit_done.unpark_all()  # a slot is free and the committer waits: it goes
+            elif (
+                self._commit_done  # the committer waits, a slot is free, and the load is heavy
+                and self._in_flight < self._commits_at_once
+                and len(self._queue) + self._appends_in_flight >= self._overlap_from
+            ):
+                self._commit_done.unpark_all()
             try:
                 await ticket.wait()
             except BaseException:
@@ -483,7 +493,8 @@ class ThreadedJournal(Generic[Conn]):
                 left = busy.pop(ticket.persistence_id) - 1
                 if left:
                     busy[ticket.persistence_id] = left
-            self._commit_done.unpark_all()
+            if self._commit_done:
+                self._commit_done.unpark_all()
 
     async def _next_done(self) -> None:
         """Until a batch in flight is answered or an append finds a slot free; then two rounds.
@@ -521,7 +532,11 @@ class ThreadedJournal(Generic[Conn]):
                         continue
                     share = None
                     outstanding = len(self._queue) + self._appends_in_flight
-                    if self._commits_at_once > 1 and outstanding >= SPLIT_BATCHES_FROM:
+                    if outstanding < self._overlap_from:
+                        if self._in_flight:  # light load: one batch at a time
+                            await self._next_done()
+                            continue
+                    elif self._commits_at_once > 1:
                         # An equal share of all outstanding appends per batch in flight; with
                         # none in flight a smaller one, so that batches go out staggered: one
                         # commits while the tasks the other answered make their next appends.

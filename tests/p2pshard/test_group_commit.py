@@ -19,9 +19,8 @@ import resource
 import signal
 import sqlite3
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -198,9 +197,6 @@ class Backend:
     """Makes the storage abort the transaction that inserts the given event."""
     cure: Callable[[], None]
     blocker: str
-    beside: str | None = None
-    """A second stream ``lock`` holds, where a backend commits two batches at once
-    (PostgreSQL): an append to it takes the second slot, so that the next ones wait."""
     journals: list[SqlJournal] = attrs.field(factory=list)
 
     def journal(self, **tuning: object) -> SqlJournal:
@@ -254,14 +250,14 @@ def _sqlite(tmp_path: Path) -> Backend:
 
 
 def _postgres(server: PostgresServer) -> Backend:
-    blocker, beside = fresh_id("blocker"), fresh_id("beside")
+    blocker = fresh_id("blocker")
 
     @contextmanager
     def lock() -> Iterator[None]:
         with psycopg.connect(server.dsn) as db, db.transaction():
             db.execute(
-                "SELECT 1 FROM p2pshard_journal_streams WHERE persistence_id = ANY(%s) FOR UPDATE",
-                ([blocker, beside],),
+                "SELECT 1 FROM p2pshard_journal_streams WHERE persistence_id = %s FOR UPDATE",
+                (blocker,),
             )
             yield
 
@@ -290,7 +286,6 @@ def _postgres(server: PostgresServer) -> Backend:
         poison,
         cure,
         blocker,
-        beside,
     )
 
 
@@ -309,26 +304,6 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
 Outcome = BaseException | None
 
 
-async def blockers(
-    backend: Backend, journal: SqlJournal
-) -> Callable[[trio.Nursery], Awaitable[None]]:
-    """Before ``backend.lock()``: what starts, inside it, an append waiting for the lock in each
-    slot the journal commits in (two for PostgreSQL), so that appends after them queue."""
-    streams = [backend.blocker] if backend.beside is None else [backend.blocker, backend.beside]
-    pending = []
-    for pid in streams:  # the rows exist, for the lock to hold them
-        seq = (await journal.recover(pid, None)).highest_seq + 1
-        await journal.append(pid, seq, [b"the stream row exists"], token=None)
-        pending.append((pid, seq + 1))
-
-    async def start(nursery: trio.Nursery) -> None:
-        for pid, seq in pending:
-            nursery.start_soon(partial(journal.append, pid, seq, [b"blocked"], token=None))
-            await trio.testing.wait_all_tasks_blocked()
-
-    return start
-
-
 async def one_batch(
     backend: Backend,
     journal: SqlJournal,
@@ -340,7 +315,9 @@ async def one_batch(
     their order in the queue is theirs. Returns each one's outcome (None: acknowledged).
     """
     outcomes: list[Outcome] = [None] * len(calls)
-    blocked = await blockers(backend, journal)
+    seq = (await journal.recover(backend.blocker, None)).highest_seq + 1
+    await journal.append(backend.blocker, seq, [b"the stream row exists"], token=None)
+    blocked_seq = seq + 1
 
     async def call(i: int) -> None:
         pid, seq, event, token = calls[i]
@@ -352,14 +329,17 @@ async def one_batch(
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             with backend.lock():
-                await blocked(nursery)
+                nursery.start_soon(
+                    lambda: journal.append(backend.blocker, blocked_seq, [b"blocked"], token=None)
+                )
+                await trio.testing.wait_all_tasks_blocked()
                 before = journal.group_commit_statistics()
                 for i in range(len(calls)):
                     nursery.start_soon(call, i)
                     await trio.testing.wait_all_tasks_blocked()
                 assert journal.group_commit_statistics() == before  # all wait, none committed
     after = journal.group_commit_statistics()
-    assert after.batches == before.batches + 1  # after the blocked ones, all of them at once
+    assert after.batches == before.batches + 1  # after the blocked one, all of them at once
     assert after.largest_batch >= len(calls)
     return outcomes
 
@@ -523,7 +503,7 @@ async def test_cancelled_appenders_stop_and_an_append_cancelled_while_waiting_wr
                     nursery.start_soon(closed_loop, t)
     assert journal.group_commit_statistics().largest_batch > 1
 
-    blocked = await blockers(backend, journal)
+    await journal.append(backend.blocker, 1, [b"row"], token=None)
     cancelled, waiting = trio.CancelScope(), fresh_id("cancelled")
 
     async def append_then_give_up() -> None:
@@ -533,14 +513,15 @@ async def test_cancelled_appenders_stop_and_an_append_cancelled_while_waiting_wr
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             with backend.lock():
-                await blocked(nursery)
+                nursery.start_soon(lambda: journal.append(backend.blocker, 2, [b"b"], token=None))
+                await trio.testing.wait_all_tasks_blocked()
                 nursery.start_soon(append_then_give_up)
                 await trio.testing.wait_all_tasks_blocked()
                 cancelled.cancel()
                 await trio.testing.wait_all_tasks_blocked()
     assert cancelled.cancelled_caught
     assert (await journal.recover(waiting, None)).highest_seq == 0
-    assert (await journal.recover(backend.blocker, None)).highest_seq == 2  # row, then blocked
+    assert (await journal.recover(backend.blocker, None)).highest_seq == 2
 
 
 # --- processes ------------------------------------------------------------------------------------

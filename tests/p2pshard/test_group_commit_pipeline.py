@@ -72,16 +72,19 @@ def test_a_batch_share_caps_its_appends_and_the_limits_still_end_it() -> None:
 class HeldJournal(ThreadedJournal[object]):
     """Streams in a dictionary, two batches in flight at once, and commits the test holds.
 
-    A batch with a stream in ``held`` waits in its thread, before it reads anything, until the
-    test releases that stream; ``entered`` tells which streams' batches got there. Each batch
-    is checked as the SQL backends check theirs (``plan_batch`` against the stored rows, under a
+    Batches overlap from ``overlap_from`` outstanding appends (1: always; the backends'
+    default is :data:`p2pshard.persistence._threads.OVERLAP_FROM`). A batch with a stream in
+    ``held`` waits in its thread, before it reads anything, until the test releases that
+    stream; ``entered`` tells which streams' batches got there. Each batch is checked as the
+    SQL backends check theirs (``plan_batch`` against the stored rows, under a
     lock), so a batch that overtook an earlier one of its stream would be refused.
     """
 
     _commits_at_once = 2
 
-    def __init__(self, *, thread_delay: float = 0.0, seed: int = 0) -> None:
+    def __init__(self, *, thread_delay: float = 0.0, seed: int = 0, overlap_from: int = 1) -> None:
         super().__init__(JournalSettings(operation_timeout=30.0), 4)
+        self._overlap_from = overlap_from  # from the first append on, unless a test says
         self.rows: dict[str, StreamRow] = {}
         self.stored: dict[str, list[int]] = {}
         self.batches: list[list[tuple[str, int]]] = []
@@ -179,6 +182,30 @@ async def test_a_second_batch_commits_beside_the_first_without_its_streams() -> 
     statistics = journal.group_commit_statistics()
     assert statistics.most_in_flight == 2
     assert statistics.refused == 0
+
+
+async def test_under_light_load_one_batch_goes_at_a_time() -> None:
+    """Below ``overlap_from`` outstanding appends a batch waits for the one in flight (at light
+    load a batch costs mostly its round trip and fsync, so fewer and fuller batches are
+    cheaper); from it on, the next goes out beside it with its share of the appends."""
+    journal = HeldJournal(overlap_from=8)
+    journal.hold("lone")
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            lone = await started(nursery, journal, "lone", 1)
+            await journal.reached("lone")
+            light = [await started(nursery, journal, f"a{i}", 1) for i in range(3)]
+            await trio.sleep(0.1)
+            assert not any(done.is_set() for done in light)  # 4 outstanding: they wait
+            assert journal.group_commit_statistics().most_in_flight == 1
+            heavy = [await started(nursery, journal, f"b{i}", 1) for i in range(4)]
+            for done in light + heavy[:1]:  # 8 outstanding: a share of 4 goes beside lone
+                await done.wait()
+            assert not any(done.is_set() for done in heavy[1:])
+            assert not lone.is_set()
+            journal.release("lone")
+    assert journal.batches[0] == [("a0", 1), ("a1", 1), ("a2", 1), ("b0", 1)]  # before lone
+    assert journal.group_commit_statistics().most_in_flight == 2
 
 
 async def test_a_failing_batch_fails_alone_and_the_one_beside_it_commits() -> None:
@@ -295,6 +322,12 @@ def postgres() -> Iterator[PostgresServer]:
         yield server
 
 
+class OverlappingJournal(PostgresJournal):
+    """A PostgreSQL journal that sends a batch beside another from the first append on."""
+
+    _overlap_from = 1
+
+
 class RowLock:
     """Another connection holding a stream's row lock, so that the batch with it waits."""
 
@@ -313,7 +346,7 @@ class RowLock:
 async def test_postgresql_commits_a_batch_while_the_one_before_waits_for_a_row_lock(
     postgres: PostgresServer,
 ) -> None:
-    journal = PostgresJournal(postgres.dsn, operation_timeout=20.0)
+    journal = OverlappingJournal(postgres.dsn, operation_timeout=20.0)
     lone, x, y, z = (fresh_id(name) for name in ("lone", "x", "y", "z"))
     for pid in (lone, x):
         await journal.append(pid, 1, [b"row"], token=None)
