@@ -28,12 +28,12 @@ an append is checked only once the one before it on its stream has committed, an
 stream is kept. This overlap starts at :data:`OVERLAP_FROM` outstanding appends (waiting and in
 flight); then each batch takes an equal share of them (a smaller one when none is in flight, so
 that the batches go out staggered rather than together). Under lighter load one batch goes at a
-time, as its cost is then mostly a round trip and an fsync.
-Each commit is shielded from cancellation and bounded by ``operation_timeout`` (after it, every
-append of the batch fails with an unknown outcome). An append cancelled while it waits in the
-queue leaves it with nothing written; one still waiting when its ``operation_timeout`` has
-passed is failed, with nothing written, when its turn comes (so an append waits at most about
-twice ``operation_timeout``: the commit before it, then its own).
+time, as its cost is then mostly a round trip and an fsync. Each commit is shielded from
+cancellation and bounded by ``operation_timeout`` (after it, every append of the batch fails
+with an unknown outcome). An append cancelled while it waits in the queue leaves it with nothing
+written; one still waiting when its ``operation_timeout`` has passed is failed, with nothing
+written, when its turn comes (so an append waits at most about twice ``operation_timeout``: the
+commit before it, then its own).
 
 When the backend has upkeep due after a commit (``_upkeep_after``: SQLite checkpoints its
 write-ahead log), the answers go out from the worker thread the moment the transaction has
@@ -559,7 +559,10 @@ class ThreadedJournal(Generic[Conn]):
                         batch = [t for t in batch if t.deadline > now]
                     if batch:
                         self._take_off(batch)
-                        nursery.start_soon(self._fly, batch)
+                        if share is None:  # one batch at a time: committed here
+                            await self._fly(batch)
+                        else:
+                            nursery.start_soon(self._fly, batch)
         except BaseException:
             self._committer_running = False
             raise
