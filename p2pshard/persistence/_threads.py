@@ -449,9 +449,19 @@ class ThreadedJournal(Generic[Conn]):
             pid, first_seq, events, token, deadline=trio.current_time() + self._timeout
         )
         if not self._in_flight and not self._committer_running:
-            # Nothing is being committed, so nothing waits: this append commits at once, alone.
-            self._take_off([ticket])
-            await self._fly([ticket])
+            # Nothing is being committed, so nothing waits: this append commits at once, alone,
+            # counted in flight as _take_off and _fly count a batch (without their loops: this
+            # is the path of every append at light load).
+            self._in_flight = self._appends_in_flight = 1
+            self._busy[pid] = 1
+            try:
+                await self._commit([ticket])
+            finally:
+                self._in_flight -= 1
+                self._appends_in_flight -= 1
+                del self._busy[pid]
+                if self._commit_done:
+                    self._commit_done.unpark_all()
         else:
             self._queue.add(ticket)
             if not self._committer_running:  # behind a lone append: the committer takes over
@@ -579,6 +589,8 @@ class ThreadedJournal(Generic[Conn]):
         counts = self._counts
         counts["batches"] += 1
         counts["largest_batch"] = max(counts["largest_batch"], len(batch))
+        if not counts["most_in_flight"]:  # (a lone append's; the committer counts the others)
+            counts["most_in_flight"] = 1
         token = trio.lowlevel.current_trio_token()
         answered = False
 
