@@ -1,11 +1,12 @@
 """Batches of appends committed side by side (PostgreSQL): two in flight, never on one stream.
 
-A PostgreSQL journal commits a batch while the one before it is still in flight, on a connection
-of its own, so that the server writes one while the node answers the other's appends. What must
-hold: a batch leaves out the streams of the batches in flight (an append is checked only once
-the one before it on its stream has committed, or a batch that reached the server first would
-refuse it); a failure fails its own batch only; an append that arrives while one batch is in
-flight goes out at once in the free slot; and no append is ever left in the queue with nothing
+Under heavy load a PostgreSQL journal commits a batch while the one before it is still in
+flight, on a connection of its own, so that the server writes one while the node answers the
+other's appends. What must hold: a batch leaves out the streams of the batches in flight (an
+append is checked only once the one before it on its stream has committed, or a batch that
+reached the server first would refuse it); below the overlap threshold one batch goes at a
+time, and from it on an append that arrives while one batch is in flight goes out in the free
+slot; a failure fails its own batch only; and no append is ever left in the queue with nothing
 to commit it. First with a journal whose storage is a dictionary and whose commits the test
 holds and releases (``HeldJournal``), then against a real PostgreSQL whose row locks hold them.
 """
