@@ -157,6 +157,45 @@ class AppendQueue(Generic[_A]):
         return batch
 
 
+OVERLAP_FROM = 128
+"""Outstanding appends (waiting, and in the batches in flight) from which a backend with more
+than one commit slot sends a batch while another is in flight, and splits them among the slots.
+Under lighter load a batch's time is mostly the commit's fixed cost (a round trip, an fsync),
+and the appends go out together, one batch at a time."""
+
+
+def batch_share(
+    *, waiting: int, appends_in_flight: int, in_flight: int, slots: int, overlap_from: int
+) -> int | None:
+    """How many appends the next batch may take now: 0 none yet, None all the limits allow.
+
+    0 means: wait for a batch in flight to end. ``waiting`` appends are queued,
+    ``appends_in_flight`` in the ``in_flight`` batches being committed, out of ``slots`` batches
+    the backend may have in flight at once. Below ``overlap_from`` outstanding appends one batch
+    goes at a time. From it on, with more than one slot, each batch takes an equal share of the
+    outstanding appends, and a smaller one when none is in flight, so that the batches go out
+    staggered: one commits while the tasks the other answered make their next appends (two equal
+    halves sent together come back together).
+
+    Example:
+        >>> batch_share(waiting=16, appends_in_flight=0, in_flight=0, slots=2, overlap_from=128)
+        >>> batch_share(waiting=16, appends_in_flight=16, in_flight=1, slots=2, overlap_from=128)
+        0
+        >>> batch_share(waiting=256, appends_in_flight=0, in_flight=0, slots=2, overlap_from=128)
+        86
+        >>> batch_share(waiting=170, appends_in_flight=86, in_flight=1, slots=2, overlap_from=128)
+        128
+    """
+    if in_flight >= slots:
+        return 0
+    outstanding = waiting + appends_in_flight
+    if outstanding < overlap_from:
+        return 0 if in_flight else None
+    if slots == 1:
+        return None
+    return -(-outstanding // (slots + (not in_flight)))
+
+
 @attrs.frozen
 class BatchPlan:
     """What one transaction writes for a batch, and the refusals it answers."""

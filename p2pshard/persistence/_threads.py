@@ -25,9 +25,10 @@ one, as its writers take turns anyway): the committer then sends the next batch 
 is being committed, and the server writes one while the node answers the other's appends. A
 batch leaves out the streams of the batches in flight (their appends wait, in their order), so
 an append is checked only once the one before it on its stream has committed, and order per
-stream is kept. This overlap starts at :data:`OVERLAP_FROM` outstanding appends (waiting and in
+stream is kept. This overlap starts at ``OVERLAP_FROM`` outstanding appends (waiting and in
 flight); then each batch takes an equal share of them (a smaller one when none is in flight, so
-that the batches go out staggered rather than together). Under lighter load one batch goes at a
+that the batches go out staggered rather than together); the rule is
+``p2pshard.persistence._group_commit.batch_share``. Under lighter load one batch goes at a
 time, as its cost is then mostly a round trip and an fsync. Each commit is shielded from
 cancellation and bounded by ``operation_timeout`` (after it, every append of the batch fails
 with an unknown outcome). An append cancelled while it waits in the queue leaves it with nothing
@@ -63,7 +64,7 @@ import trio
 from .._errors import JournalError
 from ._batching import StreamRead, assemble_recoveries
 from ._gather import drain_snapshots, work_waiting
-from ._group_commit import AppendQueue, PendingAppend
+from ._group_commit import OVERLAP_FROM, AppendQueue, PendingAppend, batch_share
 from ._journal import (
     JournalSettings,
     Recovery,
@@ -73,12 +74,6 @@ from ._journal import (
 )
 
 logger = logging.getLogger("p2pshard.persistence")
-
-OVERLAP_FROM = 128
-"""Outstanding appends (waiting, and in the batches in flight) from which a backend with more
-than one commit slot sends a batch while another is in flight, and splits them among the slots.
-Under lighter load a batch's time is mostly the commit's fixed cost (a round trip, an fsync),
-and the appends go out together, one batch at a time."""
 
 Conn = TypeVar("Conn")
 _T = TypeVar("_T")
@@ -180,7 +175,7 @@ class ThreadedJournal(Generic[Conn]):
     their own). One for a backend whose writers take turns anyway (SQLite)."""
 
     _overlap_from = OVERLAP_FROM
-    """Outstanding appends from which a batch goes out beside another (:data:`OVERLAP_FROM`)."""
+    """Outstanding appends from which a batch goes out beside another (``OVERLAP_FROM``)."""
 
     def __init__(self, settings: JournalSettings, threads: int) -> None:
         self._timeout = settings.operation_timeout
@@ -200,8 +195,8 @@ class ThreadedJournal(Generic[Conn]):
         self._in_flight = 0
         """Batches of appends being committed (a lone append's included)."""
         self._appends_in_flight = 0
-        self._busy: dict[str, int] = {}
-        """The streams of the batches in flight, each with its number of appends in them."""
+        self._busy: set[str] = set()
+        """The streams of the batches in flight (a stream is in one of them at most)."""
         self._commit_done = trio.lowlevel.ParkingLot()
         self._commit_limiter = trio.CapacityLimiter(self._commits_at_once)
         self._counts = dict.fromkeys(
@@ -449,29 +444,16 @@ class ThreadedJournal(Generic[Conn]):
             pid, first_seq, events, token, deadline=trio.current_time() + self._timeout
         )
         if not self._in_flight and not self._committer_running:
-            # Nothing is being committed, so nothing waits: this append commits at once, alone,
-            # counted in flight as _take_off and _fly count a batch (without their loops: this
-            # is the path of every append at light load).
-            self._in_flight = self._appends_in_flight = 1
-            self._busy[pid] = 1
-            try:
-                await self._commit([ticket])
-            finally:
-                self._in_flight -= 1
-                self._appends_in_flight -= 1
-                del self._busy[pid]
-                if self._commit_done:
-                    self._commit_done.unpark_all()
+            # Nothing is being committed, so nothing waits: this append commits at once, alone.
+            batch = [ticket]
+            self._take_off(batch)
+            await self._fly(batch)
         else:
             self._queue.add(ticket)
             if not self._committer_running:  # behind a lone append: the committer takes over
                 self._committer_running = True
                 trio.lowlevel.spawn_system_task(self._committer, name=f"{self._describe()} commits")
-            elif (
-                self._commit_done  # the committer waits, a slot is free, and the load is heavy
-                and self._in_flight < self._commits_at_once
-                and len(self._queue) + self._appends_in_flight >= self._overlap_from
-            ):
+            elif self._commit_done and self._share():  # the committer waits, and may go now
                 self._commit_done.unpark_all()
             try:
                 await ticket.wait()
@@ -487,9 +469,7 @@ class ThreadedJournal(Generic[Conn]):
         self._appends_in_flight += len(batch)
         counts = self._counts
         counts["most_in_flight"] = max(counts["most_in_flight"], self._in_flight)
-        busy = self._busy
-        for ticket in batch:
-            busy[ticket.persistence_id] = busy.get(ticket.persistence_id, 0) + 1
+        self._busy.update(ticket.persistence_id for ticket in batch)
 
     async def _fly(self, batch: list[_Ticket]) -> None:
         """:meth:`_commit` a batch counted in flight by :meth:`_take_off`; then land it."""
@@ -498,13 +478,19 @@ class ThreadedJournal(Generic[Conn]):
         finally:
             self._in_flight -= 1
             self._appends_in_flight -= len(batch)
-            busy = self._busy
-            for ticket in batch:
-                left = busy.pop(ticket.persistence_id) - 1
-                if left:
-                    busy[ticket.persistence_id] = left
+            self._busy.difference_update(ticket.persistence_id for ticket in batch)
             if self._commit_done:
                 self._commit_done.unpark_all()
+
+    def _share(self) -> int | None:
+        """:func:`p2pshard.persistence._group_commit.batch_share` for the journal as it is."""
+        return batch_share(
+            waiting=len(self._queue),
+            appends_in_flight=self._appends_in_flight,
+            in_flight=self._in_flight,
+            slots=self._commits_at_once,
+            overlap_from=self._overlap_from,
+        )
 
     async def _next_done(self) -> None:
         """Until a batch in flight is answered or an append finds a slot free; then two rounds.
@@ -529,9 +515,6 @@ class ThreadedJournal(Generic[Conn]):
         try:
             async with trio.open_nursery() as nursery:
                 while True:
-                    if self._in_flight >= self._commits_at_once:
-                        await self._next_done()
-                        continue
                     if not await work_waiting(self._queue):  # the answered tasks' next appends
                         if not self._in_flight:
                             # Now, not after the nursery's end (a checkpoint): an append that
@@ -540,18 +523,10 @@ class ThreadedJournal(Generic[Conn]):
                             break
                         await self._next_done()
                         continue
-                    share = None
-                    outstanding = len(self._queue) + self._appends_in_flight
-                    if outstanding < self._overlap_from:
-                        if self._in_flight:  # light load: one batch at a time
-                            await self._next_done()
-                            continue
-                    elif self._commits_at_once > 1:
-                        # An equal share of all outstanding appends per batch in flight; with
-                        # none in flight a smaller one, so that batches go out staggered: one
-                        # commits while the tasks the other answered make their next appends.
-                        slots = self._commits_at_once + (not self._in_flight)
-                        share = -(-outstanding // slots)
+                    share = self._share()
+                    if share == 0:  # every slot taken, or light load and a batch in flight
+                        await self._next_done()
+                        continue
                     batch = self._queue.take_batch(busy=self._busy, max_appends=share)
                     if not batch:  # all that waits is on streams in flight
                         await self._next_done()
@@ -589,8 +564,6 @@ class ThreadedJournal(Generic[Conn]):
         counts = self._counts
         counts["batches"] += 1
         counts["largest_batch"] = max(counts["largest_batch"], len(batch))
-        if not counts["most_in_flight"]:  # (a lone append's; the committer counts the others)
-            counts["most_in_flight"] = 1
         token = trio.lowlevel.current_trio_token()
         answered = False
 

@@ -29,6 +29,7 @@ from p2pshard.persistence._group_commit import (
     AppendQueue,
     PendingAppend,
     StreamRow,
+    batch_share,
     plan_batch,
     streams_of,
 )
@@ -67,6 +68,25 @@ def test_a_batch_share_caps_its_appends_and_the_limits_still_end_it() -> None:
     assert taken(queue.take_batch()) == [("s0", 1), ("s5", 1)]
 
 
+def test_the_share_of_a_batch_overlaps_only_under_heavy_load_and_staggers() -> None:
+    def share(waiting: int, appends: int, in_flight: int, slots: int = 2) -> int | None:
+        return batch_share(
+            waiting=waiting,
+            appends_in_flight=appends,
+            in_flight=in_flight,
+            slots=slots,
+            overlap_from=128,
+        )
+
+    assert share(16, 0, 0) is None  # light load: all of them, one batch at a time
+    assert share(16, 16, 1) == 0  # light load and a batch in flight: wait for it
+    assert share(256, 0, 0) == 86  # none in flight: a third, so that the two stagger
+    assert share(170, 86, 1) == 128  # one in flight: an equal half of all outstanding
+    assert share(100, 128, 2) == 0  # every slot taken
+    assert share(256, 0, 0, slots=1) is None  # SQLite: one batch at a time, all of them
+    assert share(0, 200, 1, slots=1) == 0
+
+
 # --- a journal whose commits the test holds -------------------------------------------------------
 
 
@@ -74,7 +94,7 @@ class HeldJournal(ThreadedJournal[object]):
     """Streams in a dictionary, two batches in flight at once, and commits the test holds.
 
     Batches overlap from ``overlap_from`` outstanding appends (1: always; the backends'
-    default is :data:`p2pshard.persistence._threads.OVERLAP_FROM`). A batch with a stream in
+    default is :data:`p2pshard.persistence._group_commit.OVERLAP_FROM`). A batch with a stream in
     ``held`` waits in its thread, before it reads anything, until the test releases that
     stream; ``entered`` tells which streams' batches got there. Each batch is checked as the
     SQL backends check theirs (``plan_batch`` against the stored rows, under a
