@@ -30,6 +30,13 @@ For each backend (``SqliteJournal``, ``PostgresJournal``, built as ``open_node``
   (the journals' default pool). One window of each per round, back to back in alternating
   order; the figures and the ratio are medians over rounds, the latencies over all windows.
   ``batch``: appends per transaction the journal's group commit wrote, on average.
+- CPU per append in those windows (medians over rounds): this process's, every thread (the
+  event loop, the commit's threads, the benchmark's own tasks), and for PostgreSQL the server's
+  (its processes, read from ``/proc``), each beside the raw insert's. From them, the most
+  appends per second the machine's cores could complete with that much CPU per append, if
+  every core were busy all the time (``cpu_ceiling_per_s``), and that over the raw rate
+  (``cpu_ceiling_ratio``): a ratio the journal cannot pass on this machine without spending
+  less CPU per append.
 
 What the journal adds to a raw insert is the stream row (read, locked, updated: the fence and
 sequence checks) and, for PostgreSQL, the extra round trips of those statements; what it saves
@@ -55,7 +62,8 @@ one backend, ``--streams`` the stream counts of the closed-loop windows):
 ``--json`` adds the figures a script checks, for ``sqlite`` and ``postgres``:
 ``<backend>_appends_256_ratio`` (appends/s at 256 streams over the raw single-insert rate at 256
 tasks), ``<backend>_append_p99_ms_256`` (p99 of an append at 256 streams) and
-``<backend>_append_1_p50_ratio`` (one append at a time: p50 over the raw insert's).
+``<backend>_append_1_p50_ratio`` (one append at a time: p50 over the raw insert's), and
+``<backend>_cpu_ceiling_256_ratio`` (the ceiling above, at 256 streams).
 """
 
 from __future__ import annotations
@@ -65,6 +73,7 @@ import itertools
 import json
 import math
 import os
+import resource
 import sqlite3
 import statistics
 import subprocess
@@ -222,16 +231,58 @@ async def latencies(journal: Journal, baseline: Baseline, plan: Plan, show: bool
     }
 
 
+def process_cpu() -> float:
+    """CPU seconds this process (every thread) has used so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def server_cpu(pid: int | None) -> float | None:
+    """CPU seconds the server process ``pid`` and its children have used so far.
+
+    Its live children (PostgreSQL's backends, writers, autovacuum workers) from ``/proc``, and
+    those already reaped through its own children's count; None without a server or ``/proc``.
+    """
+    if pid is None:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            # After the command's closing parenthesis: state, ppid, ... utime is field 14.
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        if int(entry) == pid:
+            total += sum(int(f) for f in fields[11:15]) / tick  # its own and reaped children's
+        elif int(fields[1]) == pid:
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 @attrs.define
 class Window:
-    """What one closed-loop window did: completions per second and each one's latency."""
+    """What one closed-loop window did: completions per second, each one's latency, CPU used."""
 
     rate: float
     latencies: list[float]
+    cpu_s: float
+    """CPU seconds this process used in the window."""
+    server_cpu_s: float | None
+    """CPU seconds the database server used in it (None: no server, SQLite)."""
 
 
 async def closed_loop(
-    step: Callable[[int, int], Awaitable[None]], tasks: int, window: float
+    step: Callable[[int, int], Awaitable[None]],
+    tasks: int,
+    window: float,
+    server_pid: int | None = None,
 ) -> Window:
     """``tasks`` tasks calling ``step(task, n)`` for ``window`` seconds."""
     latencies: list[float] = []
@@ -242,12 +293,36 @@ async def closed_loop(
             await step(t, n)
             latencies.append(time.perf_counter() - began)
 
+    server0 = server_cpu(server_pid)  # (reading /proc: outside the window and its CPU)
+    cpu0 = process_cpu()
     start = time.perf_counter()
     with trio.move_on_after(window):
         async with trio.open_nursery() as nursery:
             for t in range(tasks):
                 nursery.start_soon(task, t)
-    return Window(len(latencies) / (time.perf_counter() - start), latencies)
+    elapsed = time.perf_counter() - start
+    cpu1 = process_cpu()
+    server1 = server_cpu(server_pid)
+    return Window(
+        len(latencies) / elapsed,
+        latencies,
+        cpu1 - cpu0,
+        None if server0 is None or server1 is None else server1 - server0,
+    )
+
+
+def cpu_us_each(windows: list[Window]) -> dict[str, float | None]:
+    """CPU microseconds per completion in ``windows`` (medians): this process's, the server's."""
+    node = [w.cpu_s / len(w.latencies) * 1e6 for w in windows if w.latencies]
+    server = [
+        w.server_cpu_s / len(w.latencies) * 1e6
+        for w in windows
+        if w.latencies and w.server_cpu_s is not None
+    ]
+    return {
+        "node": statistics.median(node) if node else None,
+        "server": statistics.median(server) if server else None,
+    }
 
 
 def batches(journal: Journal) -> tuple[int, int]:
@@ -257,10 +332,12 @@ def batches(journal: Journal) -> tuple[int, int]:
 
 
 async def throughput(
-    journal: Journal, baseline: Baseline, plan: Plan, tasks: int
-) -> dict[str, float]:
+    journal: Journal, baseline: Baseline, plan: Plan, tasks: int, server_pid: int | None = None
+) -> dict[str, float | None]:
     """Windows of ours and the baseline back to back, the order alternating, once per round."""
     ours, base, ratios = [], [], []
+    ours_windows: list[Window] = []
+    base_windows: list[Window] = []
     ours_lat: list[float] = []
     base_lat: list[float] = []
     commits0, appends0 = batches(journal)
@@ -271,11 +348,15 @@ async def throughput(
                 lambda t, n: journal.append(f"Bench|load-{tasks}-{r}-{t}", n, [EVENT], token=None),
                 tasks,
                 plan.window,
+                server_pid,
             )
 
         async def baseline_window(r: int = r) -> Window:
             return await closed_loop(
-                lambda t, n: baseline.insert(f"load-{tasks}-{r}-{t}", n), tasks, plan.window
+                lambda t, n: baseline.insert(f"load-{tasks}-{r}-{t}", n),
+                tasks,
+                plan.window,
+                server_pid,
             )
 
         if r % 2:
@@ -284,11 +365,17 @@ async def throughput(
             o, b = await journal_window(), await baseline_window()
         ours.append(o.rate)
         base.append(b.rate)
+        ours_windows.append(o)
+        base_windows.append(b)
         ratios.append(o.rate / b.rate)
         ours_lat += o.latencies
         base_lat += b.latencies
     commits1, appends1 = batches(journal)
     ours_q, base_q = quantiles_ms(ours_lat), quantiles_ms(base_lat)
+    ours_cpu, base_cpu = cpu_us_each(ours_windows), cpu_us_each(base_windows)
+    spent = [x for x in (ours_cpu["node"], ours_cpu["server"]) if x is not None]
+    # With this much CPU per append, the machine's cores could complete no more than this.
+    ceiling = (os.cpu_count() or 1) / (sum(spent) * 1e-6) if spent else None
     return {
         "appends_per_s": statistics.median(ours),
         "baseline_per_s": statistics.median(base),
@@ -298,6 +385,12 @@ async def throughput(
         "baseline_p50_ms": base_q["p50_ms"],
         "baseline_p99_ms": base_q["p99_ms"],
         "batch": (appends1 - appends0) / max(1, commits1 - commits0),
+        "cpu_us_per_append": ours_cpu["node"],
+        "server_cpu_us_per_append": ours_cpu["server"],
+        "baseline_cpu_us_per_insert": base_cpu["node"],
+        "baseline_server_cpu_us_per_insert": base_cpu["server"],
+        "cpu_ceiling_per_s": ceiling,
+        "cpu_ceiling_ratio": None if ceiling is None else ceiling / statistics.median(base),
     }
 
 
@@ -308,6 +401,7 @@ async def measure(
     plan: Plan,
     show: bool,
     streams: tuple[int, ...] = STREAMS,
+    server_pid: int | None = None,
 ) -> dict[str, Any]:
     progress(show, f"{label}: append latency")
     try:
@@ -315,7 +409,7 @@ async def measure(
         result["streams"] = {}
         for tasks in streams:
             progress(show, f"{label}: {tasks} tasks in closed loop, {plan.rounds} x 2 windows")
-            figures = await throughput(journal, baseline, plan, tasks)
+            figures = await throughput(journal, baseline, plan, tasks, server_pid)
             result["streams"][str(tasks)] = figures
             progress(
                 show,
@@ -495,10 +589,13 @@ def run_all(
         journal: Callable[..., Journal],
         baseline: Callable[[], Baseline],
         entity_target: Callable[[int], str],
+        server_pid: int | None = None,
     ) -> None:
         """One backend's figures; ``journal(**tuning)`` makes a journal, ``baseline()`` its own."""
         if appends:
-            report[label] = trio.run(measure, label, journal(), baseline(), plan, show, streams)
+            report[label] = trio.run(
+                measure, label, journal(), baseline(), plan, show, streams, server_pid
+            )
         if entity_side:
             recovery_journal = journal(operation_timeout=RECOVERY_TIMEOUT)
             entity[f"{label}_recovery"] = trio.run(
@@ -526,6 +623,7 @@ def run_all(
                     lambda **tuning: PostgresJournal(server.dsn, **tuning),
                     lambda: postgres_baseline(server.dsn),
                     lambda i: server.dsn,
+                    server.pid,
                 )
         except PostgresNotInstalled as exc:
             report["postgresql"] = None
@@ -536,6 +634,9 @@ def run_all(
         report[f"{key}_appends_256_ratio"] = None if at_256 is None else at_256["ratio"]
         report[f"{key}_append_p99_ms_256"] = None if at_256 is None else at_256["append_p99_ms"]
         report[f"{key}_append_1_p50_ratio"] = None if r is None else r["ratio_p50"]
+        report[f"{key}_cpu_ceiling_256_ratio"] = (
+            None if at_256 is None else at_256["cpu_ceiling_ratio"]
+        )
     report["elapsed_s"] = time.perf_counter() - started
     return report
 
@@ -543,6 +644,9 @@ def run_all(
 def format_table(report: dict[str, Any]) -> str:
     def f(x: float) -> str:
         return "n/a" if math.isnan(x) else f"{x:,.2f}" if x < 100 else f"{x:,.0f}"
+
+    def g(x: float | None) -> str:
+        return "-" if x is None else f(x)
 
     rows: list[tuple[str, str, str, str]] = []
     for label in ("sqlite", "postgresql"):
@@ -580,7 +684,31 @@ def format_table(report: dict[str, Any]) -> str:
                     f(w["baseline_p99_ms"]),
                     f(w["append_p99_ms"] / w["baseline_p99_ms"]),
                 ),
+                (
+                    "        CPU per append, this process (µs)",
+                    g(w["cpu_us_per_append"]),
+                    g(w["baseline_cpu_us_per_insert"]),
+                    "",
+                ),
             ]
+            if w["server_cpu_us_per_append"] is not None:
+                rows.append(
+                    (
+                        "        CPU per append, the server (µs)",
+                        g(w["server_cpu_us_per_append"]),
+                        g(w["baseline_server_cpu_us_per_insert"]),
+                        "",
+                    )
+                )
+            if w["cpu_ceiling_per_s"] is not None:
+                rows.append(
+                    (
+                        f"        most appends/s that CPU allows on {report['cpus']} cores",
+                        f(w["cpu_ceiling_per_s"]),
+                        f(w["baseline_per_s"]),
+                        f(w["cpu_ceiling_ratio"]),
+                    )
+                )
     header = ("figure", "ours", "raw insert (same run)", "ratio")
     entity_rows: list[tuple[str, str, str, str]] = []
     entity = report.get("entity", {})
@@ -651,6 +779,12 @@ def format_table(report: dict[str, Any]) -> str:
             met = value >= target if op == ">=" else value <= target
             lines.append(
                 f"{name} = {value:.2f} (target {op} {target:g}: {'met' if met else 'NOT met'})"
+            )
+        ceiling = report.get(f"{key}_cpu_ceiling_256_ratio")
+        if ceiling is not None:
+            lines.append(
+                f"{key}_cpu_ceiling_256_ratio = {ceiling:.2f} (the most {key}_appends_256_ratio "
+                "could be with this run's CPU per append on this machine's cores)"
             )
     if report.get("postgresql_missing"):
         lines.append(f"PostgreSQL not measured: {report['postgresql_missing']}")

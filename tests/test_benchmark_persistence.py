@@ -6,6 +6,10 @@ A tiny plan (a few samples, short windows) on SQLite only: the figures' shape, n
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -35,10 +39,24 @@ def test_only_the_chosen_backend_and_streams_are_measured(
     assert report["entity"] == {"before": None}  # --appends: no recoveries, no snapshots
     assert report["sqlite_appends_256_ratio"] is None  # 256 streams were not measured
     assert report["sqlite_append_1_p50_ratio"] > 0
+    at_8 = report["sqlite"]["streams"]["8"]
+    assert at_8["cpu_us_per_append"] > 0  # this process's CPU, spread over its appends
+    assert at_8["baseline_cpu_us_per_insert"] > 0
+    assert at_8["server_cpu_us_per_append"] is None  # SQLite has no server
+    assert at_8["cpu_ceiling_per_s"] == pytest.approx(
+        report["cpus"] / (at_8["cpu_us_per_append"] * 1e-6)
+    )
+    assert at_8["cpu_ceiling_ratio"] == pytest.approx(
+        at_8["cpu_ceiling_per_s"] / at_8["baseline_per_s"]
+    )
+    assert report["sqlite_cpu_ceiling_256_ratio"] is None
 
     assert persistence.main(["--appends", "--backend", "sqlite", "--streams", "4"]) == 0
     table = capsys.readouterr().out
     assert "appends/s, 4 streams at once" in table
+    assert "CPU per append, this process" in table
+    assert "most appends/s that CPU allows on" in table
+    assert "CPU per append, the server" not in table
     assert "entity side" not in table
     assert "postgresql" not in table.split("\n", 1)[1]  # only the title names it
 
@@ -58,3 +76,28 @@ def test_options_that_make_no_sense_are_refused(
         persistence.main(argv)
     assert exited.value.code == 2
     assert said in capsys.readouterr().err
+
+
+def test_a_servers_cpu_counts_its_children_live_and_ended() -> None:
+    """What the benchmark reads from ``/proc`` for PostgreSQL: the server and its children."""
+    spin = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass"
+    me = os.getpid()
+    assert persistence.server_cpu(None) is None
+    before = persistence.server_cpu(me)
+    assert before is not None
+    child = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        live = None
+        for _ in range(200):  # while it still runs: counted as a live child
+            time.sleep(0.01)
+            live = persistence.server_cpu(me)
+            assert live is not None
+            if child.poll() is None and live - before >= 0.15:
+                break
+        assert live is not None
+        assert live - before >= 0.15
+    finally:
+        child.wait()
+    ended = persistence.server_cpu(me)  # reaped: in this process's count of ended children
+    assert ended is not None
+    assert ended - before >= 0.25
