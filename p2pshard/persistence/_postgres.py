@@ -74,9 +74,7 @@ from ._journal import (
     JournalSettings,
     SnapshotWrite,
     admit_token,
-    check_append,
     check_next,
-    check_token,
 )
 from ._threads import RECOVERY_READ, ThreadedJournal
 
@@ -396,15 +394,7 @@ class PostgresJournal(ThreadedJournal[Connection]):
                 "nothing was written",
             ) from exc
 
-    # -- the Journal interface --------------------------------------------------------------
-
-    async def append(
-        self, persistence_id: str, first_seq: int, events: Sequence[bytes], *, token: int | None
-    ) -> None:
-        """See :meth:`p2pshard.Journal.append`."""
-        batch = check_append(persistence_id, first_seq, events, self._max_event_size)
-        check_token(token)
-        await self._append(persistence_id, first_seq, batch, token)
+    # -- the Journal interface (``append``: the base class's) ---------------------------------
 
     def _write_batch(
         self, conn: Connection, batch: Sequence[PendingAppend]

@@ -66,8 +66,6 @@ from ._journal import (
     LOCK_WAIT_FRACTION,
     JournalSettings,
     SnapshotWrite,
-    check_append,
-    check_token,
 )
 from ._threads import RECOVERY_READ, ThreadedJournal
 
@@ -291,15 +289,7 @@ class SqliteJournal(ThreadedJournal[sqlite3.Connection]):
             raise
         return result
 
-    # -- the Journal interface --------------------------------------------------------------
-
-    async def append(
-        self, persistence_id: str, first_seq: int, events: Sequence[bytes], *, token: int | None
-    ) -> None:
-        """See :meth:`p2pshard.Journal.append`."""
-        batch = check_append(persistence_id, first_seq, events, self._max_event_size)
-        check_token(token)
-        await self._append(persistence_id, first_seq, batch, token)
+    # -- the Journal interface (``append``: the base class's) ---------------------------------
 
     def _write_batch(
         self, conn: sqlite3.Connection, batch: Sequence[PendingAppend]

@@ -69,8 +69,10 @@ from ._journal import (
     JournalSettings,
     Recovery,
     SnapshotWrite,
+    check_append,
     check_recoveries,
     check_snapshots,
+    check_token,
 )
 
 logger = logging.getLogger("p2pshard.persistence")
@@ -150,18 +152,19 @@ class _Ticket(PendingAppend):
             trio.lowlevel.reschedule(self._waiter)
             self._waiter = None
 
-    async def wait(self) -> None:
-        """Until the append is answered (a ``trio.Event`` costs more, once per append)."""
-        if self.answered:
-            await trio.lowlevel.checkpoint()
-            return
+    def park(self) -> Callable[[object], trio.lowlevel.Abort]:
+        """Before the task waits for the answer (it must not be answered yet): its abort.
+
+        The waiting itself is ``trio.lowlevel.wait_task_rescheduled(ticket.park())`` in the
+        append's own coroutine: a ``trio.Event``, or a coroutine of the ticket's, would cost
+        more, once per append.
+        """
         self._waiter = trio.lowlevel.current_task()
+        return self._abort
 
-        def abort(_: object) -> trio.lowlevel.Abort:
-            self._waiter = None  # cancelled: the answer, if one comes, wakes nobody
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        await trio.lowlevel.wait_task_rescheduled(abort)
+    def _abort(self, _: object) -> trio.lowlevel.Abort:
+        self._waiter = None  # cancelled: the answer, if one comes, wakes nobody
+        return trio.lowlevel.Abort.SUCCEEDED
 
 
 class ThreadedJournal(Generic[Conn]):
@@ -422,10 +425,18 @@ class ThreadedJournal(Generic[Conn]):
 
     # -- group commit -------------------------------------------------------------------------
 
-    async def _append(
-        self, pid: str, first_seq: int, events: list[bytes], token: int | None
+    async def append(
+        self, persistence_id: str, first_seq: int, events: Sequence[bytes], *, token: int | None
     ) -> None:
-        """Write the append with the next group commit; raise its refusal or failure."""
+        """See :meth:`p2pshard.Journal.append`: written with the next group commit.
+
+        The whole path of an append is this one coroutine (and the commit's, for an append that
+        commits alone): every level of coroutines costs each append's task its wake-up and its
+        suspension once more.
+        """
+        pid = persistence_id
+        payloads = check_append(pid, first_seq, events, self._max_event_size)
+        check_token(token)
         # A task that commits its own append (below, shielded) again and again must still see
         # its cancellation.
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -441,7 +452,7 @@ class ThreadedJournal(Generic[Conn]):
                     f"operation_timeout ({self._timeout:g} s); nothing was appended",
                 )
         ticket = _Ticket(
-            pid, first_seq, events, token, deadline=trio.current_time() + self._timeout
+            pid, first_seq, payloads, token, deadline=trio.current_time() + self._timeout
         )
         if not self._in_flight and not self._committer_running:
             # Nothing is being committed, so nothing waits: this append commits at once, alone.
@@ -455,8 +466,8 @@ class ThreadedJournal(Generic[Conn]):
                 trio.lowlevel.spawn_system_task(self._committer, name=f"{self._describe()} commits")
             elif self._commit_done and self._share():  # the committer waits, and may go now
                 self._commit_done.unpark_all()
-            try:
-                await ticket.wait()
+            try:  # nothing above let the committer run: the ticket is not answered yet
+                await trio.lowlevel.wait_task_rescheduled(ticket.park())
             except BaseException:
                 self._queue.discard(ticket)  # if it still waits, it leaves with nothing written
                 raise

@@ -139,9 +139,6 @@ class HeldJournal(ThreadedJournal[object]):
     def release(self, pid: str) -> None:
         self.held.pop(pid).set()
 
-    async def append(self, pid: str, first_seq: int, events: Sequence[bytes]) -> None:
-        await self._append(pid, first_seq, list(events), None)
-
     def _write_batch(
         self, conn: object, batch: Sequence[PendingAppend]
     ) -> list[JournalError | None]:
@@ -169,7 +166,7 @@ async def started(nursery: trio.Nursery, journal: HeldJournal, pid: str, seq: in
     done = trio.Event()
 
     async def append() -> None:
-        await journal.append(pid, seq, [b"e"])
+        await journal.append(pid, seq, [b"e"], token=None)
         done.set()
 
     nursery.start_soon(append)
@@ -238,7 +235,7 @@ async def test_a_failing_batch_fails_alone_and_the_one_beside_it_commits() -> No
 
     async def append(pid: str, seq: int) -> None:
         try:
-            await journal.append(pid, seq, [b"e"])
+            await journal.append(pid, seq, [b"e"], token=None)
             outcomes[pid] = None
         except JournalError as exc:
             outcomes[pid] = exc
@@ -256,7 +253,8 @@ async def test_a_failing_batch_fails_alone_and_the_one_beside_it_commits() -> No
     assert "injected failure" in str(outcomes["bad"])
     assert journal.stored == {"good": [1]}
     journal.failing.clear()
-    await journal.append("bad", 1, [b"again"])  # nothing was written: the retry starts at 1
+    # Nothing was written: the retry starts at 1.
+    await journal.append("bad", 1, [b"again"], token=None)
     assert journal.stored == {"good": [1], "bad": [1]}
 
 
@@ -278,7 +276,7 @@ async def test_appends_issued_ahead_on_one_stream_are_checked_in_order_never_ref
     ) -> None:
         task_status.started()  # and on, without a checkpoint, until the append is queued
         try:
-            await journal.append(pid, seq, [b"e"])
+            await journal.append(pid, seq, [b"e"], token=None)
         except JournalError as exc:
             refused.append((pid, seq, exc))
 
@@ -290,7 +288,7 @@ async def test_appends_issued_ahead_on_one_stream_are_checked_in_order_never_ref
             if rng.random() < 0.1:
                 await trio.sleep(rng.uniform(0, 0.003))
 
-    await journal.append("setup", 1, [b"the tables"])  # appends waiting for them may reorder
+    await journal.append("setup", 1, [b"the tables"], token=None)  # waiting for them may reorder
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             for pid in streams:
@@ -315,7 +313,7 @@ async def test_no_append_is_stranded_when_the_committer_ends() -> None:
 
     async def burst(pid: str) -> None:
         sequence[pid] += 1
-        await journal.append(pid, sequence[pid], [b"e"])
+        await journal.append(pid, sequence[pid], [b"e"], token=None)
 
     for _ in range(600):
         with trio.fail_after(10):
