@@ -3,10 +3,12 @@
 Theory of operation: every journal call is one transaction, run by :meth:`ThreadedJournal._run`
 in a worker thread (at most ``threads`` at a time, by a capacity limiter) on a connection taken
 from a small pool and given back after. The first call creates the tables, once (later calls
-wait for it). A call has ``operation_timeout`` seconds in all: past it the thread is abandoned
-and the caller gets a :class:`p2pshard.JournalError` saying the outcome is unknown. A refusal by
-the journal's rules (:class:`p2pshard.JournalError` raised inside the transaction) gives the
-connection back; any other failure closes it, so the next call starts on a clean one. A
+wait for it; appends waiting for them go on in the order they came, and any append that comes
+while some still wait lines up behind them, so that none passes an earlier one of its stream).
+A call has ``operation_timeout`` seconds in all: past it the thread is abandoned and the caller
+gets a :class:`p2pshard.JournalError` saying the outcome is unknown. A refusal by the journal's
+rules (:class:`p2pshard.JournalError` raised inside the transaction) gives the connection back;
+any other failure closes it, so the next call starts on a clean one. A
 backend provides the connection (``_connect``, ``_usable``), the table creation (``_create``),
 one transaction around a function (``_transaction``), the errors its driver raises
 (``_driver_errors``) and how it names itself in messages (``_describe``).
@@ -189,6 +191,8 @@ class ThreadedJournal(Generic[Conn]):
         self._pool_lock = threading.Lock()
         self._ready = False
         self._creating = trio.Lock()
+        self._waiting_for_tables = 0
+        """Appends in line for the tables (:meth:`_tables_in_order`), until each is through."""
         self._closed = False
         self._queue: AppendQueue[_Ticket] = AppendQueue(
             max_events=settings.group_commit_max_events,
@@ -327,13 +331,32 @@ class ThreadedJournal(Generic[Conn]):
     async def _ensure_tables(self, persistence_id: str) -> None:
         if not self._ready:
             async with self._creating:  # one thread creates the tables, the others wait
-                if not self._ready:
-                    await self._in_thread(
-                        persistence_id,
-                        "creating the tables",
-                        lambda: self._with_connection(self._create),
-                    )
-                    self._ready = True
+                await self._create_if_missing(persistence_id)
+
+    async def _create_if_missing(self, persistence_id: str) -> None:
+        """With ``_creating`` held: create the tables, unless a call before did."""
+        if not self._ready:
+            await self._in_thread(
+                persistence_id,
+                "creating the tables",
+                lambda: self._with_connection(self._create),
+            )
+            self._ready = True
+
+    async def _tables_in_order(self, persistence_id: str) -> None:
+        """Until the tables exist, behind every append that came to wait for them before this one.
+
+        The lock is first come, first served, and appends keep coming to it, tables or not,
+        while any is in line (``_waiting_for_tables``): one issued after another on its stream
+        must not pass it while the other still waits here. Each leaves the line and is queued
+        for its commit without a checkpoint between.
+        """
+        self._waiting_for_tables += 1
+        try:
+            async with self._creating:
+                await self._create_if_missing(persistence_id)
+        finally:
+            self._waiting_for_tables -= 1
 
     async def _run(
         self,
@@ -442,10 +465,10 @@ class ThreadedJournal(Generic[Conn]):
         await trio.lowlevel.checkpoint_if_cancelled()
         if self._closed:
             raise JournalError(pid, f"{self._describe()} is closed")
-        if not self._ready:
-            with trio.move_on_after(self._timeout):
-                await self._ensure_tables(pid)
-            if not self._ready:
+        if not self._ready or self._waiting_for_tables:
+            with trio.move_on_after(self._timeout) as waited:
+                await self._tables_in_order(pid)
+            if waited.cancelled_caught or not self._ready:
                 raise JournalError(
                     pid,
                     f"{self._describe()}: creating the tables did not finish within "

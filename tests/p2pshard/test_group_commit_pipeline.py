@@ -115,6 +115,9 @@ class HeldJournal(ThreadedJournal[object]):
         self._lock = threading.Lock()
         self._delay = thread_delay
         self._rng = random.Random(seed)
+        self.creation = threading.Event()
+        """Set: the tables are created at once; cleared, creating them waits until it is set."""
+        self.creation.set()
 
     def _describe(self) -> str:
         return "held journal"
@@ -126,7 +129,7 @@ class HeldJournal(ThreadedJournal[object]):
         pass
 
     def _create(self, conn: object) -> None:
-        pass
+        assert self.creation.wait(20), "the test never let the tables be created"
 
     def hold(self, pid: str) -> None:
         self.held[pid] = threading.Event()
@@ -288,7 +291,7 @@ async def test_appends_issued_ahead_on_one_stream_are_checked_in_order_never_ref
             if rng.random() < 0.1:
                 await trio.sleep(rng.uniform(0, 0.003))
 
-    await journal.append("setup", 1, [b"the tables"], token=None)  # waiting for them may reorder
+    await journal.append("setup", 1, [b"the tables"], token=None)
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             for pid in streams:
@@ -299,6 +302,45 @@ async def test_appends_issued_ahead_on_one_stream_are_checked_in_order_never_ref
         **{pid: list(range(1, per_stream + 1)) for pid in streams},
     }, seed
     assert journal.group_commit_statistics().most_in_flight == 2, seed
+
+
+async def test_appends_waiting_for_the_tables_are_not_overtaken_by_later_ones() -> None:
+    """Appends issued ahead on one stream while the tables are being created, and the next one
+    issued the moment they exist: all go out in the order issued. The later one used to pass
+    those still in line for the tables and was refused as out of sequence."""
+    for _ in range(5):
+        journal = HeldJournal()
+        journal.creation.clear()
+        outcomes = await issue_around_the_tables(journal)
+        assert outcomes == dict.fromkeys((1, 2, 3, 4)), outcomes
+        assert journal.stored == {"s": [1, 2, 3, 4]}
+
+
+async def issue_around_the_tables(journal: HeldJournal) -> dict[int, JournalError | None]:
+    """Appends 1 to 3 on stream ``s`` while the tables wait, 4 the moment they exist."""
+    outcomes: dict[int, JournalError | None] = {}
+
+    async def one(seq: int, task_status: trio.TaskStatus[None]) -> None:
+        task_status.started()  # and on, without a checkpoint, into the append
+        try:
+            await journal.append("s", seq, [b"e"], token=None)
+            outcomes[seq] = None
+        except JournalError as exc:
+            outcomes[seq] = exc
+
+    async def the_moment_they_exist(nursery: trio.Nursery) -> None:
+        while not journal._ready:
+            await trio.lowlevel.checkpoint()
+        await nursery.start(one, 4)
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            for seq in (1, 2, 3):  # 1 creates the tables; 2 and 3 wait for them
+                await nursery.start(one, seq)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(the_moment_they_exist, nursery)
+            journal.creation.set()
+    return outcomes
 
 
 async def test_no_append_is_stranded_when_the_committer_ends() -> None:
