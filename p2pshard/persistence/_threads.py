@@ -143,13 +143,11 @@ class _Ticket(PendingAppend):
 
     deadline: float = attrs.field(kw_only=True)
     """Past it (trio's clock) the append is not taken into a batch any more."""
-    answered: bool = attrs.field(init=False, default=False)
     error: JournalError | None = attrs.field(init=False, default=None)
     _waiter: trio.lowlevel.Task | None = attrs.field(init=False, default=None)
 
     def answer(self, error: JournalError | None) -> None:
         self.error = error
-        self.answered = True
         if self._waiter is not None:
             trio.lowlevel.reschedule(self._waiter)
             self._waiter = None
@@ -192,7 +190,7 @@ class ThreadedJournal(Generic[Conn]):
         self._ready = False
         self._creating = trio.Lock()
         self._waiting_for_tables = 0
-        """Appends in line for the tables (:meth:`_tables_in_order`), until each is through."""
+        """Calls in line for the tables (:meth:`_ensure_tables`), until each is through."""
         self._closed = False
         self._queue: AppendQueue[_Ticket] = AppendQueue(
             max_events=settings.group_commit_max_events,
@@ -329,32 +327,25 @@ class ThreadedJournal(Generic[Conn]):
         return result
 
     async def _ensure_tables(self, persistence_id: str) -> None:
-        if not self._ready:
-            async with self._creating:  # one thread creates the tables, the others wait
-                await self._create_if_missing(persistence_id)
+        """Until the tables exist, behind every call that came to wait for them before this one.
 
-    async def _create_if_missing(self, persistence_id: str) -> None:
-        """With ``_creating`` held: create the tables, unless a call before did."""
-        if not self._ready:
-            await self._in_thread(
-                persistence_id,
-                "creating the tables",
-                lambda: self._with_connection(self._create),
-            )
-            self._ready = True
-
-    async def _tables_in_order(self, persistence_id: str) -> None:
-        """Until the tables exist, behind every append that came to wait for them before this one.
-
-        The lock is first come, first served, and appends keep coming to it, tables or not,
-        while any is in line (``_waiting_for_tables``): one issued after another on its stream
-        must not pass it while the other still waits here. Each leaves the line and is queued
-        for its commit without a checkpoint between.
+        One call creates them, the others wait on a first-come lock; and while any call is in
+        line (``_waiting_for_tables``), later ones line up behind it even once the tables
+        exist, so that an append issued after another on its stream cannot pass it here. Each
+        leaves the line and goes on to its commit without a checkpoint between.
         """
+        if self._ready and not self._waiting_for_tables:
+            return
         self._waiting_for_tables += 1
         try:
             async with self._creating:
-                await self._create_if_missing(persistence_id)
+                if not self._ready:
+                    await self._in_thread(
+                        persistence_id,
+                        "creating the tables",
+                        lambda: self._with_connection(self._create),
+                    )
+                    self._ready = True
         finally:
             self._waiting_for_tables -= 1
 
@@ -467,7 +458,7 @@ class ThreadedJournal(Generic[Conn]):
             raise JournalError(pid, f"{self._describe()} is closed")
         if not self._ready or self._waiting_for_tables:
             with trio.move_on_after(self._timeout) as waited:
-                await self._tables_in_order(pid)
+                await self._ensure_tables(pid)
             if waited.cancelled_caught or not self._ready:
                 raise JournalError(
                     pid,
