@@ -12,24 +12,27 @@ calls on other streams go on in parallel. The unique key is a second guard: a du
 number can never be stored.
 
 Appends are group-committed (``p2pshard.persistence._group_commit``), and a batch, or a lone
-append, is one statement in one round trip: a call of the server-side function
-``p2pshard_journal_append_v1`` (PL/pgSQL, :data:`APPEND_FUNCTION`; for a batch of one append
-``p2pshard_journal_append_one_v1``, the same with plain arguments), autocommitted, so that the
-server answers only once the transaction is committed. The function inserts the rows of new
-streams and locks every stream row of the batch with ``SELECT ... FOR UPDATE``, in persistence
-id order (so that two writers' batches cannot deadlock); applies the rules of
-:func:`p2pshard.persistence._group_commit.plan_batch` to each append in order (the fence, then
-the sequence number, against the stream as the appends before it left it); inserts the events
-of the appends that pass and updates their streams' rows; and returns the appends it refused,
-each with the stream row it was checked against, from which the shell makes the same
-:class:`p2pshard.JournalFenced` or :class:`p2pshard.JournalConflict` as ``plan_batch`` (a test
-holds the two to the same decisions on random batches). The function is created with the tables
-when it is missing (under the advisory lock); the version in its name is its own: a later
-release that changes it adds another name, so that nodes of two releases sharing a database
-during a rolling upgrade each call their own, and the tables, and their schema version, stay
-as they were. Two batches may be in flight at once (``_commits_at_once``), on streams of their
-own (``p2pshard.persistence._threads``): each locks only its own rows, so neither waits for the
-other.
+append, is one statement in one round trip: a call of a server-side function, autocommitted, so
+that the server answers only once the transaction is committed. There are three, each PL/pgSQL:
+``p2pshard_journal_append_v1`` (:data:`APPEND_FUNCTION`) for any batch;
+``p2pshard_journal_append_distinct_v1`` (:data:`APPEND_DISTINCT_FUNCTION`) for a batch whose
+appends are each on a stream of its own, as under load from many entities (the same decisions
+with statements over whole arrays instead of a loop per append: about a fifth less of the
+server's work per append); and ``p2pshard_journal_append_one_v1`` for a batch of one, with plain
+arguments. Each inserts the rows of new streams and locks every stream row of the batch with
+``SELECT ... FOR UPDATE``, in persistence id order (so that two writers' batches cannot
+deadlock); applies the rules of :func:`p2pshard.persistence._group_commit.plan_batch` to each
+append in order (the fence, then the sequence number, against the stream as the appends before
+it left it); inserts the events of the appends that pass and updates their streams' rows; and
+returns the appends it refused, each with the stream row it was checked against, from which the
+shell makes the same :class:`p2pshard.JournalFenced` or :class:`p2pshard.JournalConflict` as
+``plan_batch`` (a test holds them to the same decisions on random batches). The functions are
+created with the tables when they are missing (under the advisory lock); the version in a name
+is the function's own: a later release that changes one adds another name, so that nodes of two
+releases sharing a database during a rolling upgrade each call their own, and the tables, and
+their schema version, stay as they were. Two batches may be in flight at once
+(``_commits_at_once``), on streams of their own (``p2pshard.persistence._threads``): each locks
+only its own rows, so neither waits for the other.
 
 A recovery, or a batch of them, is one round trip: one pipeline sends BEGIN, one statement that
 raises the fences the tokens ask for (inserting the rows of new streams; its row locks wait for
@@ -178,7 +181,7 @@ BEGIN
         WHERE u.changed AND s.persistence_id = u.persistence_id;
 END
 $$"""
-"""The function that writes a batch of appends (see the module's docstring), created with the
+"""The function that writes any batch of appends (see the module's docstring), created with the
 tables. Its arguments: the batch's distinct persistence ids; for each append, in order, the
 (1-based) index of its stream among them, its first sequence number, its number of events and
 its token; every event's payload, append after append. It returns the (1-based) numbers of the
@@ -215,17 +218,95 @@ arguments and statements: about half the server's and the client's work of the g
 It returns whether it wrote the append, and the stream's highest sequence number and fence it
 saw."""
 
+APPEND_DISTINCT_FUNCTION = """CREATE OR REPLACE FUNCTION p2pshard_journal_append_distinct_v1(
+    streams text[], first_seqs bigint[], counts integer[], tokens bigint[], payloads bytea[],
+    OUT refused integer[], OUT refused_highest bigint[], OUT refused_fence bigint[]
+) LANGUAGE plpgsql AS $$
+DECLARE
+    n integer := cardinality(streams);
+    v_moved integer[];
+BEGIN
+    -- As the general function: the rows of streams an append may start, then every row locked.
+    INSERT INTO p2pshard_journal_streams
+        SELECT u.p, 0::bigint, NULL::bigint FROM unnest(streams, first_seqs) AS u(p, f)
+        WHERE u.f = 1 ORDER BY 1
+        ON CONFLICT (persistence_id) DO NOTHING;
+    PERFORM FROM p2pshard_journal_streams AS s WHERE s.persistence_id = ANY(streams)
+        ORDER BY s.persistence_id FOR UPDATE;
+    -- Each append is its stream's only one: it passes if it continues the locked row and its
+    -- token is not below the fence; its row moves on and its events are inserted.
+    IF cardinality(payloads) = n THEN  -- one event each
+        WITH moved AS (
+            UPDATE p2pshard_journal_streams AS s SET highest = u.f, fence = GREATEST(s.fence, u.t)
+            FROM unnest(streams, first_seqs, tokens) WITH ORDINALITY AS u(p, f, t, k)
+            WHERE s.persistence_id = u.p AND s.highest = u.f - 1
+                AND (u.t IS NULL OR s.fence IS NULL OR u.t >= s.fence)
+            RETURNING u.k, u.p, u.f
+        ), written AS (
+            INSERT INTO p2pshard_journal_events
+                SELECT moved.p, moved.f, payloads[moved.k] FROM moved
+        )
+        SELECT array_agg(moved.k) INTO v_moved FROM moved;
+    ELSE
+        WITH a AS (
+            SELECT u.p, u.f, u.n, u.t, u.k, sum(u.n) OVER (ORDER BY u.k) - u.n AS o
+            FROM unnest(streams, first_seqs, counts, tokens) WITH ORDINALITY AS u(p, f, n, t, k)
+        ), moved AS (
+            UPDATE p2pshard_journal_streams AS s
+                SET highest = a.f + a.n - 1, fence = GREATEST(s.fence, a.t)
+            FROM a
+            WHERE s.persistence_id = a.p AND s.highest = a.f - 1
+                AND (a.t IS NULL OR s.fence IS NULL OR a.t >= s.fence)
+            RETURNING a.k, a.p, a.f, a.n, a.o
+        ), written AS (
+            INSERT INTO p2pshard_journal_events
+                SELECT moved.p, moved.f + g.j, payloads[moved.o + g.j + 1]
+                FROM moved, generate_series(0, moved.n - 1) AS g(j)
+        )
+        SELECT array_agg(moved.k) INTO v_moved FROM moved;
+    END IF;
+    IF coalesce(cardinality(v_moved), 0) = n THEN
+        refused := '{}';
+        refused_highest := '{}';
+        refused_fence := '{}';
+        RETURN;
+    END IF;
+    -- The others are refused; their rows, still locked, are as they were checked.
+    SELECT coalesce(array_agg(u.k ORDER BY u.k), '{}'),
+            coalesce(array_agg(coalesce(s.highest, 0) ORDER BY u.k), '{}'),
+            coalesce(array_agg(s.fence ORDER BY u.k), '{}')
+        INTO refused, refused_highest, refused_fence
+        FROM unnest(streams) WITH ORDINALITY AS u(p, k)
+        LEFT JOIN unnest(v_moved) AS m(k) ON m.k = u.k
+        LEFT JOIN p2pshard_journal_streams AS s ON s.persistence_id = u.p
+        WHERE m.k IS NULL;
+END
+$$"""
+"""The function for a batch whose appends are on distinct streams (see the module's docstring),
+created with the tables. Its arguments, for each append in order: its persistence id, its first
+sequence number, its number of events and its token; then every event's payload, append after
+append. It returns what :data:`APPEND_FUNCTION` returns."""
+
 _FUNCTIONS = (
     (
         "p2pshard_journal_append_v1(text[], integer[], bigint[], integer[], bigint[], bytea[])",
         APPEND_FUNCTION,
     ),
     ("p2pshard_journal_append_one_v1(text, bigint, bigint, bytea[])", APPEND_ONE_FUNCTION),
+    (
+        "p2pshard_journal_append_distinct_v1(text[], bigint[], integer[], bigint[], bytea[])",
+        APPEND_DISTINCT_FUNCTION,
+    ),
 )
 """Each function's signature and its creation."""
 
 _APPEND_ONE = (
     "SELECT * FROM p2pshard_journal_append_one_v1(%s::text, %s::bigint, %s::bigint, %b::bytea[])"
+)
+
+_APPEND_DISTINCT = (
+    "SELECT * FROM p2pshard_journal_append_distinct_v1(%b::text[], %b::bigint[], "
+    "%b::integer[], %b::bigint[], %b::bytea[])"
 )
 
 _APPEND = (
@@ -411,19 +492,20 @@ class PostgresJournal(ThreadedJournal[Connection]):
                 assert one is not None
                 written, highest, fence = one
                 return [None if written else _refusal(append, highest, fence)]
-            streams = streams_of(batch)
-            index = {pid: k for k, pid in enumerate(streams, 1)}
-            row = conn.execute(
-                _APPEND,
-                (
-                    streams,
-                    [index[a.persistence_id] for a in batch],
-                    [a.first_seq for a in batch],
-                    [len(a.events) for a in batch],
-                    [a.token for a in batch],
-                    [e for a in batch for e in a.events],
-                ),
-            ).fetchone()
+            pids = [a.persistence_id for a in batch]
+            appends = (
+                [a.first_seq for a in batch],
+                [len(a.events) for a in batch],
+                [a.token for a in batch],
+                [e for a in batch for e in a.events],
+            )
+            if len(set(pids)) == len(pids):  # each on a stream of its own: whole arrays at once
+                row = conn.execute(_APPEND_DISTINCT, (pids, *appends)).fetchone()
+            else:
+                streams = streams_of(batch)
+                index = {pid: k for k, pid in enumerate(streams, 1)}
+                stream_of = [index[pid] for pid in pids]
+                row = conn.execute(_APPEND, (streams, stream_of, *appends)).fetchone()
         except psycopg.errors.UniqueViolation as exc:  # rolled back: the connection is fine
             raise JournalConflict(
                 batch[0].persistence_id,

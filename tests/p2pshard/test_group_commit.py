@@ -667,6 +667,41 @@ def random_batch(
     return batch
 
 
+def random_distinct_batch(
+    rng: random.Random, streams: list[str], stored: dict[str, StreamRow]
+) -> list[PendingAppend]:
+    """Appends each on a stream of its own, as ``random_batch`` makes them; about half the
+    batches have one event per append (the distinct function's shortest path)."""
+    one_event = rng.random() < 0.5
+    batch = []
+    for pid in rng.sample(streams, rng.randint(2, len(streams))):
+        highest = stored.get(pid, StreamRow(0, None)).highest
+        batch.append(
+            PendingAppend(
+                pid,
+                max(1, highest + rng.choice([1, 1, 1, 1, 0, 2, -3])),
+                [
+                    rng.randbytes(rng.randint(0, 3))
+                    for _ in range(1 if one_event else rng.randint(1, 3))
+                ],
+                rng.choice([None, rng.randint(1, 8)]),
+            )
+        )
+    return batch
+
+
+class _Statements:
+    """A connection that records the statements sent through it."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+        self.sent: list[str] = []
+
+    def execute(self, query: str, params: Any = None) -> Any:
+        self.sent.append(query)
+        return self.conn.execute(query, params)
+
+
 def decisions(refusals: list[JournalError | None]) -> list[tuple[type, str] | None]:
     """Each append's outcome, comparable: None, or its refusal's type and text."""
     return [None if r is None else (type(r), str(r)) for r in refusals]
@@ -688,7 +723,8 @@ async def test_the_postgresql_append_function_decides_as_plan_batch_does(
 ) -> None:
     """Random batches: the server's refusals, rows and events are those ``plan_batch`` makes.
 
-    Batches of one append go to the function for one, the others to the general one.
+    Batches of one append go to the function for one, batches whose appends are each on a stream
+    of its own to the distinct function, the others to the general one.
     """
     seed = random.randrange(1 << 32)
     print(f"seed {seed}")
@@ -698,12 +734,23 @@ async def test_the_postgresql_append_function_decides_as_plan_batch_does(
     await journal.recover(streams[0], None)  # creates the tables and the function
     events: dict[str, list[tuple[int, bytes]]] = {s: [] for s in streams}
     with psycopg.connect(postgres.dsn, autocommit=True) as conn:
-        for _ in range(60):
+        used = {"append_one_v1": 0, "append_distinct_v1": 0, "append_v1": 0}
+        for _ in range(90):
             stored = _stored_rows(conn, streams)
-            # A batch of one goes to the lone function.
-            batch = random_batch(rng, streams, stored, rng.choice([1, rng.randint(2, 30)]))
+            shape = rng.choice(["one", "distinct", "any"])
+            if shape == "distinct":
+                batch = random_distinct_batch(rng, streams, stored)
+            else:
+                batch = random_batch(rng, streams, stored, 1 if shape == "one" else 16)
             plan = plan_batch(batch, stored)
-            refusals = journal._write_batch(conn, batch)
+            spy = _Statements(conn)
+            refusals = journal._write_batch(spy, batch)  # type: ignore[arg-type]
+            # Which function served it: the shape's (16 appends on 8 streams repeat one).
+            [function] = [f for f in used if f"p2pshard_journal_{f}(" in spy.sent[0]]
+            assert function == {"one": "append_one_v1", "distinct": "append_distinct_v1"}.get(
+                shape, "append_v1"
+            ), seed
+            used[function] += 1
             assert decisions(refusals) == decisions(plan.refusals), seed
             after = _stored_rows(conn, streams)
             for pid in streams:
@@ -711,6 +758,7 @@ async def test_the_postgresql_append_function_decides_as_plan_batch_does(
                 assert after.get(pid, StreamRow(0, None)) == (want or StreamRow(0, None)), seed
             for pid, seq, payload in plan.events:
                 events[pid].append((seq, payload))
+        assert all(used.values()), (used, seed)
         for pid in streams:
             stored_events = conn.execute(
                 "SELECT seq, payload FROM p2pshard_journal_events WHERE persistence_id = %s "
@@ -910,7 +958,11 @@ async def test_a_postgresql_database_of_the_previous_release_is_used_as_it_is(
         assert conn.execute(
             "SELECT proname FROM pg_proc WHERE proname LIKE 'p2pshard_journal_append%' "
             "ORDER BY proname"
-        ).fetchall() == [("p2pshard_journal_append_one_v1",), ("p2pshard_journal_append_v1",)]
+        ).fetchall() == [
+            ("p2pshard_journal_append_distinct_v1",),
+            ("p2pshard_journal_append_one_v1",),
+            ("p2pshard_journal_append_v1",),
+        ]
         # The previous release's statements go on working on the same tables.
         conn.execute(
             "UPDATE p2pshard_journal_streams SET highest = 4 WHERE persistence_id = 'Cart|1'"
