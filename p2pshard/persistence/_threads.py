@@ -55,10 +55,11 @@ one transaction. ``recover`` and ``save_snapshot`` are batches of one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import attrs
 import trio
@@ -97,6 +98,51 @@ RECOVERY_READ = (
 stream's row, snapshot and the events after it, as the rows
 :func:`p2pshard.persistence._batching.group_rows` takes. One statement reads one consistent
 state: an append writes its events and its stream's row in one transaction."""
+
+
+async def _in_worker_thread(fn: Callable[[], _T], limiter: trio.CapacityLimiter) -> _T:
+    """``fn()`` in a worker thread of trio's, holding a token of ``limiter`` while it runs.
+
+    Cancellation abandons the thread: the call raises at once, the thread runs on, its result
+    is dropped, and its token goes back when it ends. That is what ``trio.to_thread.run_sync(fn,
+    limiter=limiter, abandon_on_cancel=True)`` does, without what a journal's call does not use
+    (the caller's context variables, a name for the thread, the way back for
+    ``trio.from_thread``) and without its extra turn through the scheduler while a token is
+    free: every append's commit goes through here, a lone one on its own, and this costs it
+    about 60 µs less (125 against 186 µs on this machine, for a function that returns at once).
+    """
+    await trio.lowlevel.checkpoint_if_cancelled()
+    borrower = object()  # its own: a task may go on while a thread it abandoned holds a token
+    try:
+        limiter.acquire_on_behalf_of_nowait(borrower)
+    except trio.WouldBlock:
+        await limiter.acquire_on_behalf_of(borrower)
+    task = trio.lowlevel.current_task()
+    token = trio.lowlevel.current_trio_token()
+    waiting = True
+
+    def back(result: Any) -> None:  # in the trio thread, once fn has ended
+        limiter.release_on_behalf_of(borrower)
+        if waiting:
+            trio.lowlevel.reschedule(task, result)
+
+    def deliver(result: Any) -> None:  # in the worker thread: fn's outcome
+        with contextlib.suppress(trio.RunFinishedError):  # abandoned, and trio has ended since
+            token.run_sync_soon(back, result)
+
+    try:
+        trio.lowlevel.start_thread_soon(fn, deliver)
+    except BaseException:
+        limiter.release_on_behalf_of(borrower)
+        raise
+
+    def abandon(_: object) -> trio.lowlevel.Abort:
+        nonlocal waiting
+        waiting = False
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    value: _T = await trio.lowlevel.wait_task_rescheduled(abandon)
+    return value
 
 
 def _each(pid: str, exc: JournalError, size: int, what: str) -> JournalError:
@@ -619,11 +665,8 @@ class ThreadedJournal(Generic[Conn]):
 
         try:
             with trio.CancelScope(deadline=trio.current_time() + self._timeout, shield=True):
-                refusals = await trio.to_thread.run_sync(
-                    self._with_connection,
-                    commit,
-                    limiter=self._commit_limiter,
-                    abandon_on_cancel=True,
+                refusals = await _in_worker_thread(
+                    lambda: self._with_connection(commit), self._commit_limiter
                 )
                 answer(refusals)
                 return
@@ -684,9 +727,7 @@ class ThreadedJournal(Generic[Conn]):
 
     async def _in_thread(self, persistence_id: str, what: str, work: Callable[[], _T]) -> _T:
         try:
-            return await trio.to_thread.run_sync(
-                work, limiter=self._limiter, abandon_on_cancel=True
-            )
+            return await _in_worker_thread(work, self._limiter)
         except self._driver_errors as exc:
             text = str(exc).strip() or type(exc).__name__
             raise JournalError(
