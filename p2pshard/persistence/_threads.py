@@ -2,7 +2,9 @@
 
 Theory of operation: every journal call is one transaction, run by :meth:`ThreadedJournal._run`
 in a worker thread (at most ``threads`` at a time, by a capacity limiter) on a connection taken
-from a small pool and given back after. The first call creates the tables, once (later calls
+from a small pool and given back after. The hand-off to the thread is :func:`_in_worker_thread`,
+``trio.to_thread.run_sync`` without what a journal's call does not use, which is much of a lone
+append's cost beside the database's own. The first call creates the tables, once (later calls
 wait for it; appends waiting for them go on in the order they came, and any append that comes
 while some still wait lines up behind them, so that none passes an earlier one of its stream).
 A call has ``operation_timeout`` seconds in all: past it the thread is abandoned and the caller
