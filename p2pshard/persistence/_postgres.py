@@ -284,8 +284,9 @@ END
 $$"""
 """The function for a batch whose appends are on distinct streams (see the module's docstring),
 created with the tables. Its arguments, for each append in order: its persistence id, its first
-sequence number, its number of events and its token; then every event's payload, append after
-append. It returns what :data:`APPEND_FUNCTION` returns."""
+sequence number, its number of events (at least one: as many payloads as appends means one
+each) and its token; then every event's payload, append after append. It returns what
+:data:`APPEND_FUNCTION` returns."""
 
 _FUNCTIONS = (
     (
