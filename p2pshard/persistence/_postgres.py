@@ -286,7 +286,9 @@ $$"""
 created with the tables. Its arguments, for each append in order: its persistence id, its first
 sequence number, its number of events (at least one: as many payloads as appends means one
 each) and its token; then every event's payload, append after append. It returns what
-:data:`APPEND_FUNCTION` returns."""
+:data:`APPEND_FUNCTION` returns. The gain is in its branch for one event per append (about
+18 against 25 µs of the server's CPU per append, batches of 128); its branch for several costs
+about what the general function does."""
 
 _FUNCTIONS = (
     (
