@@ -2,7 +2,7 @@
 
 How to run it (from the project root)::
 
-    .venv/bin/python -m benchmarks.persistence            # full run, about 4 minutes
+    .venv/bin/python -m benchmarks.persistence            # full run, about 5 minutes
     .venv/bin/python -m benchmarks.persistence --quick    # smaller counts, well under a minute
     .venv/bin/python -m benchmarks.persistence --json     # one JSON object instead of the table
     .venv/bin/python -m benchmarks.persistence --appends --backend sqlite --streams 256
@@ -30,6 +30,13 @@ For each backend (``SqliteJournal``, ``PostgresJournal``, built as ``open_node``
   (the journals' default pool). One window of each per round, back to back in alternating
   order; the figures and the ratio are medians over rounds, the latencies over all windows.
   ``batch``: appends per transaction the journal's group commit wrote, on average.
+- ``appends/s`` on long streams: when the windows include 256 streams, as many windows again at
+  256 streams whose streams (the journal's and the baseline's) already hold 300 events each,
+  written before the window starts (and for SQLite checkpointed, so that the window does not
+  copy the bulk load's pages). A fresh stream's first events share index pages with other
+  streams', so a short window of fresh streams commits fewer pages per batch than long-lived
+  entities do; these windows show the rate and p99 once every stream's newest entries have a
+  page of their own.
 - CPU per append in those windows (medians over rounds): this process's, every thread (the
   event loop, the commit's threads, the benchmark's own tasks), and for PostgreSQL the server's
   (its processes, read from ``/proc``), each beside the raw insert's. From them, the most
@@ -62,8 +69,10 @@ one backend, ``--streams`` the stream counts of the closed-loop windows):
 ``--json`` adds the figures a script checks, for ``sqlite`` and ``postgres``:
 ``<backend>_appends_256_ratio`` (appends/s at 256 streams over the raw single-insert rate at 256
 tasks), ``<backend>_append_p99_ms_256`` (p99 of an append at 256 streams) and
-``<backend>_append_1_p50_ratio`` (one append at a time: p50 over the raw insert's), and
-``<backend>_cpu_ceiling_256_ratio`` (the ceiling above, at 256 streams).
+``<backend>_append_1_p50_ratio`` (one append at a time: p50 over the raw insert's),
+``<backend>_cpu_ceiling_256_ratio`` (the ceiling above, at 256 streams), and
+``<backend>_appends_256_long_ratio`` and ``<backend>_append_p99_ms_256_long`` (the first two on
+long streams).
 """
 
 from __future__ import annotations
@@ -99,6 +108,12 @@ STREAMS = (16, 64, 256)
 """Concurrent streams of the throughput windows."""
 THREADS = 4
 """The journals' default limit of worker threads; the baselines use a limiter as large."""
+LONG_AT = 256
+"""Streams of the long-stream windows (run when the closed-loop windows include this count)."""
+HELD = 300
+"""Events each stream of a long-stream window already holds when the window starts: enough that
+the newest entries of every stream's key sit on a page of their own, as for long-lived entities
+(in a fresh stream's first events, many streams share a page)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -124,8 +139,13 @@ def progress(enabled: bool, text: str) -> None:
 class Baseline:
     """A raw insert-and-commit of one row per call, in worker threads with kept connections."""
 
-    def __init__(self, connect: Callable[[], Any], insert: Callable[[Any, str, int], None]) -> None:
-        self._connect, self._insert = connect, insert
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        insert: Callable[[Any, str, int], None],
+        fill: Callable[[Any, list[tuple[str, int, bytes]]], None],
+    ) -> None:
+        self._connect, self._insert, self._fill = connect, insert, fill
         self._local = threading.local()
         self._all: list[Any] = []
         self._lock = threading.Lock()
@@ -143,6 +163,11 @@ class Baseline:
         await trio.to_thread.run_sync(
             lambda: self._insert(self._conn(), stream, seq), limiter=self.limiter
         )
+
+    async def fill(self, streams: list[str], held: int) -> None:
+        """Give each of ``streams`` the rows 1 to ``held``, in one transaction."""
+        rows = [(stream, seq, EVENT) for stream in streams for seq in range(1, held + 1)]
+        await trio.to_thread.run_sync(lambda: self._fill(self._conn(), rows), limiter=self.limiter)
 
     def close(self) -> None:
         for conn in self._all:
@@ -167,7 +192,13 @@ def sqlite_baseline(path: Path) -> Baseline:
         conn.execute("INSERT INTO raw VALUES (?, ?, ?)", (stream, seq, EVENT))
         conn.execute("COMMIT")
 
-    return Baseline(connect, insert)
+    def fill(conn: sqlite3.Connection, rows: list[tuple[str, int, bytes]]) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany("INSERT INTO raw VALUES (?, ?, ?)", rows)
+        conn.execute("COMMIT")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()  # as the journal's fill
+
+    return Baseline(connect, insert, fill)
 
 
 def postgres_baseline(dsn: str) -> Baseline:
@@ -180,7 +211,12 @@ def postgres_baseline(dsn: str) -> Baseline:
     def insert(conn: psycopg.Connection[Any], stream: str, seq: int) -> None:
         conn.execute("INSERT INTO raw VALUES (%s, %s, %s)", (stream, seq, EVENT))
 
-    return Baseline(lambda: psycopg.connect(dsn, autocommit=True), insert)
+    def fill(conn: psycopg.Connection[Any], rows: list[tuple[str, int, bytes]]) -> None:
+        with conn.cursor().copy("COPY raw (stream, seq, payload) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+
+    return Baseline(lambda: psycopg.connect(dsn, autocommit=True), insert, fill)
 
 
 async def timed(call: Awaitable[None]) -> float:
@@ -331,29 +367,75 @@ def batches(journal: Journal) -> tuple[int, int]:
     return stats.commits, stats.appends
 
 
+def checkpoint_sqlite(path: Path) -> None:
+    """Copy SQLite's write-ahead log of ``path`` into the file and empty it."""
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None, timeout=30.0)) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+
+
+async def fill_streams(journal: Journal, streams: list[str], held: int) -> None:
+    """Give each of ``streams`` the events 1 to ``held``: one append each, all at once.
+
+    Then, for SQLite, the log is checkpointed: the fill is a bulk load no steady state has, and
+    the window's first checkpoint would otherwise copy its pages.
+    """
+
+    async def fill(pid: str) -> None:
+        await journal.append(pid, 1, [EVENT] * held, token=None)
+
+    async with trio.open_nursery() as nursery:
+        for pid in streams:
+            nursery.start_soon(fill, pid)
+    if isinstance(journal, SqliteJournal):
+        await trio.to_thread.run_sync(checkpoint_sqlite, journal.path)
+
+
 async def throughput(
-    journal: Journal, baseline: Baseline, plan: Plan, tasks: int, server_pid: int | None = None
+    journal: Journal,
+    baseline: Baseline,
+    plan: Plan,
+    tasks: int,
+    server_pid: int | None = None,
+    *,
+    held: int = 0,
 ) -> dict[str, float | None]:
-    """Windows of ours and the baseline back to back, the order alternating, once per round."""
+    """Windows of ours and the baseline back to back, the order alternating, once per round.
+
+    With ``held``, each window's streams (ours and the baseline's) first get that many events,
+    outside the window, and its appends go on from there.
+    """
+    kind = "long" if held else "load"
     ours, base, ratios = [], [], []
     ours_windows: list[Window] = []
     base_windows: list[Window] = []
     ours_lat: list[float] = []
     base_lat: list[float] = []
-    commits0, appends0 = batches(journal)
+    written = [0, 0]  # commits and appends of the journal's windows
     for r in range(plan.rounds):
 
         async def journal_window(r: int = r) -> Window:
-            return await closed_loop(
-                lambda t, n: journal.append(f"Bench|load-{tasks}-{r}-{t}", n, [EVENT], token=None),
+            if held:
+                streams = [f"Bench|{kind}-{tasks}-{r}-{t}" for t in range(tasks)]
+                await fill_streams(journal, streams, held)
+            before = batches(journal)  # the window's commits only, not the fill's
+            window = await closed_loop(
+                lambda t, n: journal.append(
+                    f"Bench|{kind}-{tasks}-{r}-{t}", n + held, [EVENT], token=None
+                ),
                 tasks,
                 plan.window,
                 server_pid,
             )
+            after = batches(journal)
+            written[0] += after[0] - before[0]
+            written[1] += after[1] - before[1]
+            return window
 
         async def baseline_window(r: int = r) -> Window:
+            if held:
+                await baseline.fill([f"{kind}-{tasks}-{r}-{t}" for t in range(tasks)], held)
             return await closed_loop(
-                lambda t, n: baseline.insert(f"load-{tasks}-{r}-{t}", n),
+                lambda t, n: baseline.insert(f"{kind}-{tasks}-{r}-{t}", n + held),
                 tasks,
                 plan.window,
                 server_pid,
@@ -370,7 +452,6 @@ async def throughput(
         ratios.append(o.rate / b.rate)
         ours_lat += o.latencies
         base_lat += b.latencies
-    commits1, appends1 = batches(journal)
     ours_q, base_q = quantiles_ms(ours_lat), quantiles_ms(base_lat)
     ours_cpu, base_cpu = cpu_us_each(ours_windows), cpu_us_each(base_windows)
     spent = [x for x in (ours_cpu["node"], ours_cpu["server"]) if x is not None]
@@ -384,7 +465,7 @@ async def throughput(
         "append_p99_ms": ours_q["p99_ms"],
         "baseline_p50_ms": base_q["p50_ms"],
         "baseline_p99_ms": base_q["p99_ms"],
-        "batch": (appends1 - appends0) / max(1, commits1 - commits0),
+        "batch": written[1] / max(1, written[0]),
         "cpu_us_per_append": ours_cpu["node"],
         "server_cpu_us_per_append": ours_cpu["server"],
         "baseline_cpu_us_per_insert": base_cpu["node"],
@@ -411,6 +492,19 @@ async def measure(
             progress(show, f"{label}: {tasks} tasks in closed loop, {plan.rounds} x 2 windows")
             figures = await throughput(journal, baseline, plan, tasks, server_pid)
             result["streams"][str(tasks)] = figures
+            progress(
+                show,
+                f"  {figures['appends_per_s']:,.0f} appends/s (raw {figures['baseline_per_s']:,.0f}"
+                f"), p99 {figures['append_p99_ms']:.1f} ms, {figures['batch']:.1f} per commit",
+            )
+        if LONG_AT in streams:
+            progress(
+                show,
+                f"{label}: {LONG_AT} tasks on streams holding {HELD} events, "
+                f"{plan.rounds} x 2 windows",
+            )
+            figures = await throughput(journal, baseline, plan, LONG_AT, server_pid, held=HELD)
+            result["long"] = {"streams": LONG_AT, "held": HELD, **figures}
             progress(
                 show,
                 f"  {figures['appends_per_s']:,.0f} appends/s (raw {figures['baseline_per_s']:,.0f}"
@@ -637,6 +731,12 @@ def run_all(
         report[f"{key}_cpu_ceiling_256_ratio"] = (
             None if at_256 is None else at_256["cpu_ceiling_ratio"]
         )
+        long = None if r is None else r.get("long")
+        long_256 = long if long is not None and long["streams"] == 256 else None
+        report[f"{key}_appends_256_long_ratio"] = None if long_256 is None else long_256["ratio"]
+        report[f"{key}_append_p99_ms_256_long"] = (
+            None if long_256 is None else long_256["append_p99_ms"]
+        )
     report["elapsed_s"] = time.perf_counter() - started
     return report
 
@@ -709,6 +809,23 @@ def format_table(report: dict[str, Any]) -> str:
                         f(w["cpu_ceiling_ratio"]),
                     )
                 )
+        long = r.get("long")
+        if long is not None:
+            rows += [
+                (
+                    f"    appends/s, {long['streams']} streams holding {long['held']} events each "
+                    f"({long['batch']:.1f} per commit)",
+                    f(long["appends_per_s"]),
+                    f(long["baseline_per_s"]),
+                    f(long["ratio"]),
+                ),
+                (
+                    "        append p99 under that load (ms)",
+                    f(long["append_p99_ms"]),
+                    f(long["baseline_p99_ms"]),
+                    f(long["append_p99_ms"] / long["baseline_p99_ms"]),
+                ),
+            ]
     header = ("figure", "ours", "raw insert (same run)", "ratio")
     entity_rows: list[tuple[str, str, str, str]] = []
     entity = report.get("entity", {})
@@ -771,6 +888,8 @@ def format_table(report: dict[str, Any]) -> str:
             (f"{key}_appends_256_ratio", ">=", 10.0),
             (f"{key}_append_p99_ms_256", "<=", p99_target),
             (f"{key}_append_1_p50_ratio", "<=", p50_target),
+            (f"{key}_appends_256_long_ratio", ">=", 10.0),
+            (f"{key}_append_p99_ms_256_long", "<=", p99_target),
         )
         for name, op, target in checks:
             value = report.get(name)

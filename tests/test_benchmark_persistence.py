@@ -50,6 +50,8 @@ def test_only_the_chosen_backend_and_streams_are_measured(
         at_8["cpu_ceiling_per_s"] / at_8["baseline_per_s"]
     )
     assert report["sqlite_cpu_ceiling_256_ratio"] is None
+    assert "long" not in report["sqlite"]  # no long-stream windows without 256 streams
+    assert report["sqlite_appends_256_long_ratio"] is None
 
     assert persistence.main(["--appends", "--backend", "sqlite", "--streams", "4"]) == 0
     table = capsys.readouterr().out
@@ -59,6 +61,29 @@ def test_only_the_chosen_backend_and_streams_are_measured(
     assert "CPU per append, the server" not in table
     assert "entity side" not in table
     assert "postgresql" not in table.split("\n", 1)[1]  # only the title names it
+
+
+def test_long_stream_windows_go_on_from_the_events_each_stream_already_holds(
+    tiny_plan: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Appends that did not go on from the held events would be refused (the journal) or break
+    # the primary key (the baseline), and the run would fail.
+    monkeypatch.setattr(persistence, "LONG_AT", 4)
+    monkeypatch.setattr(persistence, "HELD", 7)
+    assert persistence.main(["--appends", "--backend", "sqlite", "--streams", "4", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    long = report["sqlite"]["long"]
+    assert (long["streams"], long["held"]) == (4, 7)
+    assert long["appends_per_s"] > 0
+    assert long["baseline_per_s"] > 0
+    assert long["ratio"] == pytest.approx(long["appends_per_s"] / long["baseline_per_s"])
+    assert 1 <= long["batch"] <= 4  # the window's commits: at most one append per stream each
+    assert report["sqlite_appends_256_long_ratio"] is None  # 4 streams, not 256
+
+    assert persistence.main(["--appends", "--backend", "sqlite", "--streams", "4"]) == 0
+    table = capsys.readouterr().out
+    assert "appends/s, 4 streams holding 7 events each" in table
+    assert "sqlite_appends_256_long_ratio" not in table
 
 
 @pytest.mark.parametrize(
