@@ -3,7 +3,7 @@
 How to run it (from the project root)::
 
     .venv/bin/python -m benchmarks.persistence            # full run, about 5 minutes
-    .venv/bin/python -m benchmarks.persistence --quick    # smaller counts, well under a minute
+    .venv/bin/python -m benchmarks.persistence --quick    # smaller counts, about 80 seconds
     .venv/bin/python -m benchmarks.persistence --json     # one JSON object instead of the table
     .venv/bin/python -m benchmarks.persistence --appends --backend sqlite --streams 256
                                                           # one figure: SQLite at 256 streams
