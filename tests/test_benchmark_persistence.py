@@ -86,6 +86,24 @@ def test_long_stream_windows_go_on_from_the_events_each_stream_already_holds(
     assert "sqlite_appends_256_long_ratio" not in table
 
 
+def test_long_stream_windows_on_postgresql(
+    tiny_plan: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The raw table is filled with COPY, the journal's streams with appends of 7 events each.
+    monkeypatch.setattr(persistence, "LONG_AT", 4)
+    monkeypatch.setattr(persistence, "HELD", 7)
+    argv = ["--appends", "--backend", "postgresql", "--streams", "4", "--json"]
+    assert persistence.main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report.get("postgresql_missing") is None
+    long = report["postgresql"]["long"]
+    assert (long["streams"], long["held"]) == (4, 7)
+    assert long["appends_per_s"] > 0
+    assert long["baseline_per_s"] > 0
+    assert long["server_cpu_us_per_append"] > 0
+    assert report["postgres_appends_256_long_ratio"] is None  # 4 streams, not 256
+
+
 @pytest.mark.parametrize(
     ("argv", "said"),
     [
