@@ -748,6 +748,23 @@ def format_table(report: dict[str, Any]) -> str:
     def g(x: float | None) -> str:
         return "-" if x is None else f(x)
 
+    def under_load(what: str, w: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+        """A closed-loop window's rate and p99 rows, each beside the raw insert's."""
+        return [
+            (
+                f"    appends/s, {what} ({w['batch']:.1f} per commit)",
+                f(w["appends_per_s"]),
+                f(w["baseline_per_s"]),
+                f(w["ratio"]),
+            ),
+            (
+                "        append p99 under that load (ms)",
+                f(w["append_p99_ms"]),
+                f(w["baseline_p99_ms"]),
+                f(w["append_p99_ms"] / w["baseline_p99_ms"]),
+            ),
+        ]
+
     rows: list[tuple[str, str, str, str]] = []
     for label in ("sqlite", "postgresql"):
         r = report.get(label)
@@ -772,18 +789,7 @@ def format_table(report: dict[str, Any]) -> str:
         ]
         for tasks, w in r["streams"].items():
             rows += [
-                (
-                    f"    appends/s, {tasks} streams at once ({w['batch']:.1f} per commit)",
-                    f(w["appends_per_s"]),
-                    f(w["baseline_per_s"]),
-                    f(w["ratio"]),
-                ),
-                (
-                    "        append p99 under that load (ms)",
-                    f(w["append_p99_ms"]),
-                    f(w["baseline_p99_ms"]),
-                    f(w["append_p99_ms"] / w["baseline_p99_ms"]),
-                ),
+                *under_load(f"{tasks} streams at once", w),
                 (
                     "        CPU per append, this process (µs)",
                     g(w["cpu_us_per_append"]),
@@ -811,21 +817,9 @@ def format_table(report: dict[str, Any]) -> str:
                 )
         long = r.get("long")
         if long is not None:
-            rows += [
-                (
-                    f"    appends/s, {long['streams']} streams holding {long['held']} events each "
-                    f"({long['batch']:.1f} per commit)",
-                    f(long["appends_per_s"]),
-                    f(long["baseline_per_s"]),
-                    f(long["ratio"]),
-                ),
-                (
-                    "        append p99 under that load (ms)",
-                    f(long["append_p99_ms"]),
-                    f(long["baseline_p99_ms"]),
-                    f(long["append_p99_ms"] / long["baseline_p99_ms"]),
-                ),
-            ]
+            rows += under_load(
+                f"{long['streams']} streams holding {long['held']} events each", long
+            )
     header = ("figure", "ours", "raw insert (same run)", "ratio")
     entity_rows: list[tuple[str, str, str, str]] = []
     entity = report.get("entity", {})
