@@ -475,6 +475,14 @@ async def throughput(
     }
 
 
+def window_line(figures: dict[str, float | None]) -> str:
+    """A progress line for the closed-loop windows ``throughput`` measured."""
+    return (
+        f"  {figures['appends_per_s']:,.0f} appends/s (raw {figures['baseline_per_s']:,.0f}), "
+        f"p99 {figures['append_p99_ms']:.1f} ms, {figures['batch']:.1f} per commit"
+    )
+
+
 async def measure(
     label: str,
     journal: Journal,
@@ -492,11 +500,7 @@ async def measure(
             progress(show, f"{label}: {tasks} tasks in closed loop, {plan.rounds} x 2 windows")
             figures = await throughput(journal, baseline, plan, tasks, server_pid)
             result["streams"][str(tasks)] = figures
-            progress(
-                show,
-                f"  {figures['appends_per_s']:,.0f} appends/s (raw {figures['baseline_per_s']:,.0f}"
-                f"), p99 {figures['append_p99_ms']:.1f} ms, {figures['batch']:.1f} per commit",
-            )
+            progress(show, window_line(figures))
         if LONG_AT in streams:
             progress(
                 show,
@@ -505,11 +509,7 @@ async def measure(
             )
             figures = await throughput(journal, baseline, plan, LONG_AT, server_pid, held=HELD)
             result["long"] = {"streams": LONG_AT, "held": HELD, **figures}
-            progress(
-                show,
-                f"  {figures['appends_per_s']:,.0f} appends/s (raw {figures['baseline_per_s']:,.0f}"
-                f"), p99 {figures['append_p99_ms']:.1f} ms, {figures['batch']:.1f} per commit",
-            )
+            progress(show, window_line(figures))
         if streams:  # the fewest streams' figures, at the top level too
             fewest = result["streams"][str(min(streams))]
             result.update({k: fewest[k] for k in ("appends_per_s", "baseline_per_s", "ratio")})

@@ -61,7 +61,7 @@ async def test_a_cancelled_call_abandons_its_thread_which_keeps_its_token_until_
     assert ended.is_set()
 
 
-async def test_a_call_waits_for_a_token_and_its_task_may_call_again_after_abandoning() -> None:
+async def test_a_call_waits_for_the_token_an_abandoned_thread_still_holds() -> None:
     limiter = trio.CapacityLimiter(1)
     release = threading.Event()
     order: list[str] = []
@@ -79,8 +79,9 @@ async def test_a_call_waits_for_a_token_and_its_task_may_call_again_after_abando
     async with trio.open_nursery() as nursery:
 
         async def call_again() -> None:
-            # The same task as the abandoned call: the token it waits for is the one that
-            # call's thread still holds.
+            # The only token is the one the abandoned call's thread still holds. (That a task
+            # may call again while a thread it abandoned holds a token is the cancelled-call
+            # test's: its last step borrows from the same task.)
             assert await _in_worker_thread(second, limiter) == "second"
 
         nursery.start_soon(call_again)
