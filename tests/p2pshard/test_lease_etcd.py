@@ -263,10 +263,9 @@ class CountingTransport(httpx.AsyncBaseTransport):
 SHORT = LeaseSettings(ttl=2.0, renew_interval=0.3, operation_timeout=1.0, safety_margin=0.3)
 
 
-async def create_revision(url: str, key: str) -> int:
+async def create_revision(client: httpx.AsyncClient, url: str, key: str) -> int:
     """The key's create_revision, asked directly (0: no such key)."""
-    async with httpx.AsyncClient(trust_env=False) as client:
-        answer = (await client.post(url + "/v3/kv/range", json={"key": b64(key)})).json()
+    answer = (await client.post(url + "/v3/kv/range", json={"key": b64(key)})).json()
     kvs = answer.get("kvs", [])
     return int(kvs[0]["create_revision"]) if kvs else 0
 
@@ -302,12 +301,13 @@ async def test_a_node_lease_keeps_many_shard_keys_with_one_keep_alive_per_interv
                     "/v3/lease/keepalive",
                 }
                 assert await etcd_leases(etcd.url) == 1  # one etcd lease for the 40 keys
-                for shard, grant in enumerate(grants):
-                    assert grant is not None
-                    # The fencing token is the key's create_revision.
-                    assert await create_revision(
-                        etcd.url, f"p2pshard/leases/c-shard-T-{shard}"
-                    ) == (grant.token)
+                async with httpx.AsyncClient(trust_env=False) as client:  # one for the 40
+                    for shard, grant in enumerate(grants):
+                        assert grant is not None
+                        # The fencing token is the key's create_revision.
+                        assert await create_revision(
+                            client, etcd.url, f"p2pshard/leases/c-shard-T-{shard}"
+                        ) == (grant.token)
                 assert await handles[0].release()  # a hand-off frees one key only
                 assert await backend.holder("c-shard-T-0") is None
                 assert await backend.holder("c-shard-T-1") == ("n1", handles[1].token)
